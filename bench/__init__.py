@@ -1,0 +1,1 @@
+"""tokenedge benchmarks: side-by-side comparisons, printed as tables with ratios."""

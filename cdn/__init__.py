@@ -1,0 +1,1 @@
+"""tokenedge CDN integration: edge configs and purge clients."""

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the real services the test suite starts (Redis, Varnish, nginx, Prometheus, Chromium) when missing.
+# Debian packages only; nothing is downloaded from anywhere else.
+set -euo pipefail
+need=()
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v varnishd >/dev/null || need+=(varnish)
+[ -e /usr/lib/x86_64-linux-gnu/varnish/vmods/libvmod_xkey.so ] || ls /usr/lib/*/varnish/vmods/libvmod_xkey.so >/dev/null 2>&1 || need+=(varnish-modules)
+command -v nginx >/dev/null || need+=(nginx)
+ls /usr/lib/nginx/modules/ngx_http_js_module.so >/dev/null 2>&1 || need+=(libnginx-mod-http-js)
+command -v wrk >/dev/null || need+=(wrk)
+command -v prometheus >/dev/null || need+=(prometheus)
+command -v chromium >/dev/null || need+=(chromium)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing system packages: ${need[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
