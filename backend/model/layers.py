@@ -1,0 +1,110 @@
+"""Llama building blocks: RMSNorm, rotate-half RoPE, the attention projections and the SwiGLU MLP.
+
+Precision policy: the residual stream arrives in fp32; norms compute in fp32 and hand the projections
+their input in the weight dtype (bf16 or fp32); projection outputs go back to fp32 before they are added
+to the residual. Attention itself is a callback so the same layer serves the paged engine and the
+full-recompute reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from backend.model.config import LlamaConfig
+
+# (q [T, H, D], k [T, KH, D], v [T, KH, D]) -> [T, H, D]; k/v are the new tokens only.
+AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype, device: str | torch.device) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype, device=device), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [T, hidden] fp32 -> [T, hidden] fp32
+        assert x.dtype == torch.float32, "the residual stream is fp32"
+        variance = x.pow(2).mean(-1, keepdim=True)  # [T, 1]
+        return x * torch.rsqrt(variance + self.eps) * self.weight.float()
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables for the HF rotate-half layout, computed per step (no max-length table)."""
+    # positions: [T] int64
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
+    )  # [D/2]
+    freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # [T, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
+    return emb.cos()[:, None, :], emb.sin()[:, None, :]  # [T, 1, D] each
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE in fp32; returns the input dtype."""
+    # x: [T, heads, D]; cos/sin: [T, 1, D]
+    xf = x.float()
+    half = xf.shape[-1] // 2
+    rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)  # [T, heads, D]
+    return (xf * cos + rotated * sin).to(x.dtype)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: LlamaConfig, dtype: torch.dtype, device: str | torch.device) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        hidden, q_dim, kv_dim = config.hidden_size, config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        kw = {"bias": False, "dtype": dtype, "device": device}
+        self.q_proj = nn.Linear(hidden, q_dim, **kw)
+        self.k_proj = nn.Linear(hidden, kv_dim, **kw)
+        self.v_proj = nn.Linear(hidden, kv_dim, **kw)
+        self.o_proj = nn.Linear(q_dim, hidden, **kw)
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn) -> torch.Tensor:
+        # h: [T, hidden] in the weight dtype
+        num_tokens = h.shape[0]
+        q = self.q_proj(h).view(num_tokens, self.num_heads, self.head_dim)  # q: [T, H, D]
+        k = self.k_proj(h).view(num_tokens, self.num_kv_heads, self.head_dim)  # k: [T, KH, D]
+        v = self.v_proj(h).view(num_tokens, self.num_kv_heads, self.head_dim)  # v: [T, KH, D]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = attend(q, k, v)  # out: [T, H, D]
+        assert out.shape == q.shape, f"attention returned {tuple(out.shape)}, expected {tuple(q.shape)}"
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))  # [T, hidden]
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: LlamaConfig, dtype: torch.dtype, device: str | torch.device) -> None:
+        super().__init__()
+        kw = {"bias": False, "dtype": dtype, "device": device}
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, **kw)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, **kw)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, **kw)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        # h: [T, hidden] -> SwiGLU: down(silu(gate(h)) * up(h)) -> [T, hidden]
+        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig, dtype: torch.dtype, device: str | torch.device) -> None:
+        super().__init__()
+        self.dtype = dtype
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.self_attn = LlamaAttention(config, dtype, device)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.mlp = LlamaMLP(config, dtype, device)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn) -> torch.Tensor:
+        # x: [T, hidden] fp32 residual stream
+        h = self.input_layernorm(x).to(self.dtype)
+        x = x + self.self_attn(h, cos, sin, attend).float()
+        h = self.post_attention_layernorm(x).to(self.dtype)
+        return x + self.mlp(h).float()

@@ -1,0 +1,125 @@
+"""The Llama model: paged forward for the engine plus a plain full-recompute forward kept as the oracle.
+
+`forward` takes the new tokens of a step (flattened across sequences) and a per-layer attention callback
+that the engine binds to its KV pool and per-step context; the model never sees pages. `reference_logits`
+recomputes a whole sequence with plain causal attention and no cache: tests compare the two.
+The residual stream, final norm and logits are fp32 whatever the weight dtype (bf16 greedy decoding derails
+on logit ties).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from backend.model.config import LlamaConfig
+from backend.model.layers import AttendFn, LlamaDecoderLayer, RMSNorm, rope_cos_sin
+
+# (layer index, q [T, H, D], k [T, KH, D], v [T, KH, D]) -> [T, H, D]
+LayerAttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class LlamaModel(nn.Module):
+    def __init__(
+        self, config: LlamaConfig, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu"
+    ) -> None:
+        super().__init__()
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"unsupported weight dtype {dtype}")
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype, device) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.lm_head: nn.Linear | None = None
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype, device=device)
+            self.lm_head.weight.requires_grad_(False)
+        # fp32 logits: an fp32 copy of the output matrix when the weights are half precision.
+        self._logits_weight_fp32: torch.Tensor | None = None
+
+    # ---- weights -------------------------------------------------------------------------------------
+
+    def _hf_parameters(self) -> dict[str, nn.Parameter]:
+        params: dict[str, nn.Parameter] = {}
+        for name, param in self.named_parameters():
+            params["lm_head.weight" if name == "lm_head.weight" else f"model.{name}"] = param
+        return params
+
+    @torch.no_grad()
+    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Copy Hugging Face-named tensors (any float dtype) into the model; every parameter is required."""
+        params = self._hf_parameters()
+        unexpected = [
+            name
+            for name in weights
+            if name not in params
+            and not name.endswith(_IGNORED_SUFFIXES)
+            and not (name == "lm_head.weight" and self.config.tie_word_embeddings)
+        ]
+        if unexpected:
+            raise ValueError(f"unexpected weights: {sorted(unexpected)[:8]}")
+        missing = [name for name in params if name not in weights]
+        if missing:
+            raise ValueError(f"missing weights: {sorted(missing)[:8]}")
+        for name, param in params.items():
+            tensor = weights[name]
+            if tuple(tensor.shape) != tuple(param.shape):
+                raise ValueError(f"{name}: shape {tuple(tensor.shape)} != expected {tuple(param.shape)}")
+            param.copy_(tensor.to(device=param.device, dtype=param.dtype))
+        self._logits_weight_fp32 = None
+        if self.dtype != torch.float32:
+            self._logits_weight_fp32 = self._output_weight().float()
+
+    def _output_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    # ---- forward -------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, attend: LayerAttendFn) -> torch.Tensor:
+        """Hidden states after the final norm, fp32 [T, hidden], for the flattened new tokens of a step."""
+        # token_ids, positions: [T] int64
+        assert token_ids.dim() == 1 and token_ids.shape == positions.shape
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)  # [T, 1, D]
+        x = self.embed_tokens(token_ids).float()  # x: [T, hidden] fp32 residual
+        for index, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, _bind_layer(attend, index))
+        return self.norm(x)  # [T, hidden] fp32
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden: [N, hidden] fp32 -> logits: [N, vocab] fp32
+        weight = self._logits_weight_fp32 if self._logits_weight_fp32 is not None else self._output_weight()
+        assert weight.dtype == torch.float32 or self.dtype != torch.float32
+        return F.linear(hidden.float(), weight.float() if weight.dtype != torch.float32 else weight)
+
+    @torch.inference_mode()
+    def reference_logits(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Test oracle: plain causal attention over the whole sequence, no KV cache. [T, vocab] fp32."""
+        token_ids = token_ids.to(self.device)
+        positions = torch.arange(token_ids.shape[0], device=self.device)
+        hidden = self.forward(token_ids, positions, lambda _layer, q, k, v: _causal_attention(q, k, v))
+        return self.compute_logits(hidden)
+
+
+def _bind_layer(attend: LayerAttendFn, index: int) -> AttendFn:
+    return lambda q, k, v: attend(index, q, k, v)
+
+
+def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    # q: [T, H, D]; k, v: [T, KH, D] -> [T, H, D]
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)  # [T, H, D]
+    v = v.repeat_interleave(group, dim=1)  # [T, H, D]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True
+    )  # [H, T, D]
+    return out.transpose(0, 1)
