@@ -1,0 +1,164 @@
+"""Cache policy (DESIGN §4): whether to look up, what may be stored, and how old is too old.
+
+Pure decisions over an already validated request; the handlers do the I/O. Only deterministic requests are
+cached, since a cache answering a sampled request would replace the variety the client asked for with one
+frozen draw. Every outcome carries a `Reason`, the label in metrics and in `Cache-Status: ...; detail=`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from gateway.cache_control import RequestDirectives
+
+CACHEABLE_ENDPOINTS = frozenset({"chat/completions", "completions", "embeddings"})
+_DETERMINISTIC_ENDPOINTS = frozenset({"embeddings"})  # the same input always embeds to the same vector
+
+
+class Reason(StrEnum):
+    """Why a request was not served from, or a response not written to, the cache."""
+
+    # decide(): bypass, neither lookup nor store
+    ENDPOINT = "endpoint"  # not a cacheable endpoint
+    ROUTE_OFF = "route-off"  # caching disabled for the route
+    NO_STORE = "no-store"  # the request's Cache-Control: no-store
+    TEMPERATURE = "temperature"  # sampled: temperature is not 0 (absent means 1)
+    SEED = "seed"  # sampled but seeded, and the route does not cache seeded requests
+    N = "n"  # more than one choice requested
+    # store_refusal(): the response is forwarded but not stored
+    STATUS = "status"  # not HTTP 200
+    INCOMPLETE = "incomplete"  # the stream ended without [DONE], or a choice was aborted
+    CONTENT_FILTER = "content-filter"  # a choice was cut by the content filter
+    ERROR = "error"  # the upstream reported an error inside a 200 response
+    TOO_LARGE = "too-large"  # over the per-entry byte cap
+    # lookup outcomes the handlers report (not returned here)
+    NO_CACHE = "no-cache"  # Cache-Control: no-cache, lookup skipped, answer stored
+    MAX_AGE = "max-age"  # an entry was found but is older than the request's max-age
+    ONLY_IF_CACHED = "only-if-cached"  # a miss under only-if-cached (504)
+
+
+@dataclass(frozen=True, slots=True)
+class RoutePolicy:
+    enabled: bool = True
+    ttl_s: int = 3600
+    allow_seeded: bool = False
+    allow_n_gt_1: bool = False
+    stale_if_error_s: int = 0
+
+    def __post_init__(self) -> None:
+        if self.ttl_s <= 0:
+            raise ValueError(f"ttl_s must be positive, got {self.ttl_s}")
+        if self.stale_if_error_s < 0:
+            raise ValueError(f"stale_if_error_s must not be negative, got {self.stale_if_error_s}")
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """Cacheable: look up unless `read` is False (no-cache), and store the answer with `ttl_s`."""
+
+    ttl_s: int
+    read: bool
+    max_age_s: int | None
+    only_if_cached: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Bypass:
+    """Not cacheable: forward, and store nothing."""
+
+    reason: Reason
+
+
+class Freshness(StrEnum):
+    FRESH = "fresh"
+    STALE = "stale"  # past its TTL but inside stale_if_error_s: usable only when the upstream fails
+    EXPIRED = "expired"
+
+
+def decide(endpoint: str, body: Mapping[str, Any], directives: RequestDirectives, route: RoutePolicy) -> Lookup | Bypass:
+    """Lookup or Bypass for a request; `body` is the client's (or the canonical) request."""
+    if endpoint not in CACHEABLE_ENDPOINTS:
+        return Bypass(Reason.ENDPOINT)
+    if not route.enabled:
+        return Bypass(Reason.ROUTE_OFF)
+    if directives.no_store:
+        # RFC 9111 §5.2.1.5 only forbids storing; DESIGN §4 also skips the lookup ("neither").
+        return Bypass(Reason.NO_STORE)
+    if endpoint not in _DETERMINISTIC_ENDPOINTS:
+        reason = _sampling_reason(body, route)
+        if reason is not None:
+            return Bypass(reason)
+    return Lookup(
+        ttl_s=route.ttl_s,
+        # RFC 9111 §5.2.1.4: no-cache forbids answering from a stored response; the new one may be stored.
+        read=not directives.no_cache,
+        # RFC 9111 §5.2.1.1 (checked by `satisfies`) and §5.2.1.7 (504 on a miss, in the handler).
+        max_age_s=directives.max_age_s,
+        only_if_cached=directives.only_if_cached,
+    )
+
+
+def _sampling_reason(body: Mapping[str, Any], route: RoutePolicy) -> Reason | None:
+    """None when a generation request is deterministic; a value of the wrong type counts as random."""
+    temperature = _number(body.get("temperature"), default=1)
+    if temperature != 0:
+        seeded = _number(body.get("seed"), default=None) is not None
+        if not seeded:
+            return Reason.TEMPERATURE
+        if not route.allow_seeded:
+            return Reason.SEED
+    n = _number(body.get("n"), default=1)
+    if n is None or (n != 1 and not route.allow_n_gt_1):
+        return Reason.N
+    return None
+
+
+def _number(value: Any, *, default: float | None) -> float | None:
+    """The value as a number: `default` when absent or null, None when it is not a number."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value
+
+
+def store_refusal(
+    *, status: int, body_bytes: int, max_entry_bytes: int, complete: bool, finish_reasons: Iterable[str | None]
+) -> Reason | None:
+    """Why a response may not be stored, or None when it may: only complete, clean HTTP 200 answers.
+
+    `finish_reasons` are the choices' final finish reasons; None entries (a chunk without one) are
+    ignored, since completeness is `complete`'s job (a non-stream body, or a stream that saw [DONE]).
+    """
+    if status != 200:  # never errors, 429s, redirects or partial content
+        return Reason.STATUS
+    if not complete:
+        return Reason.INCOMPLETE
+    reasons = {reason for reason in finish_reasons if reason is not None}
+    if "content_filter" in reasons:
+        return Reason.CONTENT_FILTER
+    if "error" in reasons:
+        return Reason.ERROR
+    if "abort" in reasons:  # vLLM's finish reason for an aborted request
+        return Reason.INCOMPLETE
+    if body_bytes > max_entry_bytes:
+        return Reason.TOO_LARGE
+    return None
+
+
+def freshness(*, age_s: float, ttl_s: int, stale_if_error_s: int) -> Freshness:
+    """RFC 9111 §4.2: fresh while age < lifetime; RFC 5861 §4: then stale-if-error for N more seconds."""
+    age_s = max(age_s, 0.0)  # RFC 9111 §4.2.3 keeps ages non-negative (clock skew)
+    if age_s < ttl_s:
+        return Freshness.FRESH
+    if age_s < ttl_s + stale_if_error_s:
+        return Freshness.STALE
+    return Freshness.EXPIRED
+
+
+def satisfies(*, age_s: float, directives: RequestDirectives) -> bool:
+    """RFC 9111 §5.2.1.1: with max-age=N the client accepts only a response whose age is <= N seconds."""
+    return directives.max_age_s is None or age_s <= directives.max_age_s

@@ -1,0 +1,317 @@
+"""Tests for gateway/canonical.py: which requests are equivalent at each level, and the JSON bytes."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.canonical import (
+    MAX_DEPTH,
+    CanonicalizationError,
+    Level,
+    aggressive_text,
+    canonical_json,
+    canonicalize,
+    standard_text,
+)
+
+CHAT = "chat/completions"
+
+
+def chat(content: Any = "Hello", **fields: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": content}], "temperature": 0, **fields}
+
+
+def canon(body: Any, level: Level = Level.STANDARD, endpoint: str = CHAT) -> dict[str, Any]:
+    return canonicalize(endpoint, body, level)
+
+
+# --- equivalent requests: one canonical form ------------------------------------------------------------
+
+SAME = [
+    ("reordered keys", chat(), {"temperature": 0, "messages": [{"content": "Hello", "role": "user"}], "model": "m"}),
+    ("1.0 vs 1", chat(max_tokens=16), chat(max_tokens=16.0)),
+    ("-0.0 vs 0", chat(), chat() | {"temperature": -0.0}),
+    ("temperature 1 vs absent", {"model": "m", "messages": []}, {"model": "m", "messages": [], "temperature": 1}),
+    ("temperature 1.0 vs absent", {"model": "m", "messages": []}, {"model": "m", "messages": [], "temperature": 1.0}),
+    ("temperature null vs absent", {"model": "m", "messages": []}, {"model": "m", "messages": [], "temperature": None}),
+    ("trailing space", chat("Hello"), chat("Hello ")),
+    ("leading newline and tab", chat("Hello"), chat("\n\tHello")),
+    ("zero-width space", chat("Hello"), chat("Hel\u200blo")),
+    ("other zero-width chars", chat("Hello"), chat("\ufeffHe\u200cl\u200dl\u2060o")),
+    ("CRLF vs LF", chat("a\nb"), chat("a\r\nb")),
+    ("CR vs LF", chat("a\nb"), chat("a\rb")),
+    ("NFC vs NFD", chat("caf\u00e9"), chat("cafe\u0301")),
+    ("one text part vs string", chat("Hello"), chat([{"type": "text", "text": "Hello"}])),
+    ("one text part with a trailing space", chat("Hello"), chat([{"type": "text", "text": "Hello "}])),
+    ("top_p 1", chat(), chat(top_p=1)),
+    ("n 1", chat(), chat(n=1.0)),
+    ("presence_penalty 0", chat(), chat(presence_penalty=0.0)),
+    ("frequency_penalty 0", chat(), chat(frequency_penalty=0)),
+    ("logprobs false", chat(), chat(logprobs=False)),
+    ("stop null", chat(), chat(stop=None)),
+    ("stop []", chat(), chat(stop=[])),
+    ("stop one-element list", chat(stop="END"), chat(stop=["END"])),
+    ("logit_bias {}", chat(), chat(logit_bias={})),
+    ("response_format text", chat(), chat(response_format={"type": "text"})),
+    ("parallel_tool_calls true", chat(), chat(parallel_tool_calls=True)),
+    ("tool_choice none without tools", chat(), chat(tool_choice="none")),
+    ("tool_choice auto with tools", chat(tools=[{"type": "function"}]), chat(tools=[{"type": "function"}], tool_choice="auto")),
+    ("function_call none without functions", chat(), chat(function_call="none")),
+    ("max_completion_tokens vs max_tokens", chat(max_tokens=5), chat(max_completion_tokens=5)),
+    ("both max token fields equal", chat(max_tokens=5), chat(max_tokens=5, max_completion_tokens=5.0)),
+    ("max_tokens null", chat(), chat(max_tokens=None)),
+    ("seed null", chat(), chat(seed=None)),
+    ("stream dropped", chat(), chat(stream=True, stream_options={"include_usage": True})),
+    ("bookkeeping dropped", chat(), chat(user="u1", metadata={"a": "b"}, store=True, service_tier="auto", request_id="r")),
+    ("system and assistant text normalized", chat(), chat() | {"messages": [{"role": "user", "content": " Hello\u200b "}]}),
+]
+
+
+@pytest.mark.parametrize(("a", "b"), [case[1:] for case in SAME], ids=[case[0] for case in SAME])
+def test_equivalent_requests_share_a_canonical_form(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert canon(a) == canon(b)
+    assert canonical_json(canon(a)) == canonical_json(canon(b))
+
+
+DIFFERENT = [
+    ("different content", chat("Hello"), chat("Goodbye")),
+    ("different model", chat(), chat() | {"model": "other"}),
+    ("tools", chat(), chat(tools=[{"type": "function", "function": {"name": "f"}}])),
+    ("max_tokens", chat(), chat(max_tokens=5)),
+    ("different max_tokens", chat(max_tokens=5), chat(max_tokens=6)),
+    ("conflicting max token fields", chat(max_tokens=5), chat(max_tokens=5, max_completion_tokens=6)),
+    ("temperature 0 vs absent", chat(), {"model": "m", "messages": [{"role": "user", "content": "Hello"}]}),
+    ("true is not 1", chat(n=1), chat(n=True)),
+    ("inner whitespace kept", chat("a b"), chat("a  b")),
+    ("indentation kept", chat("def f():\n    return 1"), chat("def f():\n  return 1")),
+    ("blank line kept", chat("a\nb"), chat("a\n\nb")),
+    ("case kept at standard", chat("Hello"), chat("hello")),
+    ("punctuation kept at standard", chat("Hello"), chat("Hello!")),
+    ("full-width kept at standard", chat("Hello"), chat("Ｈｅｌｌｏ")),
+    ("two text parts are not a string", chat("ab"), chat([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}])),
+    ("text part with extra keys kept", chat("a"), chat([{"type": "text", "text": "a", "cache_control": {}}])),
+    ("stop order matters", chat(stop=["a", "b"]), chat(stop=["b", "a"])),
+    ("stop strings are not normalized", chat(stop="END "), chat(stop="END")),
+    ("tool_choice auto without tools kept", chat(), chat(tool_choice="auto")),
+    ("tool_choice required", chat(tools=[{"type": "function"}]), chat(tools=[{"type": "function"}], tool_choice="required")),
+    ("unknown field kept", chat(), chat(top_k=1)),
+    ("unknown null field kept", chat(), chat(guided_json=None)),
+    ("role", chat(), chat() | {"messages": [{"role": "system", "content": "Hello"}]}),
+    ("seed", chat(), chat(seed=1)),
+    ("logprobs true", chat(), chat(logprobs=True)),
+]
+
+
+@pytest.mark.parametrize(("a", "b"), [case[1:] for case in DIFFERENT], ids=[case[0] for case in DIFFERENT])
+def test_different_requests_keep_different_canonical_forms(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert canonical_json(canon(a)) != canonical_json(canon(b))
+
+
+def test_tool_call_arguments_and_names_are_never_normalized() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": " F\u200b ", "arguments": '{"a": 1.0 }\r\n'}}
+    body = chat() | {"messages": [{"role": "assistant", "content": None, "tool_calls": [call]}]}
+    for level in Level:
+        assert canon(body, level)["messages"][0]["tool_calls"] == [call]
+
+
+def test_tool_message_content_is_text() -> None:
+    body = chat() | {"messages": [{"role": "tool", "tool_call_id": "c1", "content": " 42\r\n"}]}
+    assert canon(body)["messages"][0] == {"role": "tool", "tool_call_id": "c1", "content": "42"}
+
+
+def test_exact_does_not_touch_text() -> None:
+    text = " Hel\u200blo\r\n"
+    assert canon(chat(text), Level.EXACT)["messages"][0]["content"] == text
+    assert canon(chat([{"type": "text", "text": text}]), Level.EXACT)["messages"][0]["content"] == text
+
+
+def test_exact_still_normalizes_json() -> None:
+    assert canon(chat(temperature=0.0, top_p=1.0, stream=True), Level.EXACT) == canon(chat(), Level.EXACT)
+
+
+AGGRESSIVE_SAME = [
+    ("case", "Hello World", "hello world"),
+    ("punctuation", "Hello, world!", "hello world"),
+    ("full-width", "Ｈｅｌｌｏ　ｗｏｒｌｄ", "hello world"),
+    ("whitespace runs", "hello \n\t world", "hello world"),
+    ("casefold sharp s", "STRASSE", "straße"),
+    ("unicode punctuation", "«hello» — world…", "hello world"),
+]
+
+
+@pytest.mark.parametrize(("a", "b"), [c[1:] for c in AGGRESSIVE_SAME], ids=[c[0] for c in AGGRESSIVE_SAME])
+def test_aggressive_folds_case_punctuation_and_width(a: str, b: str) -> None:
+    assert canon(chat(a), Level.AGGRESSIVE) == canon(chat(b), Level.AGGRESSIVE)
+    assert canon(chat(a)) != canon(chat(b))
+
+
+def test_aggressive_keeps_words_apart() -> None:
+    assert canon(chat("hello world"), Level.AGGRESSIVE) != canon(chat("helloworld"), Level.AGGRESSIVE)
+
+
+def test_levels_give_different_forms_only_through_text() -> None:
+    body = chat("Hello, World ")
+    assert canon(body, Level.EXACT)["messages"][0]["content"] == "Hello, World "
+    assert canon(body, Level.STANDARD)["messages"][0]["content"] == "Hello, World"
+    assert canon(body, Level.AGGRESSIVE)["messages"][0]["content"] == "hello world"
+
+
+def test_level_may_be_passed_as_its_string_value() -> None:
+    assert canonicalize(CHAT, chat("a "), "standard") == canonicalize(CHAT, chat("a "), Level.STANDARD)  # type: ignore[arg-type]
+
+
+PROMPTS = [
+    ("string prompt", {"prompt": " Hi\r\n"}, {"prompt": "Hi"}),
+    ("list of strings", {"prompt": [" a", "b\u200b"]}, {"prompt": ["a", "b"]}),
+    ("token ids untouched", {"prompt": [1, 2.0, 3]}, {"prompt": [1, 2, 3]}),
+    ("token id batches untouched", {"prompt": [[1, 2], [3]]}, {"prompt": [[1, 2], [3]]}),
+    ("echo false and best_of 1 elided", {"prompt": "a", "echo": False, "best_of": 1}, {"prompt": "a"}),
+    ("logprobs null elided", {"prompt": "a", "logprobs": None}, {"prompt": "a"}),
+    ("logprobs 0 kept", {"prompt": "a", "logprobs": 0}, {"prompt": "a", "logprobs": 0}),
+    ("max_tokens 16 kept", {"prompt": "a", "max_tokens": 16}, {"prompt": "a", "max_tokens": 16}),
+    ("max_completion_tokens not renamed", {"prompt": "a", "max_completion_tokens": 3}, {"prompt": "a", "max_completion_tokens": 3}),
+]
+
+
+@pytest.mark.parametrize(("body", "expected"), [c[1:] for c in PROMPTS], ids=[c[0] for c in PROMPTS])
+def test_completions_prompt(body: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert canon(body, endpoint="completions") == expected
+
+
+EMBEDDINGS = [
+    ("string input", {"model": "e", "input": "Hi \u200b"}, {"model": "e", "input": "Hi"}),
+    ("list input", {"model": "e", "input": ["a ", " b"]}, {"model": "e", "input": ["a", "b"]}),
+    ("token input untouched", {"model": "e", "input": [[5, 6]]}, {"model": "e", "input": [[5, 6]]}),
+    ("float encoding elided", {"model": "e", "input": "a", "encoding_format": "float"}, {"model": "e", "input": "a"}),
+    ("base64 encoding kept", {"model": "e", "input": "a", "encoding_format": "base64"}, {"model": "e", "input": "a", "encoding_format": "base64"}),
+    ("user dropped", {"model": "e", "input": "a", "user": "u"}, {"model": "e", "input": "a"}),
+]
+
+
+@pytest.mark.parametrize(("body", "expected"), [c[1:] for c in EMBEDDINGS], ids=[c[0] for c in EMBEDDINGS])
+def test_embeddings_input(body: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert canon(body, endpoint="embeddings") == expected
+
+
+def test_unknown_fields_are_kept_with_normalized_numbers() -> None:
+    assert canon(chat(top_k=40.0, repetition_penalty=1.1, extra={"b": [1.0]}))["extra"] == {"b": [1]}
+    assert canon(chat(top_k=40.0))["top_k"] == 40
+
+
+def test_input_is_not_mutated() -> None:
+    body = chat([{"type": "text", "text": " Hi\u200b "}], stream=True, stop=["x"], max_completion_tokens=5.0)
+    before = copy.deepcopy(body)
+    result = canon(body, Level.AGGRESSIVE)
+    assert body == before
+    result["messages"].append("x")
+    assert body == before
+
+
+REJECTED = [
+    ("NaN", chat(temperature=float("nan"))),
+    ("Infinity", chat(max_tokens=float("inf"))),
+    ("non-string key", chat(logit_bias={1: 2})),
+    ("not JSON", chat(extra={1, 2})),
+    ("lone surrogate", chat("\ud800")),
+    ("huge integer", chat(seed=2**70)),
+    ("array body", [1, 2]),
+]
+
+
+@pytest.mark.parametrize("body", [c[1] for c in REJECTED], ids=[c[0] for c in REJECTED])
+def test_uncanonicalizable_input_is_a_canonicalization_error(body: Any) -> None:
+    with pytest.raises(CanonicalizationError):
+        canon(body)
+
+
+def test_too_deep_nesting_is_a_canonicalization_error_not_a_crash() -> None:
+    nested: Any = 0
+    for _ in range(MAX_DEPTH + 5):
+        nested = [nested]
+    with pytest.raises(CanonicalizationError, match="nested"):
+        canon(chat(extra=nested))
+
+
+def test_unknown_endpoint_is_a_programming_error() -> None:
+    with pytest.raises(ValueError, match="endpoint"):
+        canonicalize("images/generations", {}, Level.STANDARD)
+
+
+# --- canonical_json --------------------------------------------------------------------------------------
+
+JSON_CASES = [
+    ("sorted recursively", {"b": 1, "a": {"d": 2, "c": 3}}, b'{"a":{"c":3,"d":2},"b":1}'),
+    ("integral floats as ints", [1.0, -0.0, 2.5, 1e15], b"[1,0,2.5,1000000000000000]"),
+    ("UTF-8 not escaped", {"k": "é✓"}, '{"k":"é✓"}'.encode()),
+    ("tuples as arrays", (1, None, True), b"[1,null,true]"),
+    ("huge floats stay floats", [1e300], b"[1e+300]"),
+]
+
+
+@pytest.mark.parametrize(("obj", "expected"), [c[1:] for c in JSON_CASES], ids=[c[0] for c in JSON_CASES])
+def test_canonical_json_bytes(obj: Any, expected: bytes) -> None:
+    assert canonical_json(obj) == expected
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), {"a": [float("nan")]}])
+def test_canonical_json_rejects_nan_and_infinity(bad: Any) -> None:
+    with pytest.raises(CanonicalizationError):
+        canonical_json(bad)
+
+
+# --- properties ------------------------------------------------------------------------------------------
+
+_chars = st.characters(blacklist_categories=("Cs",))
+_texts = st.text(_chars, max_size=12) | st.sampled_from(["", " ", "\u200b", "\r\n", "e\u0301", "Ａ!", "ß", "ǅ", "\u2000"])
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False, allow_infinity=False) | _texts,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_texts, inner, max_size=3),
+    max_leaves=8,
+)
+_content = _texts | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": _texts}), max_size=2)
+_message = st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "tool"]), "content": _content})
+_chat_body = st.fixed_dictionaries(
+    {"model": _texts, "messages": st.lists(_message, max_size=3)},
+    optional={
+        "temperature": st.sampled_from([0, 0.0, 1, 1.0, None, 0.7]),
+        "n": st.sampled_from([1, 1.0, 2]),
+        "stop": st.sampled_from([None, [], ["x"], "x", ["a", "b"]]),
+        "max_tokens": st.sampled_from([None, 5, 5.0, 6]),
+        "max_completion_tokens": st.sampled_from([None, 5, 7]),
+        "tools": st.sampled_from([None, [], [{"type": "function"}]]),
+        "tool_choice": st.sampled_from(["none", "auto", "required", None]),
+        "stream": st.booleans(),
+        "extra": _json,
+    },
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(body=_chat_body, level=st.sampled_from(list(Level)))
+def test_canonicalize_is_idempotent(body: dict[str, Any], level: Level) -> None:
+    once = canonicalize(CHAT, body, level)
+    assert canonicalize(CHAT, once, level) == once
+    assert canonical_json(canonicalize(CHAT, orjson.loads(canonical_json(once)), level)) == canonical_json(once)
+
+
+@settings(max_examples=100, deadline=None)
+@given(body=st.fixed_dictionaries({"prompt": _texts | st.lists(_texts | st.integers(0, 9), max_size=3)}),
+       endpoint=st.sampled_from(["completions", "embeddings"]), level=st.sampled_from(list(Level)))
+def test_prompt_and_input_canonicalization_is_idempotent(body: dict[str, Any], endpoint: str, level: Level) -> None:
+    if endpoint == "embeddings":
+        body = {"input": body["prompt"]}
+    once = canonicalize(endpoint, body, level)
+    assert canonicalize(endpoint, once, level) == once
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(_chars, max_size=20))
+def test_text_normalizers_are_idempotent(text: str) -> None:
+    assert standard_text(standard_text(text)) == standard_text(text)
+    assert aggressive_text(aggressive_text(text)) == aggressive_text(text)
