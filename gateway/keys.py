@@ -54,7 +54,9 @@ def tenant_scope(credential: str | None) -> str:
     """The scope of a tenant: a keyed BLAKE2b-64 of its credential; `anon` without one."""
     if not credential:
         return ANONYMOUS_SCOPE
-    digest = hashlib.blake2b(credential.encode("utf-8", "surrogatepass"), digest_size=8, person=_TENANT_PERSON)
+    digest = hashlib.blake2b(
+        credential.encode("utf-8", "surrogatepass"), digest_size=8, person=_TENANT_PERSON
+    )
     return "t" + digest.hexdigest()
 
 

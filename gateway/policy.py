@@ -78,7 +78,9 @@ class Freshness(StrEnum):
     EXPIRED = "expired"
 
 
-def decide(endpoint: str, body: Mapping[str, Any], directives: RequestDirectives, route: RoutePolicy) -> Lookup | Bypass:
+def decide(
+    endpoint: str, body: Mapping[str, Any], directives: RequestDirectives, route: RoutePolicy
+) -> Lookup | Bypass:
     """Lookup or Bypass for a request; `body` is the client's (or the canonical) request."""
     if endpoint not in CACHEABLE_ENDPOINTS:
         return Bypass(Reason.ENDPOINT)
@@ -126,7 +128,12 @@ def _number(value: Any, *, default: float | None) -> float | None:
 
 
 def store_refusal(
-    *, status: int, body_bytes: int, max_entry_bytes: int, complete: bool, finish_reasons: Iterable[str | None]
+    *,
+    status: int,
+    body_bytes: int,
+    max_entry_bytes: int,
+    complete: bool,
+    finish_reasons: Iterable[str | None],
 ) -> Reason | None:
     """Why a response may not be stored, or None when it may: only complete, clean HTTP 200 answers.
 

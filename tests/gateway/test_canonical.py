@@ -34,12 +34,28 @@ def canon(body: Any, level: Level = Level.STANDARD, endpoint: str = CHAT) -> dic
 # --- equivalent requests: one canonical form ------------------------------------------------------------
 
 SAME = [
-    ("reordered keys", chat(), {"temperature": 0, "messages": [{"content": "Hello", "role": "user"}], "model": "m"}),
+    (
+        "reordered keys",
+        chat(),
+        {"temperature": 0, "messages": [{"content": "Hello", "role": "user"}], "model": "m"},
+    ),
     ("1.0 vs 1", chat(max_tokens=16), chat(max_tokens=16.0)),
     ("-0.0 vs 0", chat(), chat() | {"temperature": -0.0}),
-    ("temperature 1 vs absent", {"model": "m", "messages": []}, {"model": "m", "messages": [], "temperature": 1}),
-    ("temperature 1.0 vs absent", {"model": "m", "messages": []}, {"model": "m", "messages": [], "temperature": 1.0}),
-    ("temperature null vs absent", {"model": "m", "messages": []}, {"model": "m", "messages": [], "temperature": None}),
+    (
+        "temperature 1 vs absent",
+        {"model": "m", "messages": []},
+        {"model": "m", "messages": [], "temperature": 1},
+    ),
+    (
+        "temperature 1.0 vs absent",
+        {"model": "m", "messages": []},
+        {"model": "m", "messages": [], "temperature": 1.0},
+    ),
+    (
+        "temperature null vs absent",
+        {"model": "m", "messages": []},
+        {"model": "m", "messages": [], "temperature": None},
+    ),
     ("trailing space", chat("Hello"), chat("Hello ")),
     ("leading newline and tab", chat("Hello"), chat("\n\tHello")),
     ("zero-width space", chat("Hello"), chat("Hel\u200blo")),
@@ -61,15 +77,27 @@ SAME = [
     ("response_format text", chat(), chat(response_format={"type": "text"})),
     ("parallel_tool_calls true", chat(), chat(parallel_tool_calls=True)),
     ("tool_choice none without tools", chat(), chat(tool_choice="none")),
-    ("tool_choice auto with tools", chat(tools=[{"type": "function"}]), chat(tools=[{"type": "function"}], tool_choice="auto")),
+    (
+        "tool_choice auto with tools",
+        chat(tools=[{"type": "function"}]),
+        chat(tools=[{"type": "function"}], tool_choice="auto"),
+    ),
     ("function_call none without functions", chat(), chat(function_call="none")),
     ("max_completion_tokens vs max_tokens", chat(max_tokens=5), chat(max_completion_tokens=5)),
     ("both max token fields equal", chat(max_tokens=5), chat(max_tokens=5, max_completion_tokens=5.0)),
     ("max_tokens null", chat(), chat(max_tokens=None)),
     ("seed null", chat(), chat(seed=None)),
     ("stream dropped", chat(), chat(stream=True, stream_options={"include_usage": True})),
-    ("bookkeeping dropped", chat(), chat(user="u1", metadata={"a": "b"}, store=True, service_tier="auto", request_id="r")),
-    ("system and assistant text normalized", chat(), chat() | {"messages": [{"role": "user", "content": " Hello\u200b "}]}),
+    (
+        "bookkeeping dropped",
+        chat(),
+        chat(user="u1", metadata={"a": "b"}, store=True, service_tier="auto", request_id="r"),
+    ),
+    (
+        "system and assistant text normalized",
+        chat(),
+        chat() | {"messages": [{"role": "user", "content": " Hello\u200b "}]},
+    ),
 ]
 
 
@@ -94,12 +122,20 @@ DIFFERENT = [
     ("case kept at standard", chat("Hello"), chat("hello")),
     ("punctuation kept at standard", chat("Hello"), chat("Hello!")),
     ("full-width kept at standard", chat("Hello"), chat("Ｈｅｌｌｏ")),
-    ("two text parts are not a string", chat("ab"), chat([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}])),
+    (
+        "two text parts are not a string",
+        chat("ab"),
+        chat([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]),
+    ),
     ("text part with extra keys kept", chat("a"), chat([{"type": "text", "text": "a", "cache_control": {}}])),
     ("stop order matters", chat(stop=["a", "b"]), chat(stop=["b", "a"])),
     ("stop strings are not normalized", chat(stop="END "), chat(stop="END")),
     ("tool_choice auto without tools kept", chat(), chat(tool_choice="auto")),
-    ("tool_choice required", chat(tools=[{"type": "function"}]), chat(tools=[{"type": "function"}], tool_choice="required")),
+    (
+        "tool_choice required",
+        chat(tools=[{"type": "function"}]),
+        chat(tools=[{"type": "function"}], tool_choice="required"),
+    ),
     ("unknown field kept", chat(), chat(top_k=1)),
     ("unknown null field kept", chat(), chat(guided_json=None)),
     ("role", chat(), chat() | {"messages": [{"role": "system", "content": "Hello"}]}),
@@ -175,7 +211,11 @@ PROMPTS = [
     ("logprobs null elided", {"prompt": "a", "logprobs": None}, {"prompt": "a"}),
     ("logprobs 0 kept", {"prompt": "a", "logprobs": 0}, {"prompt": "a", "logprobs": 0}),
     ("max_tokens 16 kept", {"prompt": "a", "max_tokens": 16}, {"prompt": "a", "max_tokens": 16}),
-    ("max_completion_tokens not renamed", {"prompt": "a", "max_completion_tokens": 3}, {"prompt": "a", "max_completion_tokens": 3}),
+    (
+        "max_completion_tokens not renamed",
+        {"prompt": "a", "max_completion_tokens": 3},
+        {"prompt": "a", "max_completion_tokens": 3},
+    ),
 ]
 
 
@@ -188,8 +228,16 @@ EMBEDDINGS = [
     ("string input", {"model": "e", "input": "Hi \u200b"}, {"model": "e", "input": "Hi"}),
     ("list input", {"model": "e", "input": ["a ", " b"]}, {"model": "e", "input": ["a", "b"]}),
     ("token input untouched", {"model": "e", "input": [[5, 6]]}, {"model": "e", "input": [[5, 6]]}),
-    ("float encoding elided", {"model": "e", "input": "a", "encoding_format": "float"}, {"model": "e", "input": "a"}),
-    ("base64 encoding kept", {"model": "e", "input": "a", "encoding_format": "base64"}, {"model": "e", "input": "a", "encoding_format": "base64"}),
+    (
+        "float encoding elided",
+        {"model": "e", "input": "a", "encoding_format": "float"},
+        {"model": "e", "input": "a"},
+    ),
+    (
+        "base64 encoding kept",
+        {"model": "e", "input": "a", "encoding_format": "base64"},
+        {"model": "e", "input": "a", "encoding_format": "base64"},
+    ),
     ("user dropped", {"model": "e", "input": "a", "user": "u"}, {"model": "e", "input": "a"}),
 ]
 
@@ -268,14 +316,22 @@ def test_canonical_json_rejects_nan_and_infinity(bad: Any) -> None:
 # --- properties ------------------------------------------------------------------------------------------
 
 _chars = st.characters(blacklist_categories=("Cs",))
-_texts = st.text(_chars, max_size=12) | st.sampled_from(["", " ", "\u200b", "\r\n", "e\u0301", "Ａ!", "ß", "ǅ", "\u2000"])
+_texts = st.text(_chars, max_size=12) | st.sampled_from(
+    ["", " ", "\u200b", "\r\n", "e\u0301", "Ａ!", "ß", "ǅ", "\u2000"]
+)
 _json = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False, allow_infinity=False) | _texts,
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | _texts,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_texts, inner, max_size=3),
     max_leaves=8,
 )
 _content = _texts | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": _texts}), max_size=2)
-_message = st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "tool"]), "content": _content})
+_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant", "tool"]), "content": _content}
+)
 _chat_body = st.fixed_dictionaries(
     {"model": _texts, "messages": st.lists(_message, max_size=3)},
     optional={
@@ -297,13 +353,20 @@ _chat_body = st.fixed_dictionaries(
 def test_canonicalize_is_idempotent(body: dict[str, Any], level: Level) -> None:
     once = canonicalize(CHAT, body, level)
     assert canonicalize(CHAT, once, level) == once
-    assert canonical_json(canonicalize(CHAT, orjson.loads(canonical_json(once)), level)) == canonical_json(once)
+    assert canonical_json(canonicalize(CHAT, orjson.loads(canonical_json(once)), level)) == canonical_json(
+        once
+    )
 
 
 @settings(max_examples=100, deadline=None)
-@given(body=st.fixed_dictionaries({"prompt": _texts | st.lists(_texts | st.integers(0, 9), max_size=3)}),
-       endpoint=st.sampled_from(["completions", "embeddings"]), level=st.sampled_from(list(Level)))
-def test_prompt_and_input_canonicalization_is_idempotent(body: dict[str, Any], endpoint: str, level: Level) -> None:
+@given(
+    body=st.fixed_dictionaries({"prompt": _texts | st.lists(_texts | st.integers(0, 9), max_size=3)}),
+    endpoint=st.sampled_from(["completions", "embeddings"]),
+    level=st.sampled_from(list(Level)),
+)
+def test_prompt_and_input_canonicalization_is_idempotent(
+    body: dict[str, Any], endpoint: str, level: Level
+) -> None:
     if endpoint == "embeddings":
         body = {"input": body["prompt"]}
     once = canonicalize(endpoint, body, level)
