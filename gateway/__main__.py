@@ -1,0 +1,97 @@
+"""`python -m gateway` / `tokenedge-gateway`: load config, then serve with one or N worker processes.
+
+With `--workers N` every worker binds the same port with SO_REUSEPORT and the kernel spreads connections; L1 is per
+process, L2 (Redis) is shared. PROMETHEUS_MULTIPROC_DIR is set before any worker imports prometheus_client, so
+`/metrics` on any worker reports the totals of all of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from gateway.config import ConfigError, GatewayConfig, load_config
+
+
+def serve(config: GatewayConfig, *, reuse_port: bool) -> None:
+    from aiohttp import web
+
+    from gateway.app import create_app
+
+    if config.server.uvloop:
+        try:
+            import uvloop
+
+            uvloop.install()
+        except ImportError:
+            pass
+    web.run_app(create_app(config), host=config.server.host, port=config.server.port, reuse_port=reuse_port,
+                access_log=None, print=None, handle_signals=True)
+
+
+def _worker(config: GatewayConfig) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
+    serve(config, reuse_port=True)
+
+
+def run_workers(config: GatewayConfig) -> int:
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="tokenedge-metrics-")
+    else:
+        for stale in Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]).glob("*.db"):
+            stale.unlink()
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_worker, args=(config,), name=f"tokenedge-worker-{i}", daemon=False)
+             for i in range(config.server.workers)]
+    for proc in procs:
+        proc.start()
+
+    def stop(_signum: int, _frame: object) -> None:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    code = 0
+    for proc in procs:
+        proc.join()
+        code = code or (proc.exitcode or 0)
+    return 0 if code in (0, -signal.SIGTERM) else code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tokenedge-gateway", description=__doc__)
+    parser.add_argument("--config", default=os.environ.get("TOKENEDGE_CONFIG"), help="TOML config file")
+    parser.add_argument("--workers", type=int, help="worker processes (overrides server.workers)")
+    parser.add_argument("--host")
+    parser.add_argument("--port", type=int)
+    args = parser.parse_args(argv)
+    env = dict(os.environ)
+    for flag, name in (("workers", "WORKERS"), ("host", "HOST"), ("port", "PORT")):
+        if getattr(args, flag) is not None:
+            env[f"TOKENEDGE_SERVER_{name}"] = str(getattr(args, flag))
+    try:
+        config = load_config(args.config, env)
+    except ConfigError as exc:
+        print(f"tokenedge-gateway: configuration error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
+    logging.getLogger("tokenedge.gateway").info(
+        "gateway on http://%s:%d -> %s (%d worker(s), L1 %d MiB, L2 %s)", config.server.host, config.server.port,
+        config.upstream.url, config.server.workers, config.cache.l1_max_bytes >> 20,
+        "redis" if config.cache.redis_url else "off")
+    if config.server.workers > 1:
+        return run_workers(config)
+    serve(config, reuse_port=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The aiohttp application: routes, the error middleware, and one cleanup_ctx per resource.
+
+`create_app(config)` is all a test, a worker or an embedding program needs; nothing is built at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+
+from gateway.catalog import ModelCatalog
+from gateway.config import GatewayConfig
+from gateway.errors import GatewayError, error_response
+from gateway.handlers import admin, alias, completions, ops
+from gateway.metrics import GatewayMetrics
+from gateway.state import STATE, GatewayState
+from gateway.tiers.memory import MemoryTier
+from gateway.tiers.redis_tier import RedisTier
+from gateway.tiers.tiered import TieredCache
+from gateway.upstream import Upstream
+
+log = logging.getLogger("tokenedge.gateway")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_HTTP_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                     405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error leaves as OpenAI-style JSON; an unexpected exception is a logged 500 JSON, never a bare page."""
+    try:
+        return await handler(request)
+    except GatewayError as exc:
+        return exc.to_response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(exc.status, exc.reason, type_=_HTTP_ERROR_TYPES.get(exc.status, "invalid_request_error"),
+                              code=exc.reason.lower().replace(" ", "_"))
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(500, "internal gateway error; the request was not cached",
+                              type_="internal_error", code="internal_error")
+
+
+def _cache_ctx(metrics: GatewayMetrics, clock: Callable[[], float], config: GatewayConfig):  # noqa: ANN202
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        session = Upstream.make_session(config.upstream)
+        upstream = Upstream(config.upstream, session)
+        l2 = None
+        if config.cache.redis_url:
+            errors = metrics.cache_errors.labels("l2")
+            l2 = RedisTier(config.cache.redis_url, timeout_s=config.cache.redis_timeout_s,
+                           retry_after_s=config.cache.redis_retry_after_s, clock=clock, on_error=errors.inc)
+        cache = TieredCache(MemoryTier(config.cache.l1_max_bytes, clock), l2, metrics)
+        catalog = ModelCatalog(upstream, ttl_s=config.upstream.models_ttl_s,
+                               fallback_revision=config.upstream.model_revision, clock=clock)
+        app[STATE] = GatewayState(config=config, metrics=metrics, clock=clock, cache=cache, upstream=upstream,
+                                  catalog=catalog)
+        try:
+            yield
+        finally:
+            await session.close()
+            if l2 is not None:
+                await l2.close()
+
+    return ctx
+
+
+def create_app(config: GatewayConfig, *, clock: Callable[[], float] = time.time,
+               metrics: GatewayMetrics | None = None) -> web.Application:
+    app = web.Application(middlewares=[error_middleware], client_max_size=config.server.max_body_bytes)
+    app.cleanup_ctx.append(_cache_ctx(metrics or GatewayMetrics(), clock, config))
+    app.router.add_post("/v1/chat/completions", completions.make_handler("chat/completions"))
+    app.router.add_post("/v1/completions", completions.make_handler("completions"))
+    app.router.add_post("/v1/embeddings", completions.make_handler("embeddings"))
+    app.router.add_get("/v1/models", ops.models)
+    app.router.add_post("/v1/cache/explain", alias.explain)
+    app.router.add_get("/v1/cache/{key}", alias.get_alias)
+    app.router.add_post("/admin/purge", admin.purge)
+    app.router.add_get("/health", ops.health)
+    app.router.add_get("/ready", ops.ready)
+    app.router.add_get("/metrics", ops.metrics)
+    app.router.add_route("*", "/v1/{tail:.*}", ops.passthrough)
+    return app

@@ -1,0 +1,121 @@
+"""The upstream's model catalog: `GET /v1/models`, cached briefly, and the model revisions that go into every key.
+
+A revision comes from the upstream (`data[].tokenedge.revision` from a tokenedge backend, or `data[].revision`),
+else from `upstream.model_revision` in config, else "unversioned". When the catalog is older than its TTL it is
+refreshed in the background while the last known revisions keep serving, and an upstream outage keeps the last
+known revisions rather than inventing new keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from cachetools import TTLCache
+
+from gateway.errors import UpstreamError
+from gateway.upstream import Upstream, UpstreamResponse
+
+log = logging.getLogger("tokenedge.catalog")
+UNVERSIONED = "unversioned"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    revision: str
+    max_model_len: int | None = None
+    tokenizer: str | None = None
+    transports: tuple[str, ...] = ("json",)
+
+
+def parse_models(body: bytes) -> dict[str, ModelInfo]:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return {}
+    data = doc.get("data") if isinstance(doc, dict) else None
+    out: dict[str, ModelInfo] = {}
+    for item in data if isinstance(data, list) else []:
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+            continue
+        extra: Any = item.get("tokenedge") if isinstance(item.get("tokenedge"), dict) else {}
+        revision = extra.get("revision") or item.get("revision")
+        if isinstance(revision, str) and revision:
+            max_len = extra.get("max_model_len")
+            transports = extra.get("transports")
+            out[item["id"]] = ModelInfo(
+                revision=revision,
+                max_model_len=max_len if isinstance(max_len, int) else None,
+                tokenizer=extra.get("tokenizer") if isinstance(extra.get("tokenizer"), str) else None,
+                transports=tuple(transports) if isinstance(transports, list) else ("json",),
+            )
+    return out
+
+
+class ModelCatalog:
+    def __init__(self, upstream: Upstream, *, ttl_s: float, fallback_revision: str,
+                 clock: Callable[[], float]) -> None:
+        self._upstream = upstream
+        self._ttl_s = ttl_s
+        self._fallback = fallback_revision or UNVERSIONED
+        self._clock = clock
+        self._models: dict[str, ModelInfo] = {}
+        self._fetched_at: float | None = None
+        self._refresh: asyncio.Task[None] | None = None
+        self._responses: TTLCache[str, UpstreamResponse] = TTLCache(maxsize=4096, ttl=max(ttl_s, 1e-9), timer=clock)
+
+    @property
+    def known(self) -> Mapping[str, ModelInfo]:
+        return self._models
+
+    def cached_revision(self, model: str) -> str:
+        """The revision known right now, without contacting the upstream (used by /v1/cache/explain)."""
+        info = self._models.get(model)
+        return info.revision if info else self._fallback
+
+    async def info(self, model: str, headers: Mapping[str, str]) -> ModelInfo | None:
+        await self._ensure_fresh(headers)
+        return self._models.get(model)
+
+    async def revision(self, model: str, headers: Mapping[str, str]) -> str:
+        await self._ensure_fresh(headers)
+        return self.cached_revision(model)
+
+    async def _ensure_fresh(self, headers: Mapping[str, str]) -> None:
+        now = self._clock()
+        if self._fetched_at is not None and now - self._fetched_at < self._ttl_s:
+            return
+        if self._refresh is None or self._refresh.done():
+            self._refresh = asyncio.ensure_future(self._fetch(dict(headers)))
+        if self._fetched_at is None:
+            await asyncio.shield(self._refresh)  # first contact: wait; afterwards refresh in the background
+
+    async def _fetch(self, headers: dict[str, str]) -> None:
+        try:
+            resp = await self._upstream.request("GET", "/v1/models", headers)
+        except UpstreamError as exc:
+            log.warning("model catalog refresh failed, keeping last known revisions: %s", exc.message)
+            if self._fetched_at is None:
+                self._fetched_at = self._clock() - self._ttl_s + 1.0  # retry within a second, not per request
+            return
+        if resp.status == 200:
+            self._models = parse_models(resp.body)
+            self._fetched_at = self._clock()
+        elif self._fetched_at is None:
+            self._fetched_at = self._clock() - self._ttl_s + 1.0
+
+    async def models_response(self, scope: str, headers: Mapping[str, str]) -> UpstreamResponse:
+        """`GET /v1/models` for a client: cached per scope for the catalog TTL (lists may differ per key)."""
+        cached = self._responses.get(scope)
+        if cached is not None:
+            return cached
+        resp = await self._upstream.request("GET", "/v1/models", headers)
+        if resp.status == 200:
+            self._responses[scope] = resp
+            self._models = parse_models(resp.body) or self._models
+            self._fetched_at = self._clock()
+        return resp

@@ -1,0 +1,75 @@
+"""Cache fill for JSON responses: one upstream call, the store decision (DESIGN §4), and the store itself.
+
+Runs inside a single-flight task, so the entry is in the cache before any coalesced follower is released.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.entry import Entry, make_etag
+from gateway.keys import CacheKey, entry_tags
+from gateway.policy import Reason, store_refusal
+from gateway.state import GatewayState
+from gateway.upstream import UpstreamResponse
+
+
+@dataclass(frozen=True, slots=True)
+class FillResult:
+    response: UpstreamResponse
+    entry: Entry | None
+    refusal: Reason | None
+
+
+@dataclass(frozen=True, slots=True)
+class FillRequest:
+    endpoint: str
+    key: CacheKey
+    model: str
+    revision: str
+    ttl_s: int
+    path_qs: str
+    headers: Mapping[str, str]
+    body: bytes
+
+
+def completion_facts(body: bytes) -> tuple[list[str | None], Mapping[str, Any] | None] | None:
+    """(finish reasons, usage) of a JSON completion; None when the body is not a JSON object."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    choices = doc.get("choices")
+    reasons = [c.get("finish_reason") for c in choices if isinstance(c, dict)] if isinstance(choices, list) else []
+    usage = doc.get("usage")
+    return reasons, usage if isinstance(usage, dict) else None
+
+
+async def fill(state: GatewayState, req: FillRequest) -> FillResult:
+    started = time.perf_counter()
+    resp = await state.upstream.request("POST", req.path_qs, req.headers, req.body)
+    state.metrics.upstream_duration.labels(req.endpoint).observe(time.perf_counter() - started)
+    facts = completion_facts(resp.body) if resp.status == 200 else None
+    encoded = resp.headers.get("Content-Encoding", "identity").lower() not in ("identity", "")
+    refusal = store_refusal(status=resp.status, body_bytes=len(resp.body),
+                            max_entry_bytes=state.config.cache.max_entry_bytes,
+                            complete=facts is not None and not encoded,
+                            finish_reasons=facts[0] if facts else ())
+    if refusal is not None or facts is None:
+        return FillResult(resp, None, refusal or Reason.INCOMPLETE)
+    entry = Entry(
+        key=req.key.key, endpoint=req.endpoint, body=resp.body, model=req.model, revision=req.revision,
+        created_at=state.clock(), ttl_s=req.ttl_s, stale_if_error_s=state.config.cache.stale_if_error_s,
+        etag=make_etag(resp.body),
+        tags=entry_tags(model=req.model, revision=req.revision, scope=req.key.scope, digest=req.key.digest),
+        usage=facts[1],
+    )
+    await state.cache.put(entry)
+    return FillResult(resp, entry, None)

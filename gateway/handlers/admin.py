@@ -1,0 +1,48 @@
+"""Admin endpoints: purge by key or tag across L1, L2 and the configured CDNs (DESIGN §6)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from gateway.errors import BadRequest
+from gateway.handlers.tenancy import require_admin
+from gateway.keys import parse_key
+from gateway.state import STATE
+from gateway.validate import parse_object, read_body
+
+# The CDN fan-out is installed by the app factory when CDNs are configured: (keys, tags) -> per-CDN results.
+CdnPurge = Callable[[Sequence[str], Sequence[str]], Awaitable[dict[str, Any]]]
+CDN_PURGE = "cdn_purge"
+MAX_PURGE_ITEMS = 10_000
+
+
+def _strings(body: dict[str, Any], name: str) -> list[str]:
+    value = body.get(name, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise BadRequest(f"'{name}' must be a list of non-empty strings", param=name)
+    if len(value) > MAX_PURGE_ITEMS:
+        raise BadRequest(f"'{name}' holds more than {MAX_PURGE_ITEMS} items", param=name)
+    return value
+
+
+async def purge(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    require_admin(request.headers, state.config.server.admin_token)
+    body = parse_object(await read_body(request, state.config.server.max_body_bytes))
+    keys, tags = _strings(body, "keys"), _strings(body, "tags")
+    if not keys and not tags:
+        raise BadRequest("give 'keys' and/or 'tags' to purge")
+    bad = [k for k in keys if parse_key(k) is None]
+    if bad:
+        raise BadRequest(f"not a tokenedge cache key: {bad[0][:100]!r}", param="keys")
+    result: dict[str, Any] = dict(await state.cache.purge(keys, tags))
+    cdn_purge = state.extensions.get(CDN_PURGE)
+    if cdn_purge is not None:
+        # CDNs are keyed by tags; a key purge becomes its `key:{digest}` tag.
+        key_tags = [f"key:{parsed.digest}" for parsed in map(parse_key, keys) if parsed is not None]
+        result["cdn"] = await cdn_purge(keys, [*tags, *key_tags])  # type: ignore[operator]
+    return web.Response(body=orjson.dumps({"purged": result}), content_type="application/json")

@@ -1,0 +1,84 @@
+"""`GET /v1/cache/{key}`: the content-addressed alias any CDN can cache, and `POST /v1/cache/explain`.
+
+The alias answers from L1/L2 only, never the upstream, and honours `If-None-Match` with 304 (RFC 9110 §13.1.2).
+A tenant-scoped key answers only to that tenant's credential; to anyone else it does not exist (404, not 403,
+so key existence does not leak).
+"""
+
+from __future__ import annotations
+
+import orjson
+from aiohttp import web
+
+from gateway import headers as hdr
+from gateway.canonical import CanonicalizationError, canonicalize
+from gateway.errors import BadRequest, NotFound
+from gateway.handlers.completions import entry_response, route_policy
+from gateway.handlers.tenancy import tenant_credential
+from gateway.keys import PUBLIC_SCOPE, derive_key, parse_key, tenant_scope
+from gateway.policy import Freshness, Lookup, decide, freshness
+from gateway.cache_control import parse_request_cache_control
+from gateway.config import CACHEABLE_ENDPOINTS
+from gateway.state import STATE
+from gateway.validate import parse_object, read_body, validate
+
+
+def _etag_matches(if_none_match: str, etag: str) -> bool:
+    # RFC 9110 §13.1.2: weak comparison; "*" matches any current representation.
+    tags = [t.strip() for t in if_none_match.split(",")]
+    return "*" in tags or etag in tags or f"W/{etag}" in tags
+
+
+async def get_alias(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    parsed = parse_key(request.match_info["key"])
+    if parsed is None:
+        raise NotFound("no such cache entry")
+    if parsed.scope != PUBLIC_SCOPE:
+        credential = tenant_credential(request.headers, state.config.server.tenant_header)
+        if tenant_scope(credential) != parsed.scope:
+            raise NotFound("no such cache entry")
+    found = await state.cache.get(parsed.key)
+    now = state.clock()
+    if found is None or freshness(age_s=found.entry.age_s(now), ttl_s=found.entry.ttl_s,
+                                  stale_if_error_s=found.entry.stale_if_error_s) is not Freshness.FRESH:
+        raise NotFound("no such cache entry")
+    entry = found.entry
+    status, age = hdr.hit_status(entry, now, tier=found.tier)
+    if _etag_matches(request.headers.get("If-None-Match", ""), entry.etag):
+        response = entry_response(state, entry, status, age, status=304)
+        response.body = b""
+        return response
+    return entry_response(state, entry, status, age)
+
+
+async def explain(request: web.Request) -> web.Response:
+    """The canonical form, key and decision for a request, without contacting the upstream."""
+    state = request.app[STATE]
+    doc = parse_object(await read_body(request, state.config.server.max_body_bytes))
+    endpoint = doc.get("endpoint", "chat/completions")
+    body = doc.get("request")
+    if endpoint not in CACHEABLE_ENDPOINTS:
+        raise BadRequest(f"'endpoint' must be one of {', '.join(CACHEABLE_ENDPOINTS)}", param="endpoint")
+    if not isinstance(body, dict):
+        raise BadRequest("'request' must be the request body object to explain", param="request")
+    validate(endpoint, body)
+    route = state.config.routes[endpoint]
+    directives = parse_request_cache_control(request.headers.get("Cache-Control"), request.headers.get("Pragma"))
+    decision = decide(endpoint, body, directives, route_policy(state, endpoint))
+    try:
+        canonical = canonicalize(endpoint, body, route.level)
+    except CanonicalizationError as exc:
+        raise BadRequest(str(exc)) from None
+    revision = state.catalog.cached_revision(body["model"])
+    scope = PUBLIC_SCOPE if route.scope == "public" else tenant_scope(
+        tenant_credential(request.headers, state.config.server.tenant_header))
+    key = derive_key(scope=scope, endpoint=endpoint, level=route.level, model_revision=revision,
+                     canonical=canonical)
+    out = {
+        "endpoint": endpoint, "level": route.level.value, "scope": scope, "revision": revision,
+        "canonical": canonical, "key": key.key,
+        "decision": ({"action": "lookup", "ttl_s": decision.ttl_s, "read": decision.read}
+                     if isinstance(decision, Lookup) else {"action": "bypass", "reason": decision.reason.value}),
+    }
+    return web.Response(body=orjson.dumps(out), content_type="application/json")

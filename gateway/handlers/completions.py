@@ -1,0 +1,180 @@
+"""The cacheable routes (`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`).
+
+parse+validate -> canonicalize -> policy.decide -> Bypass: relay | Lookup: L1 -> L2 -> single-flight -> upstream.
+The upstream always receives the client's own bytes; only the key is built from the canonical form.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, assert_never
+
+from aiohttp import web
+
+from gateway import headers as hdr
+from gateway.cache_control import RequestDirectives, parse_request_cache_control
+from gateway.canonical import CanonicalizationError, canonicalize
+from gateway.entry import Entry
+from gateway.errors import BadRequest, GatewayError, NotCached, UpstreamError
+from gateway.fill import FillRequest, FillResult, fill
+from gateway.handlers.relay import relay
+from gateway.handlers.tenancy import tenant_credential
+from gateway.keys import PUBLIC_SCOPE, CacheKey, derive_key, tenant_scope
+from gateway.policy import Bypass, Freshness, Lookup, RoutePolicy, decide, freshness, satisfies
+from gateway.state import STATE, GatewayState
+from gateway.upstream import forward_headers, relay_headers
+from gateway.validate import check_content_type, parse_object, read_body, validate
+
+STREAM_REASON = "stream"  # streamed requests are relayed untouched until the streaming cache handles them
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    endpoint: str
+    raw: bytes
+    body: dict[str, Any]
+    directives: RequestDirectives
+    decision: Lookup | Bypass
+
+
+def route_policy(state: GatewayState, endpoint: str) -> RoutePolicy:
+    route = state.config.routes[endpoint]
+    return RoutePolicy(enabled=route.enabled, ttl_s=route.ttl_s, allow_seeded=route.allow_seeded,
+                       allow_n_gt_1=route.allow_n_gt_1, stale_if_error_s=state.config.cache.stale_if_error_s)
+
+
+async def prepare(request: web.Request, state: GatewayState, endpoint: str) -> Prepared:
+    check_content_type(request)
+    raw = await read_body(request, state.config.server.max_body_bytes)
+    body = parse_object(raw)
+    validate(endpoint, body)
+    directives = parse_request_cache_control(request.headers.get("Cache-Control"), request.headers.get("Pragma"))
+    return Prepared(endpoint, raw, body, directives, decide(endpoint, body, directives, route_policy(state, endpoint)))
+
+
+def cache_key(request: web.Request, state: GatewayState, prep: Prepared, revision: str) -> CacheKey:
+    route = state.config.routes[prep.endpoint]
+    scope = PUBLIC_SCOPE if route.scope == "public" else tenant_scope(
+        tenant_credential(request.headers, state.config.server.tenant_header))
+    try:
+        canonical = canonicalize(prep.endpoint, prep.body, route.level)
+    except CanonicalizationError as exc:
+        raise BadRequest(str(exc)) from None
+    return derive_key(scope=scope, endpoint=prep.endpoint, level=route.level, model_revision=revision,
+                      canonical=canonical)
+
+
+def make_handler(endpoint: str):  # noqa: ANN201 - aiohttp handler
+    async def handler(request: web.Request) -> web.StreamResponse:
+        state = request.app[STATE]
+        started = time.perf_counter()
+        result, reason = "error", "error"
+        try:
+            prep = await prepare(request, state, endpoint)
+            match prep.decision:
+                case Bypass(reason=why):
+                    result, reason = "bypass", why.value
+                    if prep.directives.only_if_cached:
+                        raise NotCached("only-if-cached: this request is not cacheable")
+                    return await bypass(request, state, prep, why.value)
+                case Lookup() as lookup:
+                    if prep.body.get("stream") is True:
+                        result, reason = "bypass", STREAM_REASON
+                        return await bypass(request, state, prep, STREAM_REASON)
+                    response, result, reason = await lookup_or_fill(request, state, prep, lookup)
+                    return response
+                case _ as unreachable:
+                    assert_never(unreachable)
+        except GatewayError:
+            result = "error"
+            raise
+        finally:
+            state.metrics.requests.labels(endpoint, result, reason).inc()
+            state.metrics.request_duration.labels(endpoint, result).observe(time.perf_counter() - started)
+
+    return handler
+
+
+async def bypass(request: web.Request, state: GatewayState, prep: Prepared, reason: str) -> web.StreamResponse:
+    fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=False)
+    return await relay(request, state, method="POST", path_qs=request.path_qs, headers=fwd, body=prep.raw,
+                       extra_headers={hdr.CACHE_STATUS: hdr.bypass_status(reason),
+                                      "Cache-Control": hdr.BYPASS_CACHE_CONTROL})
+
+
+def entry_response(state: GatewayState, entry: Entry, cache_status: str, age: str,
+                   status: int = 200) -> web.Response:
+    headers, truncated = hdr.entry_headers(entry, tag_targets=state.config.cache.cdn_tag_headers)
+    if truncated:
+        state.metrics.tag_truncations.inc(truncated)
+    headers[hdr.CACHE_STATUS] = cache_status
+    headers["Age"] = age
+    return web.Response(status=status, body=entry.body, headers=headers)
+
+
+def served_from_cache(state: GatewayState, entry: Entry) -> None:
+    usage = entry.usage or {}
+    saved = usage.get("total_tokens")
+    if isinstance(saved, int) and saved > 0:
+        state.metrics.tokens_saved.inc(saved)
+    state.metrics.bytes_from_cache.inc(len(entry.body))
+
+
+async def lookup_or_fill(request: web.Request, state: GatewayState, prep: Prepared,
+                         lookup: Lookup) -> tuple[web.StreamResponse, str, str]:
+    fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
+    model = prep.body["model"]
+    revision = await state.catalog.revision(model, fwd)
+    key = cache_key(request, state, prep, revision)
+    stale: Entry | None = None
+    if lookup.read:
+        found = await state.cache.get(key.key)
+        if found is not None:
+            entry, now = found.entry, state.clock()
+            age = entry.age_s(now)
+            fresh = freshness(age_s=age, ttl_s=entry.ttl_s, stale_if_error_s=entry.stale_if_error_s)
+            if fresh is Freshness.FRESH and satisfies(age_s=age, directives=prep.directives):
+                served_from_cache(state, entry)
+                status, age_h = hdr.hit_status(entry, now, tier=found.tier)
+                return entry_response(state, entry, status, age_h), "hit", found.tier
+            if fresh is Freshness.STALE:
+                stale = entry
+    if lookup.only_if_cached:
+        raise NotCached("only-if-cached: no fresh cached answer for this request")
+    fill_req = FillRequest(prep.endpoint, key, model, revision, lookup.ttl_s, request.path_qs, fwd, prep.raw)
+    try:
+        outcome, leader = await state.flights.do(key.key, lambda: fill(state, fill_req))
+    except UpstreamError as exc:
+        if stale is None:
+            raise
+        return serve_stale(state, stale, exc.code or "error"), "stale", exc.code or "error"
+    assert isinstance(outcome, FillResult)
+    if outcome.response.status >= 500 and stale is not None:
+        return serve_stale(state, stale, f"status-{outcome.response.status}"), "stale", "status"
+    return miss_response(state, outcome, collapsed=not leader), ("miss" if leader else "coalesced"), (
+        "stored" if outcome.entry else (outcome.refusal.value if outcome.refusal else "not-stored"))
+
+
+def serve_stale(state: GatewayState, entry: Entry, why: str) -> web.Response:
+    status, age = hdr.stale_status(entry, state.clock(), why)
+    response = entry_response(state, entry, status, age)
+    response.headers["Cache-Control"] = "no-store"  # a stale answer must not be cached further downstream
+    served_from_cache(state, entry)
+    return response
+
+
+def miss_response(state: GatewayState, outcome: FillResult, *, collapsed: bool) -> web.Response:
+    upstream = outcome.response
+    if outcome.entry is not None:
+        response = entry_response(state, outcome.entry, hdr.miss_status(stored=True, collapsed=collapsed), "0")
+        for name, value in relay_headers(upstream.headers).items():
+            response.headers.setdefault(name, value)
+        return response
+    headers = relay_headers(upstream.headers)
+    headers[hdr.CACHE_STATUS] = hdr.miss_status(
+        stored=False, collapsed=collapsed, detail=outcome.refusal.value if outcome.refusal else None)
+    headers["Cache-Control"] = "no-store"
+    if "Content-Type" in upstream.headers:
+        headers["Content-Type"] = upstream.headers["Content-Type"]
+    return web.Response(status=upstream.status, body=upstream.body, headers=headers)

@@ -1,0 +1,67 @@
+"""Response caching headers: the CDN contract of DESIGN §5.
+
+A hit and a stored miss carry the same validators and freshness so a CDN in front can cache and purge them;
+only `Age` and `Cache-Status` vary per response. Tenant-scoped answers are `private` for generic shared caches;
+CDN-Cache-Control (RFC 9213) and Surrogate-Control speak to the edge we configure, which keys on the tenant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cdn.tags import tag_headers
+from gateway.entry import Entry
+from gateway.keys import PUBLIC_SCOPE
+
+CACHE_STATUS = "Cache-Status"
+NAME = "tokenedge"
+
+
+def entry_headers(entry: Entry, *, tag_targets: Sequence[str]) -> tuple[dict[str, str], int]:
+    """The per-entry, time-independent headers, plus how many tags were dropped to fit header limits."""
+    public = entry.key.split(":", 2)[1] == PUBLIC_SCOPE
+    edge = f"max-age={entry.ttl_s}"
+    if entry.stale_if_error_s:
+        edge += f", stale-if-error={entry.stale_if_error_s}"
+    headers = {
+        "Content-Type": "application/json",
+        "ETag": entry.etag,
+        # RFC 9111 §5.2.2.10: s-maxage governs shared caches; max-age=0 keeps browsers from reusing it unasked.
+        "Cache-Control": f"public, max-age=0, s-maxage={entry.ttl_s}" if public else "private",
+        "CDN-Cache-Control": edge,
+        "Surrogate-Control": edge,
+        "X-Cache-Key": entry.key,
+        "Vary": "Authorization" if not public else "Accept-Encoding",
+    }
+    tags, truncated = tag_headers(entry.tags, tag_targets)
+    headers.update(tags)
+    return headers, truncated
+
+
+def hit_status(entry: Entry, now: float, *, tier: str) -> tuple[str, str]:
+    """(Cache-Status, Age) for a fresh hit; RFC 9211 §2.4: ttl is the remaining freshness in seconds."""
+    age = int(entry.age_s(now))
+    return f"{NAME}; hit; ttl={entry.ttl_s - age}; detail={tier}", str(age)
+
+
+def stale_status(entry: Entry, now: float, reason: str) -> tuple[str, str]:
+    age = int(entry.age_s(now))
+    return f"{NAME}; hit; ttl={entry.ttl_s - age}; detail=stale-if-error-{reason}", str(age)
+
+
+def miss_status(*, stored: bool, collapsed: bool = False, detail: str | None = None) -> str:
+    parts = [NAME, "fwd=miss"]
+    if collapsed:
+        parts.append("collapsed")  # RFC 9211 §2.6: the request was collapsed into another's forward
+    if stored:
+        parts.append("stored")
+    if detail:
+        parts.append(f"detail={detail}")
+    return "; ".join(parts)
+
+
+def bypass_status(reason: str) -> str:
+    return f"{NAME}; fwd=bypass; detail={reason}"
+
+
+BYPASS_CACHE_CONTROL = "no-store"

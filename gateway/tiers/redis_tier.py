@@ -1,0 +1,134 @@
+"""L2: the Redis tier shared by every worker and gateway instance (redis.asyncio + hiredis).
+
+Layout: the entry under its key (`te1:{scope}:{digest}`), expiring at the end of its stale-if-error window, and one
+set per tag (`te1:tag:{tag}`) listing keys, for purge. Writes are one pipelined round trip.
+
+A Redis failure never fails a request: every operation goes through `_degrade`, which counts the error, logs at a
+bounded rate and opens a short breaker so an outage costs one timeout per `retry_after_s`, not one per request.
+The connection pool reconnects by itself once Redis is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
+
+import redis.asyncio as aioredis
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+from redis.retry import Retry
+
+from gateway.entry import Entry, decode, encode
+from gateway.ratelog import RateLimitedLog
+
+log = logging.getLogger("tokenedge.l2")
+TAG_PREFIX = "te1:tag:"
+_T = TypeVar("_T")
+
+
+class L2Unavailable(Exception):
+    """L2 is skipped (breaker open) or the operation failed; callers treat it as a miss."""
+
+
+class RedisTier:
+    name = "l2"
+
+    def __init__(self, url: str, *, timeout_s: float, retry_after_s: float, clock: Callable[[], float],
+                 on_error: Callable[[], None]) -> None:
+        self._client = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),  # fail fast; the breaker below decides when to try again
+            health_check_interval=0,
+        )
+        self._timeout_s = timeout_s
+        self._retry_after_s = retry_after_s
+        self._clock = clock
+        self._on_error = on_error
+        self._open_until = 0.0
+        self._log = RateLimitedLog(log, 10.0, clock)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    @property
+    def available(self) -> bool:
+        return self._clock() >= self._open_until
+
+    async def _call(self, op: str, fn: Callable[[], Awaitable[_T]]) -> _T:
+        """The one path through which every Redis operation runs and every Redis failure degrades."""
+        if not self.available:
+            raise L2Unavailable(f"l2 skipped for {op}: breaker open")
+        try:
+            return await asyncio.wait_for(fn(), self._timeout_s * 4)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._degrade(op, exc)
+            raise L2Unavailable(f"l2 {op} failed: {exc}") from exc
+
+    def _degrade(self, op: str, exc: BaseException) -> None:
+        self._on_error()
+        self._open_until = self._clock() + self._retry_after_s
+        self._log.warning("redis", "L2 (Redis) %s failed, serving from L1/upstream: %s: %s",
+                          op, type(exc).__name__, exc)
+
+    async def get(self, key: str) -> Entry | None:
+        raw = await self._call("get", lambda: self._client.get(key))
+        return decode(raw) if raw is not None else None
+
+    async def set(self, entry: Entry) -> None:
+        expire_ms = max(1, int((entry.expires_at() - self._clock()) * 1000))
+        payload = encode(entry)
+
+        async def write() -> None:
+            pipe = self._client.pipeline(transaction=False)
+            pipe.set(entry.key, payload, px=expire_ms)
+            for tag in entry.tags:
+                pipe.sadd(TAG_PREFIX + tag, entry.key)
+                # A tag set lives as long as its longest-lived member; stale members are harmless on purge.
+                pipe.pexpire(TAG_PREFIX + tag, expire_ms, gt=True)
+                pipe.pexpire(TAG_PREFIX + tag, expire_ms, nx=True)
+            await pipe.execute()
+
+        await self._call("set", write)
+
+    async def delete(self, keys: Iterable[str]) -> int:
+        keys = list(keys)
+        if not keys:
+            return 0
+        return int(await self._call("delete", lambda: self._client.delete(*keys)))
+
+    async def purge_tags(self, tags: Iterable[str]) -> tuple[int, list[str]]:
+        """Delete every entry carrying any of the tags; returns (entries deleted, their keys)."""
+        tag_keys = [TAG_PREFIX + t for t in tags]
+        if not tag_keys:
+            return 0, []
+
+        async def purge() -> tuple[int, list[str]]:
+            members = await self._client.sunion(*tag_keys)
+            keys = sorted(m.decode() if isinstance(m, bytes) else m for m in members)
+            pipe = self._client.pipeline(transaction=False)
+            if keys:
+                pipe.delete(*keys)
+            pipe.delete(*tag_keys)
+            results = await pipe.execute()
+            return (int(results[0]) if keys else 0), keys
+
+        return await self._call("purge", purge)
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._call("ping", self._client.ping))
+        except L2Unavailable:
+            return False
+
+    async def stats(self) -> tuple[int, int] | None:
+        """(keys, used bytes) of the Redis database, or None when unavailable."""
+        try:
+            info = await self._call("info", lambda: self._client.info("memory"))
+            size = await self._call("dbsize", self._client.dbsize)
+        except L2Unavailable:
+            return None
+        return int(size), int(info.get("used_memory", 0))

@@ -1,0 +1,73 @@
+"""The tiered cache: read L1 then L2 (back-filling L1 on an L2 hit), write both, purge both.
+
+Every lookup is counted per tier and outcome. L2 failures arrive here as `L2Unavailable` and become misses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.entry import Entry
+from gateway.metrics import GatewayMetrics
+from gateway.tiers.memory import MemoryTier
+from gateway.tiers.redis_tier import L2Unavailable, RedisTier
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    entry: Entry
+    tier: str  # "l1" | "l2"
+
+
+class TieredCache:
+    def __init__(self, l1: MemoryTier, l2: RedisTier | None, metrics: GatewayMetrics) -> None:
+        self.l1 = l1
+        self.l2 = l2
+        self._lookups = metrics.lookups
+        self._stores = metrics.cache_stores
+        self._l1_hit = metrics.lookups.labels("l1", "hit")
+        self._l1_miss = metrics.lookups.labels("l1", "miss")
+
+    async def get(self, key: str) -> Found | None:
+        if self.l1.enabled:
+            entry = self.l1.get(key)
+            if entry is not None:
+                self._l1_hit.inc()
+                return Found(entry, "l1")
+            self._l1_miss.inc()
+        if self.l2 is None:
+            return None
+        try:
+            entry = await self.l2.get(key)
+        except L2Unavailable:
+            self._lookups.labels("l2", "error").inc()
+            return None
+        if entry is None or entry.key != key:
+            self._lookups.labels("l2", "miss").inc()
+            return None
+        self._lookups.labels("l2", "hit").inc()
+        self.l1.set(entry)
+        return Found(entry, "l2")
+
+    async def put(self, entry: Entry) -> None:
+        if self.l1.set(entry):
+            self._stores.labels("l1").inc()
+        if self.l2 is not None:
+            try:
+                await self.l2.set(entry)
+                self._stores.labels("l2").inc()
+            except L2Unavailable:
+                pass  # counted and logged by the tier; L1 still holds the entry
+
+    async def purge(self, keys: Sequence[str], tags: Sequence[str]) -> dict[str, int | str]:
+        """Counts per tier; an unreachable L2 is reported as "error", never raised."""
+        result: dict[str, int | str] = {"l1": self.l1.delete(keys) + self.l1.purge_tags(tags)}
+        if self.l2 is not None:
+            try:
+                deleted = await self.l2.delete(keys)
+                by_tag, _ = await self.l2.purge_tags(tags)
+                result["l2"] = deleted + by_tag
+            except L2Unavailable:
+                result["l2"] = "error"
+        return result

@@ -1,0 +1,56 @@
+"""Gateway test fixtures: a fake upstream, an injected clock and a gateway factory that cleans up after itself."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from tests.support.fake_upstream import FakeUpstream, start_fake_upstream
+from tests.support.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
+
+CHAT = {"model": "test-model", "temperature": 0, "messages": [{"role": "user", "content": "What is 2+2?"}]}
+AUTH_A = {"Authorization": "Bearer tenant-a-key"}
+AUTH_B = {"Authorization": "Bearer tenant-b-key"}
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeUpstream]:
+    yield FakeUpstream()
+
+
+@pytest.fixture
+async def upstream_url(fake: FakeUpstream) -> AsyncIterator[str]:
+    server = await start_fake_upstream(fake)
+    try:
+        yield str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+GatewayFactory = Callable[..., Awaitable[RunningGateway]]
+
+
+@pytest.fixture
+async def make_gateway(upstream_url: str, clock: FakeClock) -> AsyncIterator[GatewayFactory]:
+    started: list[RunningGateway] = []
+
+    async def factory(url: str | None = None, **sections: dict[str, Any]) -> RunningGateway:
+        gw = await start_gateway(gateway_config(url or upstream_url, **sections), clock)
+        started.append(gw)
+        return gw
+
+    yield factory
+    for gw in started:
+        await gw.close()
+
+
+@pytest.fixture
+async def gw(make_gateway: GatewayFactory) -> RunningGateway:
+    return await make_gateway()

@@ -1,0 +1,160 @@
+"""A scriptable OpenAI-compatible upstream for gateway tests (a real HTTP server on loopback).
+
+Every completion it produces carries a serial number, so a byte-identical second answer proves it came from the
+cache. Tests steer it through plain attributes: a forced status, a gate that holds responses until released (no
+sleeps), SSE streams whose chunks wait on per-chunk events, and failures mid-stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+
+@dataclass
+class FakeUpstream:
+    revision: str = "rev-1"
+    status: int | None = None  # force this status on completions
+    gate: asyncio.Event | None = None  # completions wait for it (coalescing tests)
+    stream_pieces: list[str] = field(default_factory=lambda: ["Hello", ", ", "world", "!"])
+    stream_gates: list[asyncio.Event] | None = None  # chunk i waits for stream_gates[i]
+    stream_fail_after: int | None = None  # send this many chunks, then drop the connection
+    stream_no_done: bool = False  # end the stream cleanly but without [DONE]
+    stream_tool_calls: bool = False
+    finish_reason: str = "stop"
+    calls: Counter[str] = field(default_factory=Counter)
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    chunks_sent: list[int] = field(default_factory=list)
+    serial: itertools.count = field(default_factory=lambda: itertools.count(1))
+    entered: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_get("/v1/files", self.files)
+        return app
+
+    async def models(self, request: web.Request) -> web.Response:
+        self.calls["models"] += 1
+        return web.json_response({"object": "list", "data": [
+            {"id": "test-model", "object": "model", "owned_by": "tokenedge",
+             "tokenedge": {"revision": self.revision, "max_model_len": 2048}}]})
+
+    async def files(self, request: web.Request) -> web.Response:
+        self.calls["files"] += 1
+        return web.json_response({"object": "list", "data": [], "echo_auth": request.headers.get("Authorization")})
+
+    async def _enter(self, request: web.Request, name: str) -> dict[str, Any]:
+        body = await request.json()
+        self.calls[name] += 1
+        self.bodies.append(body)
+        self.headers.append(dict(request.headers))
+        self.entered.set()
+        if self.gate is not None:
+            await self.gate.wait()
+        return body
+
+    def _forced(self) -> web.Response | None:
+        if self.status is None or self.status == 200:
+            return None
+        return web.json_response({"error": {"message": f"forced {self.status}", "type": "upstream",
+                                            "param": None, "code": None}}, status=self.status)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self._enter(request, "chat")
+        if (forced := self._forced()) is not None:
+            return forced
+        n = next(self.serial)
+        if body.get("stream"):
+            return await self._stream(request, body, n)
+        last = body["messages"][-1].get("content")
+        message: dict[str, Any] = {"role": "assistant", "content": f"answer #{n} to {last!r}"}
+        if self.stream_tool_calls:
+            message = {"role": "assistant", "content": None, "tool_calls": [self._tool_call()]}
+        return web.json_response({
+            "id": f"chatcmpl-{n}", "object": "chat.completion", "created": 1700000000 + n, "model": body["model"],
+            "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}})
+
+    @staticmethod
+    def _tool_call() -> dict[str, Any]:
+        return {"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+
+    async def completions(self, request: web.Request) -> web.Response:
+        body = await self._enter(request, "completions")
+        if (forced := self._forced()) is not None:
+            return forced
+        n = next(self.serial)
+        return web.json_response({
+            "id": f"cmpl-{n}", "object": "text_completion", "created": 1700000000 + n, "model": body["model"],
+            "choices": [{"index": 0, "text": f" completion #{n}", "finish_reason": "stop", "logprobs": None}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        body = await self._enter(request, "embeddings")
+        n = next(self.serial)
+        return web.json_response({"object": "list", "model": body["model"],
+                                  "data": [{"object": "embedding", "index": 0, "embedding": [n / 10, 0.5]}],
+                                  "usage": {"prompt_tokens": 2, "total_tokens": 2}})
+
+    def _chunks(self, body: dict[str, Any], n: int) -> list[dict[str, Any]]:
+        base = {"id": f"chatcmpl-{n}", "object": "chat.completion.chunk", "created": 1700000000 + n,
+                "model": body["model"]}
+        out = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                     "finish_reason": None}]}]
+        if self.stream_tool_calls:
+            call = self._tool_call()
+            args = call["function"]["arguments"]
+            out.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": 0, "id": call["id"], "type": "function",
+                 "function": {"name": call["function"]["name"], "arguments": ""}}]}, "finish_reason": None}]})
+            for part in (args[:8], args[8:]):
+                out.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": [
+                    {"index": 0, "function": {"arguments": part}}]}, "finish_reason": None}]})
+        else:
+            for piece in self.stream_pieces:
+                out.append({**base, "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
+        finish = "tool_calls" if self.stream_tool_calls else self.finish_reason
+        out.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            out.append({**base, "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 4,
+                                                          "total_tokens": 14}})
+        return out
+
+    async def _stream(self, request: web.Request, body: dict[str, Any], n: int) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        sent = 0
+        for i, chunk in enumerate(self._chunks(body, n)):
+            if self.stream_gates is not None and i < len(self.stream_gates):
+                await self.stream_gates[i].wait()
+            if self.stream_fail_after is not None and sent >= self.stream_fail_after:
+                assert request.transport is not None
+                request.transport.close()
+                self.chunks_sent.append(sent)
+                return resp
+            await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+            sent += 1
+        self.chunks_sent.append(sent)
+        if not self.stream_no_done:
+            await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+async def start_fake_upstream(fake: FakeUpstream) -> TestServer:
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    return server
