@@ -64,19 +64,22 @@ class Fake:
 
     async def _handle(self, request: web.Request) -> web.Response:
         rec = Recorded(request.method, request.path_qs, dict(request.headers), await request.read())
-        self.requests.append(rec)
-        problems = self.validate(rec, request)
-        if problems:
-            self.violations.extend(problems)
-            return web.json_response({"violations": problems}, status=400)
-        if self.delay_s:
-            await asyncio.sleep(self.delay_s)
-        reply = self._queue.pop(0) if self._queue else self.success(rec)
+        reply = await self.answer(rec, request.scheme, request.host)
         if isinstance(reply.body, bytes | str):
             return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
         return web.json_response(reply.body, status=reply.status, headers=reply.headers)
 
-    def validate(self, rec: Recorded, request: web.Request) -> list[str]:
+    async def answer(self, rec: Recorded, scheme: str, host: str) -> Reply:
+        self.requests.append(rec)
+        problems = self.validate(rec, scheme, host)
+        if problems:
+            self.violations.extend(problems)
+            return Reply(400, {"violations": problems})
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        return self._queue.pop(0) if self._queue else self.success(rec)
+
+    def validate(self, rec: Recorded, scheme: str, host: str) -> list[str]:
         raise NotImplementedError
 
     def success(self, rec: Recorded) -> Reply:
@@ -91,7 +94,7 @@ class FakeFastly(Fake):
         self.api_token = api_token
         self.service_id = service_id
 
-    def validate(self, rec: Recorded, request: web.Request) -> list[str]:
+    def validate(self, rec: Recorded, scheme: str, host: str) -> list[str]:
         p = []
         if rec.method != "POST":
             p.append(f"method {rec.method}")
@@ -127,7 +130,7 @@ class FakeCloudflare(Fake):
         self.api_token = api_token
         self.zone_id = zone_id
 
-    def validate(self, rec: Recorded, request: web.Request) -> list[str]:
+    def validate(self, rec: Recorded, scheme: str, host: str) -> list[str]:
         p = []
         if rec.method != "POST":
             p.append(f"method {rec.method}")
@@ -194,7 +197,7 @@ class FakeAkamai(Fake):
         self.access_token = access_token
         self.nonces: list[str] = []
 
-    def validate(self, rec: Recorded, request: web.Request) -> list[str]:
+    def validate(self, rec: Recorded, scheme: str, host: str) -> list[str]:
         p = []
         if rec.method != "POST":
             p.append(f"method {rec.method}")
@@ -214,7 +217,7 @@ class FakeAkamai(Fake):
         self.nonces.append(m["nonce"])
         prefix = rec.headers["Authorization"][: m.start("sig") - len("signature=")]
         expected = eg1_signature(
-            rec.method, request.scheme, request.host, rec.path, rec.body, self.client_secret, prefix, m["ts"]
+            rec.method, scheme, host, rec.path, rec.body, self.client_secret, prefix, m["ts"]
         )
         if not hmac.compare_digest(expected, m["sig"]):
             p.append("signature mismatch")
@@ -250,7 +253,7 @@ class FakeVarnish(Fake):
         super().__init__()
         self.token = token
 
-    def validate(self, rec: Recorded, request: web.Request) -> list[str]:
+    def validate(self, rec: Recorded, scheme: str, host: str) -> list[str]:
         p = []
         if self.token is not None and rec.headers.get("X-Purge-Token") != self.token:
             p.append("bad X-Purge-Token")
@@ -277,6 +280,36 @@ async def serve(fake: Fake) -> AsyncIterator[str]:
         yield str(server.make_url("")).rstrip("/")
     finally:
         await server.close()
+
+
+@asynccontextmanager
+async def serve_raw(fake: Fake) -> AsyncIterator[str]:
+    """Minimal HTTP/1.1 listener for methods aiohttp's server parser refuses (Varnish's BAN): one request
+    per connection, Content-Length bodies only. Real Varnish accepts any method token."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        method, path, _ = head[0].split(" ", 2)
+        headers = dict(line.split(": ", 1) for line in head[1:] if line)
+        body = await reader.readexactly(int(headers.get("Content-Length", "0")))
+        host = headers.get("Host", "")
+        reply = await fake.answer(Recorded(method, path, headers, body), "http", host)
+        data = reply.body if isinstance(reply.body, bytes) else str(reply.body).encode()
+        extra = "".join(f"{k}: {v}\r\n" for k, v in reply.headers.items())
+        writer.write(
+            f"HTTP/1.1 {reply.status} X\r\nContent-Length: {len(data)}\r\nConnection: close\r\n{extra}\r\n".encode()
+        )
+        writer.write(data)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 @asynccontextmanager

@@ -66,7 +66,7 @@ def test_truncation_drops_whole_tags_from_the_end_keeping_key_and_tenant() -> No
     kept = value.split(" ")
     assert len(value) <= 16_384
     assert kept[:2] == [f"key:{DIGEST}", "tenant:t1"]
-    assert all(t in big + ["tenant:t1", f"key:{DIGEST}"] for t in kept)  # no tag cut in half
+    assert all(t in [*big, "tenant:t1", f"key:{DIGEST}"] for t in kept)  # no tag cut in half
     assert truncated == 34 - len(kept)
 
 
