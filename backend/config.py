@@ -1,0 +1,94 @@
+"""Backend configuration: one frozen dataclass, read once from defaults, then `TOKENEDGE_BACKEND_*`
+environment variables, then command-line flags (each later source wins), and passed explicitly."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+ENV_PREFIX = "TOKENEDGE_BACKEND_"
+_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
+           "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32}
+_ATTENTION = ("auto", "sdpa", "flash")
+
+
+@dataclass(frozen=True, slots=True)
+class BackendConfig:
+    """`model=None` serves the default SmolLM2 GGUF. Weights use `dtype`; the residual stream and logits
+    stay fp32 whatever it is. `threads=0` leaves torch's own default."""
+
+    model: str | None = None
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    device: str = "cpu"
+    dtype: str = "bfloat16"
+    threads: int = 0
+    attention: str = "auto"
+    block_size: int = 16
+    num_blocks: int = 2048
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 4096
+    max_waiting: int = 256
+    max_n: int = 4
+    default_max_tokens: int = 256
+    retry_after_s: int = 1
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.attention not in _ATTENTION:
+            raise ValueError(f"attention must be one of {_ATTENTION}, got {self.attention!r}")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port out of range: {self.port}")
+        for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                     "max_waiting", "max_n", "default_max_tokens", "retry_after_s"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.threads < 0:
+            raise ValueError("threads must be >= 0")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    @classmethod
+    def from_sources(cls, argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> BackendConfig:
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for name, field in fields.items():
+            raw = env.get(ENV_PREFIX + name.upper())
+            if raw is not None:
+                values[name] = _coerce(field.type, raw, name)
+        parser = argparse.ArgumentParser(prog="tokenedge-backend", description="tokenedge model server")
+        for name, field in fields.items():
+            parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+                                help=f"(env {ENV_PREFIX}{name.upper()}, default {field.default!r})")
+        args = parser.parse_args(argv)
+        for name, field in fields.items():
+            raw = getattr(args, name)
+            if raw is not None:
+                values[name] = _coerce(field.type, raw, name)
+        return cls(**values)
+
+
+def _coerce(annotation: Any, raw: str, name: str) -> Any:
+    kind = str(annotation)
+    try:
+        if kind.startswith("int"):
+            return int(raw)
+        if kind.startswith("float"):
+            return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}: expected a number, got {raw!r}") from None
+    if "None" in kind and raw.lower() in ("", "none", "default"):
+        return None
+    return raw

@@ -1,0 +1,118 @@
+"""Run the n choices of one request on the engine and yield text events in arrival order.
+
+Each choice is one engine request consuming its own `generate` iterator in a task; the events meet in
+one queue. Leaving the `run_choices` generator early (a stop string, a client disconnect, an error)
+cancels the tasks, and cancelling a task closes its engine iterator, which aborts the engine request
+and frees its blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from backend.engine.sampling_params import SamplingParams
+from backend.server.text_stream import TextStream
+from backend.tokenizer import Tokenizer
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceEvent:
+    index: int
+    text: str
+    finish_reason: FinishReason | None  # set on the choice's last event
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+
+class _Failed:
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+async def run_choices(
+    generate: Callable[[Sequence[int], SamplingParams, str], AsyncIterator[Any]],
+    tokenizer: Tokenizer,
+    prompt_ids: Sequence[int],
+    params: Sequence[SamplingParams],
+    stop: Sequence[str],
+    request_id: str,
+    usage: Usage,
+    on_first_token: Callable[[float], None] | None = None,
+) -> AsyncIterator[ChoiceEvent]:
+    """Yield every choice's text as it is produced; the last event of each choice has `finish_reason`."""
+    queue: asyncio.Queue[ChoiceEvent | _Failed] = asyncio.Queue()
+    started = time.perf_counter()
+    first = [True]
+    special = frozenset(tokenizer.encoding._special_tokens.values())
+    usage.prompt_tokens = len(prompt_ids)
+
+    def decode(ids: Sequence[int]) -> bytes:
+        return tokenizer.decode_bytes([i for i in ids if i not in special])
+
+    async def one(index: int, choice_params: SamplingParams) -> None:
+        text = TextStream(decode, stop)
+        try:
+            async with contextlib.aclosing(generate(prompt_ids, choice_params, f"{request_id}-{index}")) as stream:
+                async for out in stream:
+                    if first[0] and on_first_token is not None:
+                        first[0] = False
+                        on_first_token(time.perf_counter() - started)
+                    usage.completion_tokens += 1
+                    if index == 0:
+                        usage.cached_tokens = out.num_cached_tokens
+                    if out.finish_reason == "stop":  # the EOS/stop token itself is not rendered
+                        delta = text.finish()
+                        queue.put_nowait(ChoiceEvent(index, delta.text, "stop"))
+                        return
+                    delta = text.push([out.token_id])
+                    if delta.stopped:
+                        queue.put_nowait(ChoiceEvent(index, delta.text, "stop"))
+                        return  # leaving the `async with` aborts the engine request
+                    if out.finish_reason == "length":
+                        tail = text.finish()
+                        queue.put_nowait(ChoiceEvent(index, delta.text + tail.text, "length"))
+                        return
+                    if delta.text:
+                        queue.put_nowait(ChoiceEvent(index, delta.text, None))
+            queue.put_nowait(ChoiceEvent(index, text.finish().text, "length"))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            queue.put_nowait(_Failed(exc))
+
+    tasks = [asyncio.create_task(one(i, p)) for i, p in enumerate(params)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            event = await queue.get()
+            if isinstance(event, _Failed):
+                raise event.error
+            if event.finish_reason is not None:
+                remaining -= 1
+            yield event
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

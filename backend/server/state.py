@@ -1,0 +1,52 @@
+"""Typed application state: what the handlers share, under `web.AppKey`s."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from backend.engine.outputs import EngineStats
+from backend.engine.sampling_params import SamplingParams
+from backend.metrics import BackendMetrics
+from backend.tokenizer import Tokenizer
+
+
+class Engine(Protocol):
+    """The slice of `AsyncEngine` the server uses (a fake can stand in for it in tests)."""
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str) -> AsyncIterator[Any]: ...
+    def stats(self) -> EngineStats: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    id: str
+    revision: str
+    tokenizer: Tokenizer
+    max_model_len: int
+    created: int  # unix seconds, reported by /v1/models
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    max_n: int = 4
+    default_max_tokens: int = 256
+    retry_after_s: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_n < 1 or self.default_max_tokens < 1 or self.retry_after_s < 0:
+            raise ValueError(f"invalid server limits: {self}")
+
+
+EngineFactory = Callable[[], Engine]
+
+MODEL_KEY = web.AppKey("model", ServedModel)
+LIMITS_KEY = web.AppKey("limits", ServerLimits)
+ENGINE_FACTORY_KEY = web.AppKey("engine_factory", EngineFactory)
+ENGINE_KEY = web.AppKey("engine", Engine)
+METRICS_KEY = web.AppKey("metrics", BackendMetrics)

