@@ -32,18 +32,28 @@ _HTTP_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every error leaves as OpenAI-style JSON; an unexpected exception is a logged 500 JSON, never a bare page."""
     try:
-        return await handler(request)
+        response = await handler(request)
     except GatewayError as exc:
         return exc.to_response()
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(exc.status, exc.reason, type_=_HTTP_ERROR_TYPES.get(exc.status, "invalid_request_error"),
-                              code=exc.reason.lower().replace(" ", "_"))
-    except Exception:
+        return _http_error(exc)
+    except Exception:  # the one place a gateway bug is caught: logged in full, rendered as JSON
         log.exception("unhandled error on %s %s", request.method, request.path)
         return error_response(500, "internal gateway error; the request was not cached",
                               type_="internal_error", code="internal_error")
+    if isinstance(response, web.HTTPException) and response.status >= 400:
+        return _http_error(response)  # aiohttp's router returns (not raises) some of its own errors
+    return response
+
+
+def _http_error(exc: web.HTTPException) -> web.Response:
+    response = error_response(exc.status, exc.reason, type_=_HTTP_ERROR_TYPES.get(exc.status, "invalid_request_error"),
+                              code=exc.reason.lower().replace(" ", "_"))
+    if "Allow" in exc.headers:
+        response.headers["Allow"] = exc.headers["Allow"]
+    return response
 
 
 def _cache_ctx(metrics: GatewayMetrics, clock: Callable[[], float], config: GatewayConfig):  # noqa: ANN202

@@ -1,0 +1,105 @@
+"""Malformed requests: each gets the right 4xx with an OpenAI-style error body, and never reaches the upstream."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.gateway.conftest import AUTH_A, GatewayFactory
+from tests.support.fake_upstream import FakeUpstream
+
+JSON = {"Content-Type": "application/json", **AUTH_A}
+GOOD = b'{"model":"test-model","temperature":0,"messages":[{"role":"user","content":"hi"}]}'
+
+
+def nested(depth: int) -> bytes:
+    return b'{"model":"test-model","messages":[{"role":"user","content":"x"}],"x":' + b"[" * depth + b"]" * depth + b"}"
+
+
+CASES: list[tuple[str, str, bytes, dict[str, str], int, str | None]] = [
+    ("bad json", "/v1/chat/completions", b'{"model": ', JSON, 400, None),
+    ("empty body", "/v1/chat/completions", b"", JSON, 400, None),
+    ("whitespace body", "/v1/chat/completions", b"   \n", JSON, 400, None),
+    ("array body", "/v1/chat/completions", b"[1, 2]", JSON, 400, None),
+    ("string body", "/v1/chat/completions", b'"hello"', JSON, 400, None),
+    ("invalid utf-8", "/v1/chat/completions", b'{"model":"test-model","messages":[{"role":"user","content":"\xff\xfe"}]}',
+     JSON, 400, None),
+    ("wrong content type", "/v1/chat/completions", GOOD, {**AUTH_A, "Content-Type": "text/plain"}, 415, None),
+    ("form content type", "/v1/chat/completions", b"a=b",
+     {**AUTH_A, "Content-Type": "application/x-www-form-urlencoded"}, 415, None),
+    ("huge body", "/v1/chat/completions", b'{"model":"' + b"x" * 70_000 + b'"}', JSON, 413, None),
+    ("deeply nested", "/v1/chat/completions", nested(200), JSON, 400, None),
+    ("missing model", "/v1/chat/completions", b'{"messages":[{"role":"user","content":"hi"}]}', JSON, 400, "model"),
+    ("model not a string", "/v1/chat/completions", b'{"model":5,"messages":[{"role":"user","content":"hi"}]}',
+     JSON, 400, "model"),
+    ("messages not a list", "/v1/chat/completions", b'{"model":"m","messages":"hi"}', JSON, 400, "messages"),
+    ("empty messages", "/v1/chat/completions", b'{"model":"m","messages":[]}', JSON, 400, "messages"),
+    ("message not an object", "/v1/chat/completions", b'{"model":"m","messages":["hi"]}', JSON, 400, "messages[0]"),
+    ("role missing", "/v1/chat/completions", b'{"model":"m","messages":[{"content":"hi"}]}', JSON, 400,
+     "messages[0].role"),
+    ("temperature a string", "/v1/chat/completions",
+     b'{"model":"m","temperature":"0","messages":[{"role":"user","content":"hi"}]}', JSON, 400, "temperature"),
+    ("temperature out of range", "/v1/chat/completions",
+     b'{"model":"m","temperature":7,"messages":[{"role":"user","content":"hi"}]}', JSON, 400, "temperature"),
+    ("n zero", "/v1/chat/completions", b'{"model":"m","n":0,"messages":[{"role":"user","content":"hi"}]}', JSON, 400,
+     "n"),
+    ("max_tokens a float", "/v1/chat/completions",
+     b'{"model":"m","max_tokens":1.5,"messages":[{"role":"user","content":"hi"}]}', JSON, 400, "max_tokens"),
+    ("stream not a bool", "/v1/chat/completions",
+     b'{"model":"m","stream":"yes","messages":[{"role":"user","content":"hi"}]}', JSON, 400, "stream"),
+    ("stop a number", "/v1/chat/completions", b'{"model":"m","stop":3,"messages":[{"role":"user","content":"hi"}]}',
+     JSON, 400, "stop"),
+    ("NaN temperature", "/v1/chat/completions",
+     b'{"model":"m","temperature":NaN,"messages":[{"role":"user","content":"hi"}]}', JSON, 400, None),
+    ("prompt missing", "/v1/completions", b'{"model":"m"}', JSON, 400, "prompt"),
+    ("embedding input an object", "/v1/embeddings", b'{"model":"m","input":{"a":1}}', JSON, 400, "input"),
+]
+
+
+@pytest.mark.parametrize(("name", "path", "raw", "headers", "status", "param"), CASES, ids=[c[0] for c in CASES])
+async def test_malformed_request_gets_a_json_4xx(make_gateway: GatewayFactory, fake: FakeUpstream, name: str,
+                                                 path: str, raw: bytes, headers: dict[str, str], status: int,
+                                                 param: str | None) -> None:
+    gw = await make_gateway(server={"max_body_bytes": 65536})
+    resp = await gw.client.post(path, data=raw, headers=headers)
+    body = await resp.json()
+    assert resp.status == status, body
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"]
+    if param is not None:
+        assert body["error"]["param"] == param
+    assert sum(fake.calls[k] for k in ("chat", "completions", "embeddings")) == 0
+
+
+async def test_unknown_fields_are_forwarded_and_keyed(make_gateway: GatewayFactory, fake: FakeUpstream) -> None:
+    gw = await make_gateway()
+    base = {"model": "test-model", "temperature": 0, "messages": [{"role": "user", "content": "hi"}]}
+    a = await gw.client.post("/v1/chat/completions", json={**base, "vendor_knob": 1}, headers=AUTH_A)
+    b = await gw.client.post("/v1/chat/completions", json={**base, "vendor_knob": 2}, headers=AUTH_A)
+    assert a.status == b.status == 200
+    assert a.headers["X-Cache-Key"] != b.headers["X-Cache-Key"]
+    assert fake.bodies[0]["vendor_knob"] == 1
+
+
+async def test_unknown_route_and_method_are_json_errors(make_gateway: GatewayFactory) -> None:
+    gw = await make_gateway()
+    missing = await gw.client.get("/nope")
+    wrong_method = await gw.client.get("/admin/purge")
+    assert missing.status == 404
+    assert (await missing.json())["error"]["type"] == "not_found_error"
+    assert wrong_method.status == 405
+    assert wrong_method.headers["Allow"] == "POST"
+    assert (await wrong_method.json())["error"]["code"] == "method_not_allowed"
+
+
+async def test_a_gateway_bug_is_a_json_500_not_a_bare_page(make_gateway: GatewayFactory,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.handlers import completions
+
+    def boom(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("simulated bug")
+
+    monkeypatch.setattr(completions, "decide", boom)
+    gw = await make_gateway()
+    resp = await gw.client.post("/v1/chat/completions", data=GOOD, headers=JSON)
+    assert resp.status == 500
+    assert (await resp.json())["error"]["code"] == "internal_error"
