@@ -22,6 +22,7 @@ from gateway.config import ConfigError, GatewayConfig, load_config
 def serve(config: GatewayConfig, *, reuse_port: bool) -> None:
     from aiohttp import web
 
+    from cdn.purge import load_cdn_config_from_env
     from gateway.app import create_app
 
     if config.server.uvloop:
@@ -31,7 +32,8 @@ def serve(config: GatewayConfig, *, reuse_port: bool) -> None:
             uvloop.install()
         except ImportError:
             pass
-    web.run_app(create_app(config), host=config.server.host, port=config.server.port, reuse_port=reuse_port,
+    app = create_app(config, cdn=load_cdn_config_from_env(os.environ))
+    web.run_app(app, host=config.server.host, port=config.server.port, reuse_port=reuse_port,
                 access_log=None, print=None, handle_signals=True)
 
 

@@ -5,16 +5,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
+import aiohttp
 from aiohttp import web
 
+from cdn.purge import CdnConfig, build_purge_clients, fan_out
 from gateway.catalog import ModelCatalog
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, error_response
 from gateway.handlers import admin, alias, completions, ops
+from gateway.handlers.admin import CDN_PURGE
 from gateway.metrics import GatewayMetrics
 from gateway.state import STATE, GatewayState
 from gateway.tiers.memory import MemoryTier
@@ -56,7 +60,25 @@ def _http_error(exc: web.HTTPException) -> web.Response:
     return response
 
 
-def _cache_ctx(metrics: GatewayMetrics, clock: Callable[[], float], config: GatewayConfig):  # noqa: ANN202
+def _cdn_ctx(cdn: CdnConfig):
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        session = aiohttp.ClientSession()
+        clients = build_purge_clients(cdn, session)
+
+        async def purge_cdns(keys: Sequence[str], tags: Sequence[str]) -> dict[str, object]:
+            results = await fan_out(clients, keys, tags)
+            return {name: dataclasses.asdict(result) for name, result in results.items()}
+
+        app[STATE].extensions[CDN_PURGE] = purge_cdns
+        try:
+            yield
+        finally:
+            await session.close()
+
+    return ctx
+
+
+def _cache_ctx(metrics: GatewayMetrics, clock: Callable[[], float], config: GatewayConfig):
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         session = Upstream.make_session(config.upstream)
         upstream = Upstream(config.upstream, session)
@@ -81,9 +103,12 @@ def _cache_ctx(metrics: GatewayMetrics, clock: Callable[[], float], config: Gate
 
 
 def create_app(config: GatewayConfig, *, clock: Callable[[], float] = time.time,
-               metrics: GatewayMetrics | None = None) -> web.Application:
+               metrics: GatewayMetrics | None = None, cdn: CdnConfig | None = None) -> web.Application:
+    """The gateway app; `cdn` lists the CDNs that `/admin/purge` fans out to (none by default)."""
     app = web.Application(middlewares=[error_middleware], client_max_size=config.server.max_body_bytes)
     app.cleanup_ctx.append(_cache_ctx(metrics or GatewayMetrics(), clock, config))
+    if cdn is not None and cdn.enabled:
+        app.cleanup_ctx.append(_cdn_ctx(cdn))
     app.router.add_post("/v1/chat/completions", completions.make_handler("chat/completions"))
     app.router.add_post("/v1/completions", completions.make_handler("completions"))
     app.router.add_post("/v1/embeddings", completions.make_handler("embeddings"))

@@ -83,7 +83,7 @@ class Upstream:
         async with self.open(method, path_qs, headers, body) as resp:
             try:
                 data = await resp.read()
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 raise translate(exc) from exc
             return UpstreamResponse(resp.status, resp.headers, data)
 
@@ -93,7 +93,7 @@ class Upstream:
         try:
             resp = await self._session.request(method, self._base + path_qs, headers=headers, data=body,
                                                timeout=self._timeout, allow_redirects=False)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             raise translate(exc) from exc
         try:
             yield resp

@@ -42,7 +42,6 @@ async def purge(request: web.Request) -> web.Response:
     result: dict[str, Any] = dict(await state.cache.purge(keys, tags))
     cdn_purge = state.extensions.get(CDN_PURGE)
     if cdn_purge is not None:
-        # CDNs are keyed by tags; a key purge becomes its `key:{digest}` tag.
-        key_tags = [f"key:{parsed.digest}" for parsed in map(parse_key, keys) if parsed is not None]
-        result["cdn"] = await cdn_purge(keys, [*tags, *key_tags])  # type: ignore[operator]
+        # Each CDN client turns a key into its `key:{digest}` tag itself; one CDN's failure is reported, not fatal.
+        result["cdn"] = await cdn_purge(keys, tags)  # type: ignore[operator]
     return web.Response(body=orjson.dumps({"purged": result}), content_type="application/json")

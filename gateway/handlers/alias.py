@@ -11,14 +11,14 @@ import orjson
 from aiohttp import web
 
 from gateway import headers as hdr
+from gateway.cache_control import parse_request_cache_control
 from gateway.canonical import CanonicalizationError, canonicalize
+from gateway.config import CACHEABLE_ENDPOINTS
 from gateway.errors import BadRequest, NotFound
 from gateway.handlers.completions import entry_response, route_policy
 from gateway.handlers.tenancy import tenant_credential
 from gateway.keys import PUBLIC_SCOPE, derive_key, parse_key, tenant_scope
 from gateway.policy import Freshness, Lookup, decide, freshness
-from gateway.cache_control import parse_request_cache_control
-from gateway.config import CACHEABLE_ENDPOINTS
 from gateway.state import STATE
 from gateway.validate import parse_object, read_body, validate
 

@@ -65,7 +65,7 @@ def cache_key(request: web.Request, state: GatewayState, prep: Prepared, revisio
                       canonical=canonical)
 
 
-def make_handler(endpoint: str):  # noqa: ANN201 - aiohttp handler
+def make_handler(endpoint: str):
     async def handler(request: web.Request) -> web.StreamResponse:
         state = request.app[STATE]
         started = time.perf_counter()

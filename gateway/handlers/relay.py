@@ -7,7 +7,6 @@ connection is closed and the client sees a truncated body, never a fabricated su
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping
 
@@ -36,7 +35,7 @@ async def relay(request: web.Request, state: GatewayState, *, method: str, path_
         try:
             async for chunk in upstream_resp.content.iter_any():
                 await response.write(chunk)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             log.warning("upstream failed mid-body on %s: %s", path_qs, translate(exc).message)
             if request.transport is not None:
                 request.transport.close()
