@@ -19,7 +19,7 @@ from tqdm import tqdm
 from backend.loader.loaded_model import LoadedModel
 from backend.loader.revision import model_revision
 from backend.model.config import LlamaConfig
-from backend.tokenizer import tokenizer_from_gguf_metadata
+from backend.tokenizer import Tokenizer, tokenizer_from_gguf_metadata
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -95,6 +95,11 @@ def model_name_from_file(path: Path) -> str:
     """`SmolLM2-135M-Instruct.Q4_1.gguf` -> `SmolLM2-135M-Instruct` (the quantization is not the model)."""
     stem, _, suffix = path.stem.rpartition(".")
     return stem if stem and re.fullmatch(r"(I?Q\d\w*|[BF]\d+\w*)", suffix, flags=re.IGNORECASE) else path.stem
+
+
+def gguf_tokenizer(path: Path) -> Tokenizer:
+    """The tokenizer alone, from the metadata (no tensor is read)."""
+    return tokenizer_from_gguf_metadata(gguf_metadata(gguf.GGUFReader(path)), name=model_name_from_file(path))
 
 
 def load_gguf(path: Path, *, progress: bool = True) -> LoadedModel:
