@@ -23,10 +23,12 @@ from gateway.handlers.tenancy import tenant_credential
 from gateway.keys import PUBLIC_SCOPE, CacheKey, derive_key, tenant_scope
 from gateway.policy import Bypass, Freshness, Lookup, RoutePolicy, decide, freshness, satisfies
 from gateway.state import STATE, GatewayState
+from gateway.streaming.handler import serve_stream
+from gateway.streaming.replay import wants_usage
 from gateway.upstream import forward_headers, relay_headers
 from gateway.validate import check_content_type, parse_object, read_body, validate
 
-STREAM_REASON = "stream"  # streamed requests are relayed untouched until the streaming cache handles them
+STREAM_REASON = "stream"  # `stream: true` on embeddings (not an OpenAI feature) is relayed untouched
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,9 +81,12 @@ def make_handler(endpoint: str):
                         raise NotCached("only-if-cached: this request is not cacheable")
                     return await bypass(request, state, prep, why.value)
                 case Lookup() as lookup:
-                    if prep.body.get("stream") is True:
+                    if prep.body.get("stream") is True and endpoint == "embeddings":
                         result, reason = "bypass", STREAM_REASON
                         return await bypass(request, state, prep, STREAM_REASON)
+                    if prep.body.get("stream") is True:
+                        response, result, reason = await streamed(request, state, prep, lookup)
+                        return response
                     response, result, reason = await lookup_or_fill(request, state, prep, lookup)
                     return response
                 case _ as unreachable:
@@ -101,6 +106,18 @@ async def bypass(request: web.Request, state: GatewayState, prep: Prepared, reas
     return await relay(request, state, method="POST", path_qs=request.path_qs, headers=fwd, body=prep.raw,
                        extra_headers={hdr.CACHE_STATUS: hdr.bypass_status(reason),
                                       "Cache-Control": hdr.BYPASS_CACHE_CONTROL})
+
+
+async def streamed(request: web.Request, state: GatewayState, prep: Prepared,
+                   lookup: Lookup) -> tuple[web.StreamResponse, str, str]:
+    """`stream: true`: a hit replayed as SSE, or a miss teed to the client and recorded (gateway.streaming)."""
+    fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
+    model = prep.body["model"]
+    revision = await state.catalog.revision(model, fwd)
+    key = cache_key(request, state, prep, revision)
+    fill_req = FillRequest(prep.endpoint, key, model, revision, lookup.ttl_s, request.path_qs, fwd, prep.raw)
+    return await serve_stream(request, state, fill_req, lookup, prep.directives,
+                              include_usage=wants_usage(prep.body))
 
 
 def entry_response(state: GatewayState, entry: Entry, cache_status: str, age: str,

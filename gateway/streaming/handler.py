@@ -1,0 +1,195 @@
+"""The streamed-request driver: a fresh entry is replayed as SSE, a miss joins or starts a coalesced stream.
+
+Called by the completions route for a cacheable (`Lookup`) request with `stream: true`; it returns the response and
+the metric labels (result, reason), like the JSON path. Errors before the first byte behave like the JSON path:
+an upstream failure raises (the middleware renders JSON) or serves a stale entry inside stale-if-error, and a
+non-200 upstream answer passes through with its body, unstored. After the first byte the status is sent: a failure
+becomes an error event followed by a clean end (see `gateway.streaming.tee`).
+
+A `stream: false` request never joins a stream in flight: it takes the JSON path (its own single-flight call),
+which stores the same key; both answers are complete, so whichever is stored last wins, as for two JSON fills.
+
+Headers (DESIGN §5): a streamed hit carries the entry's headers (Cache-Status, Age, ETag, Cache-Control,
+CDN-Cache-Control, Surrogate-Key, X-Cache-Key, ...); §5's `private` / `public, max-age=0, s-maxage` already keeps
+browsers from reusing it. A streamed miss cannot know before its first byte whether it will be stored or how its
+body will hash, so it sends what is known (Cache-Status `fwd=miss`, X-Cache-Key, Age 0) with `Cache-Control:
+no-cache` for browsers and `CDN-Cache-Control: no-store` so no edge keeps a stream that may yet be cut. Every SSE
+response adds `X-Accel-Buffering: no` and is never compressed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+from prometheus_client import Histogram
+
+from gateway import headers as hdr
+from gateway.cache_control import RequestDirectives
+from gateway.entry import Entry
+from gateway.errors import NotCached, UpstreamError
+from gateway.fill import FillRequest
+from gateway.policy import Freshness, Lookup, freshness, satisfies
+from gateway.state import GatewayState
+from gateway.streaming.broadcast import Head, StreamFlight, stream_flights
+from gateway.streaming.replay import replay_frames
+from gateway.streaming.sse import HEARTBEAT_FRAME
+from gateway.streaming.tee import tee
+from gateway.upstream import relay_headers
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "X-Accel-Buffering": "no"}
+Outcome = tuple[web.StreamResponse, str, str]
+
+
+async def serve_stream(request: web.Request, state: GatewayState, req: FillRequest, lookup: Lookup,
+                       directives: RequestDirectives, *, include_usage: bool) -> Outcome:
+    started = time.perf_counter()
+    stale: Entry | None = None
+    if lookup.read:
+        found = await state.cache.get(req.key.key)
+        if found is not None:
+            entry, now = found.entry, state.clock()
+            age = entry.age_s(now)
+            fresh = freshness(age_s=age, ttl_s=entry.ttl_s, stale_if_error_s=entry.stale_if_error_s)
+            if fresh is Freshness.FRESH and satisfies(age_s=age, directives=directives):
+                status, age_h = hdr.hit_status(entry, now, tier=found.tier)
+                response = await replay(request, state, entry, status, age_h, include_usage=include_usage,
+                                        started=started, result="hit")
+                return response, "hit", found.tier
+            if fresh is Freshness.STALE:
+                stale = entry
+    if lookup.only_if_cached:
+        raise NotCached("only-if-cached: no fresh cached answer for this request")
+    return await stream_miss(request, state, req, stale, include_usage=include_usage, started=started)
+
+
+async def stream_miss(request: web.Request, state: GatewayState, req: FillRequest, stale: Entry | None, *,
+                      include_usage: bool, started: float) -> Outcome:
+    flights = stream_flights(state)
+    flight = flights.join(req.key.key, include_usage=include_usage)
+    leader = flight is None
+    if flight is None:
+        config = state.config.stream
+        flight = flights.start(req.key.key, include_usage=include_usage,
+                               complete_abandoned=config.complete_abandoned_streams,
+                               abandoned_max_s=config.abandoned_stream_max_s,
+                               producer=lambda f: tee(state, f, req))
+    result = "miss" if leader else "coalesced"
+    sub = flight.subscribe(lambda: request.transport is not None and not request.transport.is_closing())
+    try:
+        try:
+            head = await asyncio.shield(flight.head)
+        except UpstreamError as exc:
+            if stale is None:
+                raise
+            return await serve_stale(request, state, stale, exc.code or "error", include_usage, started)
+        if head.body is not None:
+            if head.status >= 500 and stale is not None:
+                return await serve_stale(request, state, stale, f"status-{head.status}", include_usage, started)
+            return passthrough(head, req, collapsed=not leader), result, "status" if head.status != 200 else (
+                "incomplete")
+        response = web.StreamResponse(headers=miss_headers(head, req, collapsed=not leader))
+        await response.prepare(request)
+        try:
+            await pipe(state, flight, response, include_usage=include_usage,
+                       ttft=state.metrics.ttft.labels(req.endpoint, result), started=started)
+            await response.write_eof()
+        except ConnectionResetError:
+            return response, result, "client-gone"  # the flight goes on for the others (or is abandoned)
+        return response, result, flight.outcome
+    finally:
+        flight.unsubscribe(sub)
+
+
+async def pipe(state: GatewayState, flight: StreamFlight, response: web.StreamResponse, *,
+               include_usage: bool, ttft: Histogram, started: float) -> None:
+    """Write the flight's frames from the first, then the live tail; a heartbeat comment covers each silence."""
+    pos, first = 0, True
+    heartbeat_s = state.config.stream.heartbeat_s
+    while True:
+        end = len(flight.frames)
+        for frame in flight.frames[pos:end]:
+            if frame.usage_only and not include_usage:
+                continue
+            await response.write(frame.data)
+            if first:
+                first = False
+                ttft.observe(time.perf_counter() - started)
+        pos = end
+        if flight.done and pos == len(flight.frames):
+            return
+        if not await flight.wait(pos, heartbeat_s):
+            await response.write(HEARTBEAT_FRAME)
+
+
+async def replay(request: web.Request, state: GatewayState, entry: Entry, cache_status: str, age: str, *,
+                 include_usage: bool, started: float, result: str, no_store: bool = False) -> web.StreamResponse:
+    """A hit (or a stale answer) as SSE, synthesized from the entry; paced when `stream.replay_delay_s` is set."""
+    headers, truncated = hdr.entry_headers(entry, tag_targets=state.config.cache.cdn_tag_headers)
+    if truncated:
+        state.metrics.tag_truncations.inc(truncated)
+    headers.update(SSE_HEADERS)
+    headers[hdr.CACHE_STATUS] = cache_status
+    headers["Age"] = age
+    if no_store:
+        headers["Cache-Control"] = "no-store"  # a stale answer must not be cached further downstream
+    config = state.config.stream
+    frames = replay_frames(entry, include_usage=include_usage, chunk_chars=config.replay_chunk_chars)
+    _count_saved(state, entry)
+    response = web.StreamResponse(headers=headers)
+    await response.prepare(request)
+    try:
+        if config.replay_delay_s <= 0:
+            await response.write(b"".join(frames))
+        else:
+            for n, frame in enumerate(frames):
+                if n:
+                    await asyncio.sleep(config.replay_delay_s)  # optional pacing, by configuration
+                await response.write(frame)
+        state.metrics.ttft.labels(entry.endpoint, result).observe(time.perf_counter() - started)
+        await response.write_eof()
+    except ConnectionResetError:
+        pass  # the client left during the replay: nothing to clean up
+    return response
+
+
+async def serve_stale(request: web.Request, state: GatewayState, entry: Entry, why: str, include_usage: bool,
+                      started: float) -> Outcome:
+    status, age = hdr.stale_status(entry, state.clock(), why)
+    response = await replay(request, state, entry, status, age, include_usage=include_usage, started=started,
+                            result="stale", no_store=True)
+    return response, "stale", why
+
+
+def miss_headers(head: Head, req: FillRequest, *, collapsed: bool) -> dict[str, str]:
+    headers = dict(relay_headers(head.headers))
+    headers.update(SSE_HEADERS)
+    headers.update({
+        hdr.CACHE_STATUS: hdr.miss_status(stored=False, collapsed=collapsed),
+        "Cache-Control": "no-cache",
+        "CDN-Cache-Control": "no-store",
+        "X-Cache-Key": req.key.key,
+        "Age": "0",
+    })
+    return headers
+
+
+def passthrough(head: Head, req: FillRequest, *, collapsed: bool) -> web.Response:
+    """A non-200 (or non-SSE) upstream answer, relayed with its status and body and never stored."""
+    headers = relay_headers(head.headers)
+    detail = "status" if head.status != 200 else "incomplete"
+    headers[hdr.CACHE_STATUS] = hdr.miss_status(stored=False, collapsed=collapsed, detail=detail)
+    headers["Cache-Control"] = "no-store"
+    if "Content-Type" in head.headers:
+        headers["Content-Type"] = head.headers["Content-Type"]
+    return web.Response(status=head.status, body=head.body, headers=headers)
+
+
+def _count_saved(state: GatewayState, entry: Entry) -> None:
+    """The same counters as the JSON path's `served_from_cache`."""
+    usage = entry.usage or {}
+    saved = usage.get("total_tokens")
+    if isinstance(saved, int) and saved > 0:
+        state.metrics.tokens_saved.inc(saved)
+    state.metrics.bytes_from_cache.inc(len(entry.body))

@@ -1,0 +1,109 @@
+"""The tee: drive one upstream stream into a flight and a recorder, and store the entry on a clean end only.
+
+Each upstream event is published to the flight as soon as it is parsed (no buffering beyond one SSE event) and fed
+to the recorder. DESIGN §4: the entry is written only after `[DONE]`, with no error event, every choice finished
+(not by the content filter) and under `cache.max_entry_bytes`; it is written *before* the `[DONE]` frame is
+published, so a client that saw the end and asks again gets a hit. The recorder's partial data is dropped in
+`finally`, whatever happened: an upstream error, a cancelled (abandoned) stream, or a refusal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import aiohttp
+
+from gateway.entry import Entry, make_etag
+from gateway.errors import UpstreamError
+from gateway.fill import FillRequest
+from gateway.keys import entry_tags
+from gateway.policy import Reason, store_refusal
+from gateway.state import GatewayState
+from gateway.streaming.broadcast import Frame, Head, StreamFlight
+from gateway.streaming.recorder import Kind, Recorder
+from gateway.streaming.sse import DONE_FRAME, SSEParser, data_frame, error_frame
+from gateway.upstream import translate
+
+log = logging.getLogger("tokenedge.stream")
+ABANDONED = "abandoned"
+
+
+async def tee(state: GatewayState, flight: StreamFlight, req: FillRequest) -> None:
+    cap = state.config.cache.max_entry_bytes
+    recorder = Recorder(req.endpoint, cap)
+    started = time.perf_counter()
+    last, outcome = error_frame("the upstream stream was interrupted", type_="upstream_error",
+                                code="bad_gateway"), Reason.INCOMPLETE.value
+    try:
+        async with state.upstream.open("POST", req.path_qs, req.headers, req.body) as resp:
+            event_stream = resp.headers.get("Content-Type", "").startswith("text/event-stream")
+            if resp.status != 200 or not event_stream:
+                body = await resp.read()
+                flight.head.set_result(Head(resp.status, resp.headers, body))
+                last, outcome = None, (Reason.STATUS if resp.status != 200 else Reason.INCOMPLETE).value
+                return
+            flight.head.set_result(Head(resp.status, resp.headers))
+            await _pump(resp, flight, recorder, cap)
+        state.metrics.upstream_duration.labels(req.endpoint).observe(time.perf_counter() - started)
+        if not recorder.done:
+            last = error_frame("the upstream closed the stream without [DONE]", type_="upstream_error",
+                               code="bad_gateway")
+            return
+        entry, refusal = _stored_entry(state, req, recorder)
+        if entry is not None:
+            await state.cache.put(entry)
+        last, outcome = DONE_FRAME, (refusal.value if refusal else "stored")
+    except (aiohttp.ClientError, asyncio.TimeoutError, UpstreamError) as exc:
+        error = exc if isinstance(exc, UpstreamError) else translate(exc)
+        if not flight.head.done():
+            flight.head.set_exception(error)  # before the first byte: the JSON path's error (or stale)
+            last = None
+        else:
+            log.warning("upstream stream failed on %s: %s", req.path_qs, error.message)
+            last = error_frame(error.message, type_=error.type, code=error.code)
+    except asyncio.CancelledError:
+        last, outcome = None, ABANDONED
+        raise
+    finally:
+        recorder.discard()
+        if not flight.head.done():
+            flight.head.set_exception(UpstreamError("the upstream stream ended before its headers"))
+        flight.finish(last, outcome)
+
+
+async def _pump(resp: aiohttp.ClientResponse, flight: StreamFlight, recorder: Recorder, cap: int) -> None:
+    parser = SSEParser()
+    async for data in resp.content.iter_any():  # each read is bounded by sock_read, never a total timeout
+        for event in parser.feed(data):
+            kind = recorder.feed(event.data)
+            if kind is Kind.DONE:
+                return  # the [DONE] frame is published by `tee` after the store
+            flight.publish(Frame(data_frame(event.data, event.name), usage_only=kind is Kind.USAGE), cap_bytes=cap)
+    for event in parser.close():
+        if recorder.feed(event.data) is Kind.DONE:
+            return
+        flight.publish(Frame(data_frame(event.data, event.name)), cap_bytes=cap)
+
+
+def _stored_entry(state: GatewayState, req: FillRequest, recorder: Recorder) -> tuple[Entry | None, Reason | None]:
+    """The entry to store after [DONE], or why there is none (DESIGN §4)."""
+    if recorder.too_large:
+        return None, Reason.TOO_LARGE
+    if recorder.error:
+        return None, Reason.ERROR
+    body = recorder.body() if recorder.complete else b""
+    refusal = store_refusal(status=200, body_bytes=len(body) + recorder.recorded_bytes,
+                            max_entry_bytes=state.config.cache.max_entry_bytes, complete=recorder.complete,
+                            finish_reasons=recorder.finish_reasons)
+    if refusal is not None:
+        return None, refusal
+    entry = Entry(
+        key=req.key.key, endpoint=req.endpoint, body=body, model=req.model, revision=req.revision,
+        created_at=state.clock(), ttl_s=req.ttl_s, stale_if_error_s=state.config.cache.stale_if_error_s,
+        etag=make_etag(body),
+        tags=entry_tags(model=req.model, revision=req.revision, scope=req.key.scope, digest=req.key.digest),
+        usage=recorder.usage, stream_chunks=tuple(recorder.chunks),
+    )
+    return entry, None
