@@ -28,6 +28,7 @@ class FakeUpstream:
     stream_fail_after: int | None = None  # send this many chunks, then drop the connection
     stream_no_done: bool = False  # end the stream cleanly but without [DONE]
     stream_tool_calls: bool = False
+    stream_error_after: int | None = None  # send this many chunks, then an OpenAI-style error event and [DONE]
     finish_reason: str = "stop"
     calls: Counter[str] = field(default_factory=Counter)
     bodies: list[dict[str, Any]] = field(default_factory=list)
@@ -92,11 +93,13 @@ class FakeUpstream:
         return {"id": "call_1", "type": "function",
                 "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 
-    async def completions(self, request: web.Request) -> web.Response:
+    async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._enter(request, "completions")
         if (forced := self._forced()) is not None:
             return forced
         n = next(self.serial)
+        if body.get("stream"):
+            return await self._stream(request, body, n)
         return web.json_response({
             "id": f"cmpl-{n}", "object": "text_completion", "created": 1700000000 + n, "model": body["model"],
             "choices": [{"index": 0, "text": f" completion #{n}", "finish_reason": "stop", "logprobs": None}],
@@ -109,7 +112,20 @@ class FakeUpstream:
                                   "data": [{"object": "embedding", "index": 0, "embedding": [n / 10, 0.5]}],
                                   "usage": {"prompt_tokens": 2, "total_tokens": 2}})
 
+    def _text_chunks(self, body: dict[str, Any], n: int) -> list[dict[str, Any]]:
+        base = {"id": f"cmpl-{n}", "object": "text_completion", "created": 1700000000 + n, "model": body["model"]}
+        out = [{**base, "choices": [{"index": 0, "text": piece, "logprobs": None, "finish_reason": None}]}
+               for piece in self.stream_pieces]
+        out.append({**base, "choices": [{"index": 0, "text": "", "logprobs": None,
+                                         "finish_reason": self.finish_reason}]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            out.append({**base, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4,
+                                                          "total_tokens": 7}})
+        return out
+
     def _chunks(self, body: dict[str, Any], n: int) -> list[dict[str, Any]]:
+        if "prompt" in body:
+            return self._text_chunks(body, n)
         base = {"id": f"chatcmpl-{n}", "object": "chat.completion.chunk", "created": 1700000000 + n,
                 "model": body["model"]}
         out = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
@@ -145,6 +161,10 @@ class FakeUpstream:
                 request.transport.close()
                 self.chunks_sent.append(sent)
                 return resp
+            if self.stream_error_after is not None and sent >= self.stream_error_after:
+                await resp.write(b'data: {"error": {"message": "model overloaded", "type": "server_error", '
+                                 b'"param": null, "code": null}}\n\n')
+                break
             await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
             sent += 1
         self.chunks_sent.append(sent)
