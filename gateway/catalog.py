@@ -77,6 +77,12 @@ class ModelCatalog:
         info = self._models.get(model)
         return info.revision if info else self._fallback
 
+    def fresh_revision(self, model: str) -> str | None:
+        """The revision when the catalog is fresh (the hot path: no await, no headers); None means ask."""
+        if self._fetched_at is None or self._clock() - self._fetched_at >= self._ttl_s:
+            return None
+        return self.cached_revision(model)
+
     async def info(self, model: str, headers: Mapping[str, str]) -> ModelInfo | None:
         await self._ensure_fresh(headers)
         return self._models.get(model)

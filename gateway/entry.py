@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -36,6 +36,8 @@ class Entry:
     tags: tuple[str, ...]
     usage: Mapping[str, Any] | None = None
     stream_chunks: tuple[bytes, ...] | None = None  # the upstream's `data:` payloads, in order, without [DONE]
+    # Derived response headers, computed once per entry and process (not serialized, not compared).
+    header_cache: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
 
     def age_s(self, now: float) -> float:
         return max(0.0, now - self.created_at)

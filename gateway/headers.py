@@ -18,7 +18,19 @@ NAME = "tokenedge"
 
 
 def entry_headers(entry: Entry, *, tag_targets: Sequence[str]) -> tuple[dict[str, str], int]:
-    """The per-entry, time-independent headers, plus how many tags were dropped to fit header limits."""
+    """The per-entry, time-independent headers (a fresh copy), plus how many tags were dropped to fit limits.
+
+    Computed once per entry and target set, then copied: a hit pays for a dict copy, not for tag encoding.
+    """
+    targets = tuple(tag_targets)
+    cached = entry.header_cache.get(targets)
+    if cached is None:
+        cached = entry.header_cache[targets] = _entry_headers(entry, targets)
+    headers, truncated = cached  # type: ignore[misc]
+    return dict(headers), truncated
+
+
+def _entry_headers(entry: Entry, tag_targets: Sequence[str]) -> tuple[dict[str, str], int]:
     public = entry.key.split(":", 2)[1] == PUBLIC_SCOPE
     edge = f"max-age={entry.ttl_s}"
     if entry.stale_if_error_s:

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+import orjson
+
 from gateway.canonical import CANON_VERSION, Level, canonical_json
 
 KEY_VERSION: Final = "te1"
@@ -64,14 +66,24 @@ def derive_key(
     *, scope: str, endpoint: str, level: Level, model_revision: str, canonical: Mapping[str, Any]
 ) -> CacheKey:
     """The key of a canonical request (from `canonicalize`) in `scope`; BLAKE2b-256 of canonical JSON."""
-    material = {
-        "v": CANON_VERSION,
-        "endpoint": endpoint,
-        "level": Level(level).value,
-        "revision": model_revision,
-        "request": canonical,
-    }
-    return CacheKey(scope=scope, digest=hashlib.blake2b(canonical_json(material), digest_size=32).hexdigest())
+    return derive_key_from_bytes(scope=scope, endpoint=endpoint, level=level, model_revision=model_revision,
+                                 canonical_bytes=canonical_json(canonical))
+
+
+def derive_key_from_bytes(
+    *, scope: str, endpoint: str, level: Level, model_revision: str, canonical_bytes: bytes
+) -> CacheKey:
+    """`derive_key` over an already serialized canonical request (the hot path memoizes those bytes).
+
+    The material is exactly `canonical_json({"v", "endpoint", "level", "revision", "request"})`, spelled out in
+    sorted key order so the request is not walked again.
+    """
+    material = b"".join((
+        b'{"endpoint":', orjson.dumps(endpoint), b',"level":', orjson.dumps(Level(level).value),
+        b',"request":', canonical_bytes, b',"revision":', orjson.dumps(model_revision),
+        b',"v":', str(CANON_VERSION).encode(), b"}",
+    ))
+    return CacheKey(scope=scope, digest=hashlib.blake2b(material, digest_size=32).hexdigest())
 
 
 def parse_key(key: str) -> CacheKey | None:

@@ -9,7 +9,9 @@ from aiohttp import web
 
 from gateway.catalog import ModelCatalog
 from gateway.config import GatewayConfig
+from gateway.memo import RequestMemo
 from gateway.metrics import GatewayMetrics
+from gateway.policy import RoutePolicy
 from gateway.singleflight import SingleFlight
 from gateway.tiers.tiered import TieredCache
 from gateway.upstream import Upstream
@@ -24,7 +26,17 @@ class GatewayState:
     upstream: Upstream
     catalog: ModelCatalog
     flights: SingleFlight[object] = field(default_factory=SingleFlight)
+    memo: RequestMemo = field(default_factory=lambda: RequestMemo(32 * 1024 * 1024))
+    policies: dict[str, RoutePolicy] = field(default_factory=dict)  # per cacheable endpoint, built at startup
     extensions: dict[str, object] = field(default_factory=dict)  # CDN purge clients, token registry, ...
+
+
+    def __post_init__(self) -> None:
+        stale_s = self.config.cache.stale_if_error_s
+        for endpoint, route in self.config.routes.items():
+            self.policies.setdefault(endpoint, RoutePolicy(
+                enabled=route.enabled, ttl_s=route.ttl_s, allow_seeded=route.allow_seeded,
+                allow_n_gt_1=route.allow_n_gt_1, stale_if_error_s=stale_s))
 
 
 STATE: web.AppKey[GatewayState] = web.AppKey("tokenedge_state", GatewayState)

@@ -15,7 +15,7 @@ from gateway.cache_control import parse_request_cache_control
 from gateway.canonical import CanonicalizationError, canonicalize
 from gateway.config import CACHEABLE_ENDPOINTS
 from gateway.errors import BadRequest, NotFound
-from gateway.handlers.completions import entry_response, route_policy
+from gateway.handlers.completions import entry_response
 from gateway.handlers.tenancy import tenant_credential
 from gateway.keys import PUBLIC_SCOPE, derive_key, parse_key, tenant_scope
 from gateway.policy import Freshness, Lookup, decide, freshness
@@ -65,7 +65,7 @@ async def explain(request: web.Request) -> web.Response:
     validate(endpoint, body)
     route = state.config.routes[endpoint]
     directives = parse_request_cache_control(request.headers.get("Cache-Control"), request.headers.get("Pragma"))
-    decision = decide(endpoint, body, directives, route_policy(state, endpoint))
+    decision = decide(endpoint, body, directives, state.policies[endpoint])
     try:
         canonical = canonicalize(endpoint, body, route.level)
     except CanonicalizationError as exc:

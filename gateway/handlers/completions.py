@@ -14,20 +14,24 @@ from aiohttp import web
 
 from gateway import headers as hdr
 from gateway.cache_control import RequestDirectives, parse_request_cache_control
-from gateway.canonical import CanonicalizationError, canonicalize
+from gateway.canonical import CanonicalizationError, canonical_json, canonicalize
 from gateway.entry import Entry
 from gateway.errors import BadRequest, GatewayError, NotCached, UpstreamError
 from gateway.fill import FillRequest, FillResult, fill
+from gateway.handlers.ops import handler_done
 from gateway.handlers.relay import relay
 from gateway.handlers.tenancy import tenant_credential
-from gateway.keys import PUBLIC_SCOPE, CacheKey, derive_key, tenant_scope
-from gateway.policy import Bypass, Freshness, Lookup, RoutePolicy, decide, freshness, satisfies
+from gateway.keys import PUBLIC_SCOPE, CacheKey, derive_key_from_bytes, tenant_scope
+from gateway.memo import ParsedRequest
+from gateway.policy import Bypass, Freshness, Lookup, decide, freshness, satisfies
 from gateway.state import STATE, GatewayState
+from gateway.timing import lap, start_timer
 from gateway.streaming.handler import serve_stream
 from gateway.streaming.replay import wants_usage
 from gateway.upstream import forward_headers, relay_headers
 from gateway.validate import check_content_type, parse_object, read_body, validate
 
+NO_DIRECTIVES = RequestDirectives()
 STREAM_REASON = "stream"  # `stream: true` on embeddings (not an OpenAI feature) is relayed untouched
 
 
@@ -38,42 +42,54 @@ class Prepared:
     body: dict[str, Any]
     directives: RequestDirectives
     decision: Lookup | Bypass
-
-
-def route_policy(state: GatewayState, endpoint: str) -> RoutePolicy:
-    route = state.config.routes[endpoint]
-    return RoutePolicy(enabled=route.enabled, ttl_s=route.ttl_s, allow_seeded=route.allow_seeded,
-                       allow_n_gt_1=route.allow_n_gt_1, stale_if_error_s=state.config.cache.stale_if_error_s)
+    parsed: ParsedRequest
 
 
 async def prepare(request: web.Request, state: GatewayState, endpoint: str) -> Prepared:
     check_content_type(request)
     raw = await read_body(request, state.config.server.max_body_bytes)
-    body = parse_object(raw)
-    validate(endpoint, body)
-    directives = parse_request_cache_control(request.headers.get("Cache-Control"), request.headers.get("Pragma"))
-    return Prepared(endpoint, raw, body, directives, decide(endpoint, body, directives, route_policy(state, endpoint)))
+    parsed = state.memo.get(endpoint, raw)
+    if parsed is None:  # first sight of these exact bytes: parse and validate them
+        body = parse_object(raw)
+        validate(endpoint, body)
+        parsed = ParsedRequest(body, size=len(raw) * 4 + 512)
+        state.memo.put(endpoint, raw, parsed)
+    cache_control, pragma = request.headers.get("Cache-Control"), request.headers.get("Pragma")
+    directives = NO_DIRECTIVES if cache_control is None and pragma is None else parse_request_cache_control(
+        cache_control, pragma)
+    decision = decide(endpoint, parsed.body, directives, state.policies[endpoint])
+    return Prepared(endpoint, raw, parsed.body, directives, decision, parsed)
 
 
 def cache_key(request: web.Request, state: GatewayState, prep: Prepared, revision: str) -> CacheKey:
     route = state.config.routes[prep.endpoint]
     scope = PUBLIC_SCOPE if route.scope == "public" else tenant_scope(
         tenant_credential(request.headers, state.config.server.tenant_header))
-    try:
-        canonical = canonicalize(prep.endpoint, prep.body, route.level)
-    except CanonicalizationError as exc:
-        raise BadRequest(str(exc)) from None
-    return derive_key(scope=scope, endpoint=prep.endpoint, level=route.level, model_revision=revision,
-                      canonical=canonical)
+    keys = prep.parsed.keys
+    key = keys.get((scope, revision))
+    if key is not None:
+        return key
+    if prep.parsed.canonical is None:
+        try:
+            prep.parsed.canonical = canonical_json(canonicalize(prep.endpoint, prep.body, route.level))
+        except CanonicalizationError as exc:
+            raise BadRequest(str(exc)) from None
+    key = derive_key_from_bytes(scope=scope, endpoint=prep.endpoint, level=route.level, model_revision=revision,
+                                canonical_bytes=prep.parsed.canonical)
+    if len(keys) < 16:  # a few tenants repeating the same bytes; beyond that, derive each time
+        keys[(scope, revision)] = key
+    return key
 
 
 def make_handler(endpoint: str):
     async def handler(request: web.Request) -> web.StreamResponse:
         state = request.app[STATE]
         started = time.perf_counter()
+        timer = start_timer(request, endpoint)
         result, reason = "error", "error"
         try:
             prep = await prepare(request, state, endpoint)
+            timer.lap("parse")
             match prep.decision:
                 case Bypass(reason=why):
                     result, reason = "bypass", why.value
@@ -97,6 +113,7 @@ def make_handler(endpoint: str):
         finally:
             state.metrics.requests.labels(endpoint, result, reason).inc()
             state.metrics.request_duration.labels(endpoint, result).observe(time.perf_counter() - started)
+            handler_done(state, timer, result, reason)
 
     return handler
 
@@ -111,9 +128,12 @@ async def bypass(request: web.Request, state: GatewayState, prep: Prepared, reas
 async def streamed(request: web.Request, state: GatewayState, prep: Prepared,
                    lookup: Lookup) -> tuple[web.StreamResponse, str, str]:
     """`stream: true`: a hit replayed as SSE, or a miss teed to the client and recorded (gateway.streaming)."""
-    fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
     model = prep.body["model"]
-    revision = await state.catalog.revision(model, fwd)
+    revision = state.catalog.fresh_revision(model)
+    fwd: Any = None
+    if revision is None:
+        fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
+        revision = await state.catalog.revision(model, fwd)
     key = cache_key(request, state, prep, revision)
     fill_req = FillRequest(prep.endpoint, key, model, revision, lookup.ttl_s, request.path_qs, fwd, prep.raw)
     return await serve_stream(request, state, fill_req, lookup, prep.directives,
@@ -140,13 +160,18 @@ def served_from_cache(state: GatewayState, entry: Entry) -> None:
 
 async def lookup_or_fill(request: web.Request, state: GatewayState, prep: Prepared,
                          lookup: Lookup) -> tuple[web.StreamResponse, str, str]:
-    fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
     model = prep.body["model"]
-    revision = await state.catalog.revision(model, fwd)
+    revision = state.catalog.fresh_revision(model)
+    fwd: Any = None
+    if revision is None:
+        fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
+        revision = await state.catalog.revision(model, fwd)
     key = cache_key(request, state, prep, revision)
+    lap(request, "parse", key=key.key)
     stale: Entry | None = None
     if lookup.read:
         found = await state.cache.get(key.key)
+        lap(request, found.tier if found is not None else ("l2" if state.cache.l2 is not None else "l1"))
         if found is not None:
             entry, now = found.entry, state.clock()
             age = entry.age_s(now)
@@ -154,14 +179,19 @@ async def lookup_or_fill(request: web.Request, state: GatewayState, prep: Prepar
             if fresh is Freshness.FRESH and satisfies(age_s=age, directives=prep.directives):
                 served_from_cache(state, entry)
                 status, age_h = hdr.hit_status(entry, now, tier=found.tier)
-                return entry_response(state, entry, status, age_h), "hit", found.tier
+                response = entry_response(state, entry, status, age_h)
+                lap(request, "serialize")
+                return response, "hit", found.tier
             if fresh is Freshness.STALE:
                 stale = entry
     if lookup.only_if_cached:
         raise NotCached("only-if-cached: no fresh cached answer for this request")
+    if fwd is None:
+        fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
     fill_req = FillRequest(prep.endpoint, key, model, revision, lookup.ttl_s, request.path_qs, fwd, prep.raw)
     try:
         outcome, leader = await state.flights.do(key.key, lambda: fill(state, fill_req))
+        lap(request, "upstream")
     except UpstreamError as exc:
         if stale is None:
             raise
@@ -169,7 +199,9 @@ async def lookup_or_fill(request: web.Request, state: GatewayState, prep: Prepar
     assert isinstance(outcome, FillResult)
     if outcome.response.status >= 500 and stale is not None:
         return serve_stale(state, stale, f"status-{outcome.response.status}"), "stale", "status"
-    return miss_response(state, outcome, collapsed=not leader), ("miss" if leader else "coalesced"), (
+    response = miss_response(state, outcome, collapsed=not leader)
+    lap(request, "serialize")
+    return response, ("miss" if leader else "coalesced"), (
         "stored" if outcome.entry else (outcome.refusal.value if outcome.refusal else "not-stored"))
 
 

@@ -206,3 +206,18 @@ def test_tag_encoding_keeps_different_values_apart() -> None:
     assert entry_tags(model="a b", revision="r", scope="pub", digest=DIGEST) != entry_tags(
         model="a%20b", revision="r", scope="pub", digest=DIGEST
     )
+
+
+def test_key_from_bytes_equals_the_canonical_json_derivation() -> None:
+    import hashlib
+
+    from gateway.canonical import CANON_VERSION, canonical_json
+    from gateway.keys import derive_key_from_bytes
+
+    canonical = {"model": "m", "messages": [{"role": "user", "content": "h\u00e9llo \"q\""}], "temperature": 0}
+    material = canonical_json({"v": CANON_VERSION, "endpoint": "chat/completions", "level": "standard",
+                               "revision": "r\u00e9v", "request": canonical})
+    expected = hashlib.blake2b(material, digest_size=32).hexdigest()
+    key = derive_key_from_bytes(scope="pub", endpoint="chat/completions", level=Level.STANDARD,
+                                model_revision="r\u00e9v", canonical_bytes=canonical_json(canonical))
+    assert key.digest == expected

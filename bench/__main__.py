@@ -1,0 +1,23 @@
+"""`python -m bench SCENARIO [args]`: run one benchmark scenario (or `all`) and print its table."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SCENARIOS = {
+    "gateway_hit": "bench.gateway_hit",
+}
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1] not in (*SCENARIOS, "all"):
+        print(f"usage: python -m bench {{{'|'.join([*SCENARIOS, 'all'])}}} [args]", file=sys.stderr)
+        raise SystemExit(2)
+    names = list(SCENARIOS) if sys.argv[1] == "all" else [sys.argv[1]]
+    for name in names:
+        importlib.import_module(SCENARIOS[name]).main(sys.argv[2:] if len(names) == 1 else [])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""Shared benchmark plumbing: start loopback servers as subprocesses, drive them with wrk, read their CPU time.
+
+Every load run is bounded in time and connections and targets 127.0.0.1 only. Results are medians of repeats,
+compared as ratios within one run, because this machine is shared and noisy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def ensure_wrk() -> str:
+    path = shutil.which("wrk")
+    if path is None:
+        subprocess.run(["bash", str(ROOT / "scripts" / "install-system.sh")], check=True)
+        path = shutil.which("wrk")
+    if path is None:
+        raise SystemExit("wrk is not available and could not be installed from Debian packages")
+    return path
+
+
+def wait_http(url: str, timeout_s: float = 30.0) -> None:
+    """Readiness: poll until the server answers (bounded)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1.0):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{url} did not come up within {timeout_s}s")
+
+
+@contextmanager
+def server(argv: Sequence[str], ready_url: str, env: Mapping[str, str] | None = None) -> Iterator[subprocess.Popen]:
+    proc = subprocess.Popen(list(argv), env={**os.environ, **(env or {})}, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        wait_http(ready_url)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """utime + stime of the processes and their children (workers), from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        for p in [pid, *_children(pid)]:
+            try:
+                fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        out = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    kids = [int(c) for c in out]
+    return kids + [g for k in kids for g in _children(k)]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    cpu_us_per_req: float
+    requests: int
+    errors: int
+
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def _latency(text: str, pct: str) -> float:
+    match = re.search(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
+    return float(match.group(1)) * _UNITS[match.group(2)] if match else float("nan")
+
+
+def wrk(url: str, *, body: bytes | None, headers: Mapping[str, str], duration_s: int, connections: int,
+        threads: int, pids: Sequence[int]) -> LoadResult:
+    script = tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False)
+    lines = [f'wrk.method = "{"POST" if body is not None else "GET"}"']
+    if body is not None:
+        lines.append(f"wrk.body = {json.dumps(body.decode())}")
+    lines += [f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}" for k, v in headers.items()]
+    script.write("\n".join(lines) + "\n")
+    script.close()
+    cpu_before = cpu_seconds(pids)
+    out = subprocess.run([ensure_wrk(), "-t", str(threads), "-c", str(connections), "-d", f"{duration_s}s",
+                          "--latency", "-s", script.name, url], capture_output=True, text=True,
+                         timeout=duration_s + 30, check=True).stdout
+    cpu = cpu_seconds(pids) - cpu_before
+    os.unlink(script.name)
+    total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    errors_match = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    errors = int(errors_match.group(1)) if errors_match else 0
+    if socket_errors:
+        errors += sum(int(g) for g in socket_errors.groups())
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    return LoadResult(rps=rps, p50_ms=_latency(out, "50"), p99_ms=_latency(out, "99"),
+                      cpu_us_per_req=cpu / max(total, 1) * 1e6, requests=total, errors=errors)
+
+
+def median_result(results: Sequence[LoadResult]) -> LoadResult:
+    return LoadResult(
+        rps=statistics.median(r.rps for r in results), p50_ms=statistics.median(r.p50_ms for r in results),
+        p99_ms=statistics.median(r.p99_ms for r in results),
+        cpu_us_per_req=statistics.median(r.cpu_us_per_req for r in results),
+        requests=sum(r.requests for r in results), errors=sum(r.errors for r in results))
+
+
+def print_table(title: str, rows: Sequence[tuple[str, LoadResult]], baseline: str) -> None:
+    base = dict(rows)[baseline].rps
+    print(f"\n{title}")
+    print(f"{'system':<34} {'rps':>10} {'ratio':>7} {'p50 ms':>8} {'p99 ms':>8} {'CPU us/req':>11} {'errors':>7}")
+    for name, r in rows:
+        print(f"{name:<34} {r.rps:>10.0f} {r.rps / base:>6.2f}x {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} "
+              f"{r.cpu_us_per_req:>11.1f} {r.errors:>7}")
+
+
+def write_results(name: str, payload: Mapping[str, object]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2, default=lambda o: asdict(o)))
+    return path
+
+
+PYTHON = sys.executable
