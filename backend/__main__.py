@@ -47,8 +47,9 @@ def build_app(config: BackendConfig) -> web.Application:
         max_model_len=max_model_len,
         created=int(time.time()),
     )
-    limits = ServerLimits(max_n=config.max_n, default_max_tokens=config.default_max_tokens,
-                          retry_after_s=config.retry_after_s)
+    limits = ServerLimits(
+        max_n=config.max_n, default_max_tokens=config.default_max_tokens, retry_after_s=config.retry_after_s
+    )
     return create_app(served, engine_factory(loaded, config, max_model_len), limits)
 
 

@@ -13,8 +13,14 @@ from typing import Any
 import torch
 
 ENV_PREFIX = "TOKENEDGE_BACKEND_"
-_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
-           "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32}
+_DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+}
 _ATTENTION = ("auto", "sdpa", "flash")
 
 
@@ -48,8 +54,17 @@ class BackendConfig:
             raise ValueError(f"attention must be one of {_ATTENTION}, got {self.attention!r}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port out of range: {self.port}")
-        for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-                     "max_waiting", "max_n", "default_max_tokens", "retry_after_s"):
+        for name in (
+            "block_size",
+            "num_blocks",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_model_len",
+            "max_waiting",
+            "max_n",
+            "default_max_tokens",
+            "retry_after_s",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.threads < 0:
@@ -60,7 +75,9 @@ class BackendConfig:
         return _DTYPES[self.dtype]
 
     @classmethod
-    def from_sources(cls, argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> BackendConfig:
+    def from_sources(
+        cls, argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+    ) -> BackendConfig:
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -70,8 +87,12 @@ class BackendConfig:
                 values[name] = _coerce(field.type, raw, name)
         parser = argparse.ArgumentParser(prog="tokenedge-backend", description="tokenedge model server")
         for name, field in fields.items():
-            parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
-                                help=f"(env {ENV_PREFIX}{name.upper()}, default {field.default!r})")
+            parser.add_argument(
+                "--" + name.replace("_", "-"),
+                dest=name,
+                default=None,
+                help=f"(env {ENV_PREFIX}{name.upper()}, default {field.default!r})",
+            )
         args = parser.parse_args(argv)
         for name, field in fields.items():
             raw = getattr(args, name)

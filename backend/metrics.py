@@ -24,20 +24,31 @@ class _EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self._stats()
-        yield GaugeMetricFamily("tokenedge_backend_running_requests", "Sequences being decoded.", value=s.running)
-        yield GaugeMetricFamily("tokenedge_backend_waiting_requests", "Sequences waiting for a slot.", value=s.waiting)
-        blocks = GaugeMetricFamily("tokenedge_backend_kv_blocks", "KV-cache blocks by state.", labels=["state"])
+        yield GaugeMetricFamily(
+            "tokenedge_backend_running_requests", "Sequences being decoded.", value=s.running
+        )
+        yield GaugeMetricFamily(
+            "tokenedge_backend_waiting_requests", "Sequences waiting for a slot.", value=s.waiting
+        )
+        blocks = GaugeMetricFamily(
+            "tokenedge_backend_kv_blocks", "KV-cache blocks by state.", labels=["state"]
+        )
         blocks.add_metric(["total"], s.blocks_total)
         blocks.add_metric(["free"], s.blocks_free)
         blocks.add_metric(["used"], s.blocks_total - s.blocks_free)
         blocks.add_metric(["cached"], s.blocks_cached)
         yield blocks
-        yield CounterMetricFamily("tokenedge_backend_prefix_cache_hit_tokens",
-                                  "Prompt tokens served from the prefix cache.", value=s.prefix_hit_tokens_total)
-        yield CounterMetricFamily("tokenedge_backend_prefill_tokens", "Prompt tokens computed.",
-                                  value=s.prefill_tokens_total)
-        yield CounterMetricFamily("tokenedge_backend_generated_tokens", "Tokens generated.",
-                                  value=s.generated_tokens_total)
+        yield CounterMetricFamily(
+            "tokenedge_backend_prefix_cache_hit_tokens",
+            "Prompt tokens served from the prefix cache.",
+            value=s.prefix_hit_tokens_total,
+        )
+        yield CounterMetricFamily(
+            "tokenedge_backend_prefill_tokens", "Prompt tokens computed.", value=s.prefill_tokens_total
+        )
+        yield CounterMetricFamily(
+            "tokenedge_backend_generated_tokens", "Tokens generated.", value=s.generated_tokens_total
+        )
 
 
 class BackendMetrics:
@@ -46,8 +57,12 @@ class BackendMetrics:
     def __init__(self, stats: Callable[[], EngineStats]) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(stats))
-        self.ttft_seconds = Histogram("tokenedge_backend_ttft_seconds", "Time from request to first token.",
-                                      buckets=_TTFT_BUCKETS, registry=self.registry)
+        self.ttft_seconds = Histogram(
+            "tokenedge_backend_ttft_seconds",
+            "Time from request to first token.",
+            buckets=_TTFT_BUCKETS,
+            registry=self.registry,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -70,8 +70,10 @@ def step_prompts() -> None:
     for messages in PROMPTS:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         prompts.append({"messages": messages, "prompt_text": text, "prompt_ids": tokenizer.encode(text)})
-    write(GENERATION_GOLDENS, {"model_sha256": file_digest(gguf_path()), "max_new_tokens": MAX_NEW_TOKENS,
-                               "prompts": prompts})
+    write(
+        GENERATION_GOLDENS,
+        {"model_sha256": file_digest(gguf_path()), "max_new_tokens": MAX_NEW_TOKENS, "prompts": prompts},
+    )
 
 
 def step_llamacpp() -> None:
@@ -82,13 +84,16 @@ def step_llamacpp() -> None:
     vocab = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
     with_special = [vocab.tokenize(s.encode("utf-8"), add_bos=False, special=True) for s in strings]
     ordinary = [vocab.tokenize(s.encode("utf-8"), add_bos=False, special=False) for s in strings]
-    write(TOKENIZER_GOLDENS, {
-        "source": f"llama.cpp via llama-cpp-python {llama_cpp.__version__}, vocab_only, add_bos=False",
-        "model_sha256": file_digest(gguf_path()),
-        "corpus_size": len(strings),
-        "ids_special": with_special,
-        "ids_ordinary": ordinary,
-    })
+    write(
+        TOKENIZER_GOLDENS,
+        {
+            "source": f"llama.cpp via llama-cpp-python {llama_cpp.__version__}, vocab_only, add_bos=False",
+            "model_sha256": file_digest(gguf_path()),
+            "corpus_size": len(strings),
+            "ids_special": with_special,
+            "ids_ordinary": ordinary,
+        },
+    )
     goldens = json.loads(GENERATION_GOLDENS.read_text())
     llm = llama_cpp.Llama(model_path=path, n_ctx=1024, n_threads=2, verbose=False)
     eos = llm.token_eos()
@@ -123,19 +128,29 @@ def step_hf() -> None:
     for prompt in goldens["prompts"]:
         ids = torch.tensor([prompt["prompt_ids"]])
         with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=goldens["max_new_tokens"], do_sample=False,
-                                 eos_token_id=eos, pad_token_id=eos)
-        new = [int(t) for t in out[0, ids.shape[1]:]]
+            out = model.generate(
+                ids,
+                max_new_tokens=goldens["max_new_tokens"],
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=eos,
+            )
+        new = [int(t) for t in out[0, ids.shape[1] :]]
         prompt["golden_ids"] = new
         reference = prompt.get("llamacpp_ids", [])
-        agree = next((i for i, (a, b) in enumerate(zip(new, reference)) if a != b), min(len(new), len(reference)))
+        agree = next(
+            (i for i, (a, b) in enumerate(zip(new, reference, strict=False)) if a != b),
+            min(len(new), len(reference)),
+        )
         prompt["llamacpp_agree_tokens"] = agree
     goldens["golden"] = f"transformers {transformers.__version__} fp32 greedy on the dequantized GGUF"
     write(GENERATION_GOLDENS, goldens)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("step", choices=["prompts", "llamacpp", "hf"])
     step = parser.parse_args().step
     {"prompts": step_prompts, "llamacpp": step_llamacpp, "hf": step_hf}[step]()

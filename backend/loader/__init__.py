@@ -4,4 +4,4 @@ from backend.loader.gguf_loader import gguf_tokenizer
 from backend.loader.load import default_model_path, load_model
 from backend.loader.loaded_model import LoadedModel
 
-__all__ = ["LoadedModel", "gguf_tokenizer", "default_model_path", "load_model"]
+__all__ = ["LoadedModel", "default_model_path", "gguf_tokenizer", "load_model"]

@@ -72,7 +72,9 @@ def config_from_gguf(meta: dict[str, Any], has_output: bool) -> LlamaConfig:
         num_layers=int(meta["llama.block_count"]),
         num_heads=heads,
         num_kv_heads=int(meta.get("llama.attention.head_count_kv", heads)),
-        head_dim=int(meta.get("llama.attention.key_length", meta.get("llama.rope.dimension_count", hidden // heads))),
+        head_dim=int(
+            meta.get("llama.attention.key_length", meta.get("llama.rope.dimension_count", hidden // heads))
+        ),
         rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
         rms_norm_eps=float(meta["llama.attention.layer_norm_rms_epsilon"]),
         max_position_embeddings=int(meta["llama.context_length"]),

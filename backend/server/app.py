@@ -36,7 +36,9 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
         await engine.stop()
 
 
-def create_app(model: ServedModel, engine_factory: EngineFactory, limits: ServerLimits | None = None) -> web.Application:
+def create_app(
+    model: ServedModel, engine_factory: EngineFactory, limits: ServerLimits | None = None
+) -> web.Application:
     app = web.Application(middlewares=[error_middleware], client_max_size=8 * 1024 * 1024)
     app[MODEL_KEY] = model
     app[LIMITS_KEY] = limits or ServerLimits()

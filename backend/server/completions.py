@@ -39,17 +39,34 @@ async def _serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         raise bad_request("the request body is not valid JSON") from None
     req = parse_request(body, endpoint, limits.max_n)
     if req.model is not None and req.model != model.id:
-        raise ApiError(404, f"the model '{req.model}' does not exist", type="not_found_error",
-                       param="model", code="model_not_found")
+        raise ApiError(
+            404,
+            f"the model '{req.model}' does not exist",
+            type="not_found_error",
+            param="model",
+            code="model_not_found",
+        )
     prompt_ids = _prompt_ids(req, model)
     params = _sampling_params(req, len(prompt_ids), model, limits)
     prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
-    meta = {"id": f"{prefix}-{uuid.uuid4().hex}", "created": int(time.time()), "model": model.id,
-            "system_fingerprint": model.revision}
+    meta = {
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "created": int(time.time()),
+        "model": model.id,
+        "system_fingerprint": model.revision,
+    }
     usage = Usage()
     metrics = app[METRICS_KEY]
-    events = run_choices(app[ENGINE_KEY].generate, model.tokenizer, prompt_ids, params, req.stop, meta["id"],
-                         usage, on_first_token=metrics.ttft_seconds.observe)
+    events = run_choices(
+        app[ENGINE_KEY].generate,
+        model.tokenizer,
+        prompt_ids,
+        params,
+        req.stop,
+        meta["id"],
+        usage,
+        on_first_token=metrics.ttft_seconds.observe,
+    )
     async with contextlib.aclosing(events):
         try:
             first = await anext(events)
@@ -80,7 +97,9 @@ def _prompt_ids(req: GenerationRequest, model: ServedModel) -> list[int]:
     if len(ids) >= model.max_model_len:
         raise bad_request(
             f"the prompt has {len(ids)} tokens; this model's maximum context length is {model.max_model_len}",
-            "messages" if req.endpoint == "chat" else "prompt", code="context_length_exceeded")
+            "messages" if req.endpoint == "chat" else "prompt",
+            code="context_length_exceeded",
+        )
     return ids
 
 
@@ -92,7 +111,10 @@ def _sampling_params(
     if max_tokens > room:
         raise bad_request(
             f"max_tokens {max_tokens} plus the prompt's {prompt_len} tokens exceeds the maximum context "
-            f"length {model.max_model_len}", "max_tokens", code="context_length_exceeded")
+            f"length {model.max_model_len}",
+            "max_tokens",
+            code="context_length_exceeded",
+        )
     return [
         SamplingParams(
             max_tokens=max_tokens,
@@ -129,8 +151,17 @@ async def _stream(
 
     try:
         if req.endpoint == "chat":
-            await chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                          "finish_reason": None} for i in range(req.n)])
+            await chunk(
+                [
+                    {
+                        "index": i,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                    for i in range(req.n)
+                ]
+            )
         event: ChoiceEvent | None = first
         while event is not None:
             if event.text or event.finish_reason:
@@ -163,11 +194,19 @@ async def _collect(
         finish[event.index] = event.finish_reason or finish[event.index]
         event = await anext(events, None)
     if req.endpoint == "chat":
-        choices = [{"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None,
-                    "finish_reason": finish[i]} for i, t in enumerate(texts)]
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": t},
+                "logprobs": None,
+                "finish_reason": finish[i],
+            }
+            for i, t in enumerate(texts)
+        ]
         obj = "chat.completion"
     else:
-        choices = [{"index": i, "text": t, "logprobs": None, "finish_reason": finish[i]}
-                   for i, t in enumerate(texts)]
+        choices = [
+            {"index": i, "text": t, "logprobs": None, "finish_reason": finish[i]} for i, t in enumerate(texts)
+        ]
         obj = "text_completion"
     return web.json_response({**meta, "object": obj, "choices": choices, "usage": usage.as_dict()})

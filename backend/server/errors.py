@@ -1,10 +1,10 @@
 """OpenAI-style errors, translated once at the HTTP boundary.
 
-    ApiError                 -> {"error": {"message", "type", "param", "code"}} with its status
-    ├── 400 invalid_request_error  bad JSON, wrong types, out-of-range values, prompt too long
-    ├── 404 not_found_error        unknown model or route
-    ├── 503 server_overloaded      the engine's waiting queue is full (Retry-After)
-    └── 500 server_error           anything unexpected: still JSON, never a bare 500
+ApiError                 -> {"error": {"message", "type", "param", "code"}} with its status
+├── 400 invalid_request_error  bad JSON, wrong types, out-of-range values, prompt too long
+├── 404 not_found_error        unknown model or route
+├── 503 server_overloaded      the engine's waiting queue is full (Retry-After)
+└── 500 server_error           anything unexpected: still JSON, never a bare 500
 """
 
 from __future__ import annotations
@@ -48,20 +48,34 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 def translate_engine_error(exc: Exception, retry_after_s: int) -> ApiError:
     if isinstance(exc, QueueFullError):
-        return ApiError(503, "the server is overloaded, retry later", type="server_overloaded",
-                        code="queue_full", headers={"Retry-After": str(retry_after_s)})
+        return ApiError(
+            503,
+            "the server is overloaded, retry later",
+            type="server_overloaded",
+            code="queue_full",
+            headers={"Retry-After": str(retry_after_s)},
+        )
     if isinstance(exc, InvalidRequestError):
         return bad_request(str(exc))
     if isinstance(exc, EngineStoppedError):
-        return ApiError(503, "the engine is not running", type="server_error", code="engine_stopped",
-                        headers={"Retry-After": str(retry_after_s)})
+        return ApiError(
+            503,
+            "the engine is not running",
+            type="server_error",
+            code="engine_stopped",
+            headers={"Retry-After": str(retry_after_s)},
+        )
     return ApiError(500, "internal error", type="server_error")
 
 
 def _http_error(exc: web.HTTPException) -> ApiError:
     kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
-    return ApiError(exc.status, exc.reason, type=kind, headers={k: v for k, v in exc.headers.items()
-                                                                 if k.lower() == "allow"})
+    return ApiError(
+        exc.status,
+        exc.reason,
+        type=kind,
+        headers={k: v for k, v in exc.headers.items() if k.lower() == "allow"},
+    )
 
 
 @web.middleware

@@ -74,7 +74,9 @@ async def run_choices(
     async def one(index: int, choice_params: SamplingParams) -> None:
         text = TextStream(decode, stop)
         try:
-            async with contextlib.aclosing(generate(prompt_ids, choice_params, f"{request_id}-{index}")) as stream:
+            async with contextlib.aclosing(
+                generate(prompt_ids, choice_params, f"{request_id}-{index}")
+            ) as stream:
                 async for out in stream:
                     if first[0] and on_first_token is not None:
                         first[0] = False

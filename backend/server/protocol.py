@@ -123,7 +123,11 @@ def _content(value: Any, index: int) -> str:
     if isinstance(value, list):
         parts = []
         for part in value:
-            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            if (
+                not isinstance(part, Mapping)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
                 raise bad_request(f"messages[{index}].content: only text parts are supported", "messages")
             parts.append(part["text"])
         return "".join(parts)
@@ -135,7 +139,11 @@ def _prompt(value: Any) -> str | tuple[int, ...]:
         value = value[0]
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    ):
         return tuple(value)
     raise bad_request("'prompt' must be a string or an array of token ids (one prompt per request)", "prompt")
 

@@ -68,7 +68,7 @@ class TextStream:
 
     def _held_back(self) -> int:
         """Length of the longest unsent suffix that is a proper prefix of a stop string."""
-        tail = self._text[self._sent:]
+        tail = self._text[self._sent :]
         best = 0
         for s in self._stop:
             for n in range(min(len(s) - 1, len(tail)), best, -1):

@@ -17,7 +17,11 @@ from functools import cache
 @cache
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable-character table."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     chars = list(printable)
     extra = 0
     for b in range(256):

@@ -105,9 +105,7 @@ def _from_tiktoken_model(
         raise ValueError(f"{path}: not a complete tiktoken rank file")
     decoder = tok_config.get("added_tokens_decoder")
     specials = (
-        {v["content"]: int(k) for k, v in decoder.items()}
-        if decoder
-        else _llama3_special_tokens(len(ranks))
+        {v["content"]: int(k) for k, v in decoder.items()} if decoder else _llama3_special_tokens(len(ranks))
     )
     return Tokenizer(
         name=name,

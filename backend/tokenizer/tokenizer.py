@@ -88,7 +88,9 @@ class Tokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+    ) -> str:
         if self._chat_template is None:
             raise ValueError("this model has no chat template")
         return self._chat_template.render(messages, add_generation_prompt=add_generation_prompt)

@@ -25,7 +25,9 @@ def test_bos_token_and_tojson_are_available() -> None:
 
 
 def test_raise_exception_becomes_a_template_error() -> None:
-    template = ChatTemplate("{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}")
+    template = ChatTemplate(
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}"
+    )
     with pytest.raises(ChatTemplateError, match="user first"):
         template.render([{"role": "assistant", "content": "x"}])
 

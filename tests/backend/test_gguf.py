@@ -11,8 +11,11 @@ from backend.loader.gguf_loader import model_name_from_file, unpermute_qk
 
 def hf_to_gguf_permute(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
     """llama.cpp's convert script `permute`, applied to HF Q/K rows."""
-    return weight.reshape(n_heads, 2, weight.shape[0] // n_heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(
-        weight.shape)
+    return (
+        weight.reshape(n_heads, 2, weight.shape[0] // n_heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
 
 
 @pytest.mark.parametrize("n_heads", [1, 3, 9])

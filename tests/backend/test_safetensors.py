@@ -37,12 +37,22 @@ def tokenizer_json() -> dict:
     merged = ["Ġt", "he", "Ġthe", "ĠĠ"]
     vocab = {tok: 2 + i for i, tok in enumerate(byte_tokens + merged)}
     return {
-        "added_tokens": [{"id": 0, "content": "<|end|>", "special": True},
-                         {"id": 1, "content": "<|start|>", "special": True}],
-        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            {"type": "Digits", "individual_digits": True},
-            {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}]},
-        "model": {"type": "BPE", "vocab": vocab, "merges": [["Ġ", "t"], ["h", "e"], ["Ġt", "he"], ["Ġ", "Ġ"]]},
+        "added_tokens": [
+            {"id": 0, "content": "<|end|>", "special": True},
+            {"id": 1, "content": "<|start|>", "special": True},
+        ],
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Digits", "individual_digits": True},
+                {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+            ],
+        },
+        "model": {
+            "type": "BPE",
+            "vocab": vocab,
+            "merges": [["Ġ", "t"], ["h", "e"], ["Ġt", "he"], ["Ġ", "Ġ"]],
+        },
     }
 
 
@@ -52,8 +62,13 @@ def write_checkpoint(directory: Path, seed: int = 0) -> dict[str, torch.Tensor]:
     save_file({k: v.to(torch.bfloat16) for k, v in weights.items()}, str(directory / "model.safetensors"))
     (directory / "config.json").write_text(json.dumps(HF_CONFIG))
     (directory / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
-    (directory / "tokenizer_config.json").write_text(json.dumps(
-        {"chat_template": "{% for m in messages %}<|start|>{{ m['role'] }}\n{{ m['content'] }}<|end|>{% endfor %}"}))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "chat_template": "{% for m in messages %}<|start|>{{ m['role'] }}\n{{ m['content'] }}<|end|>{% endfor %}"
+            }
+        )
+    )
     return weights
 
 

@@ -29,9 +29,16 @@ def tiny_vocab(drop_bytes: tuple[int, ...] = ()) -> tuple[list[str], list[str]]:
 def tiny_tokenizer(pattern: str = GPT2, drop_bytes: tuple[int, ...] = ()) -> Tokenizer:
     tokens, merges = tiny_vocab(drop_bytes)
     built = ranks_from_byte_level_vocab(tokens, merges, {s: i for i, s in enumerate(SPECIALS)})
-    return Tokenizer(name="tiny", pattern=pattern, mergeable_ranks=built.mergeable_ranks,
-                     special_tokens=built.special_tokens, vocab_size=built.vocab_size, bos_token_id=1,
-                     eos_token_ids=[0], placeholder_ids=built.placeholder_ids)
+    return Tokenizer(
+        name="tiny",
+        pattern=pattern,
+        mergeable_ranks=built.mergeable_ranks,
+        special_tokens=built.special_tokens,
+        vocab_size=built.vocab_size,
+        bos_token_id=1,
+        eos_token_ids=[0],
+        placeholder_ids=built.placeholder_ids,
+    )
 
 
 def test_merges_follow_ranks_and_round_trip() -> None:
@@ -59,7 +66,9 @@ def test_bytes_without_a_token_are_dropped() -> None:
 def test_merge_order_that_disagrees_with_ids_is_refused() -> None:
     tokens, merges = tiny_vocab()
     with pytest.raises(ValueError, match="merge order"):
-        ranks_from_byte_level_vocab(tokens, [merges[1], merges[0], merges[2]], {s: i for i, s in enumerate(SPECIALS)})
+        ranks_from_byte_level_vocab(
+            tokens, [merges[1], merges[0], merges[2]], {s: i for i, s in enumerate(SPECIALS)}
+        )
 
 
 def test_version_changes_with_pattern_and_ranks() -> None:
@@ -81,9 +90,11 @@ def test_export_rebuilds_the_same_encoder() -> None:
     tok = tiny_tokenizer(drop_bytes=(0x06,))
     export = json.loads(json.dumps(tok.export()))
     rebuilt = tiktoken.Encoding(
-        "rebuilt", pat_str=export["pattern"],
+        "rebuilt",
+        pat_str=export["pattern"],
         mergeable_ranks={base64.b64decode(k): v for k, v in export["mergeable_ranks"].items()},
-        special_tokens=export["special_tokens"])
+        special_tokens=export["special_tokens"],
+    )
     text = "the <|start|>hat\x06 99"
     ids = [i for i in rebuilt.encode(text, allowed_special="all") if i not in set(export["dropped_ids"])]
     assert ids == tok.encode(text)
@@ -102,10 +113,16 @@ def test_smollm2_matches_llamacpp_on_the_whole_corpus(smollm2_tokenizer: Tokeniz
     strings = json.loads((DATA / "tokenizer_corpus.json").read_text())["strings"]
     goldens = json.loads((DATA / "tokenizer_goldens.json").read_text())
     assert len(strings) >= 300 and goldens["corpus_size"] == len(strings)
-    special = [i for i, (s, g) in enumerate(zip(strings, goldens["ids_special"], strict=True))
-               if smollm2_tokenizer.encode(s) != g]
-    ordinary = [i for i, (s, g) in enumerate(zip(strings, goldens["ids_ordinary"], strict=True))
-                if smollm2_tokenizer.encode(s, allow_special=False) != g]
+    special = [
+        i
+        for i, (s, g) in enumerate(zip(strings, goldens["ids_special"], strict=True))
+        if smollm2_tokenizer.encode(s) != g
+    ]
+    ordinary = [
+        i
+        for i, (s, g) in enumerate(zip(strings, goldens["ids_ordinary"], strict=True))
+        if smollm2_tokenizer.encode(s, allow_special=False) != g
+    ]
     assert special == [] and ordinary == [], [strings[i] for i in (special + ordinary)[:5]]
 
 
