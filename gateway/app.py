@@ -16,6 +16,7 @@ from aiohttp import web
 from cdn.purge import CdnConfig, build_purge_clients, fan_out
 from gateway.catalog import ModelCatalog
 from gateway.config import GatewayConfig
+from gateway.dashboard import views as dashboard
 from gateway.errors import GatewayError, error_response
 from gateway.handlers import admin, alias, completions, ops
 from gateway.handlers.admin import CDN_PURGE
@@ -119,5 +120,9 @@ def create_app(config: GatewayConfig, *, clock: Callable[[], float] = time.time,
     app.router.add_get("/health", ops.health)
     app.router.add_get("/ready", ops.ready)
     app.router.add_get("/metrics", ops.metrics)
+    app.router.add_get("/dashboard", dashboard.page)
+    app.router.add_get("/dashboard/data", dashboard.data)
+    app.cleanup_ctx.append(ops.gauge_refresher)  # after the cache ctx: it reads the state
+    app.on_response_prepare.append(ops.on_response_prepare)  # Server-Timing and the per-request record
     app.router.add_route("*", "/v1/{tail:.*}", ops.passthrough)
     return app

@@ -2,15 +2,31 @@
 
 Buckets span sub-millisecond cache hits to multi-second generations. With `--workers N` the launcher sets
 PROMETHEUS_MULTIPROC_DIR before any worker imports prometheus_client, so every worker writes its samples to shared
-mmap files and `/metrics` on any worker aggregates all of them (prometheus_client's multiprocess mode).
+mmap files and `/metrics` on any worker aggregates all of them (prometheus_client's multiprocess mode). We chose
+it over per-worker scrape targets because workers share one port (SO_REUSEPORT): a scraper cannot address a
+worker, and any worker can answer for all of them.
+
+Gauges need care in that mode. Per-process state (L1 entries, bytes, evictions) is a `livesum` gauge that every
+worker refreshes on a timer, so the sum over live workers is the fleet's L1. Shared state (L2, one Redis for all
+workers) must not be summed: it is never written to the per-process files at all, but read from Redis by the
+worker answering the scrape and added to the same `tokenedge_cache_entries{tier="l2"}` /
+`tokenedge_cache_bytes{tier="l2"}` families at render time, so it is reported exactly once.
 """
 
 from __future__ import annotations
 
 import os
 
+from collections.abc import Iterator, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+
+ENTRIES = "tokenedge_cache_entries"
+BYTES = "tokenedge_cache_bytes"
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -53,10 +69,47 @@ class GatewayMetrics:
         self.tag_truncations = Counter("tokenedge_tag_header_truncations", "Tags dropped to fit CDN header limits",
                                        registry=r)
 
-    def render(self) -> bytes:
-        """The exposition text: aggregated over workers in multiprocess mode, this process otherwise."""
+        self._stages: dict[str, Histogram] = {}
+
+    def stage(self, name: str) -> Histogram:
+        """The pre-bound `stage_duration{stage=name}` child (the label set is the closed `timing.STAGES`)."""
+        child = self._stages.get(name)
+        if child is None:
+            child = self._stages[name] = self.stage_duration.labels(name)
+        return child
+
+    def render(self, shared: Mapping[str, tuple[int, int]] | None = None) -> bytes:
+        """The exposition text: aggregated over workers in multiprocess mode, this process otherwise.
+
+        `shared` maps a shared tier (``"l2"``) to its (entries, bytes), read once by the caller at scrape time.
+        """
+        source: Collector = self.registry
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-            registry = CollectorRegistry()
-            MultiProcessCollector(registry)
-            return generate_latest(registry)
-        return generate_latest(self.registry)
+            source = CollectorRegistry()
+            MultiProcessCollector(source)
+        return generate_latest(_WithSharedTiers(source, shared or {}))  # type: ignore[arg-type]
+
+
+class _WithSharedTiers(Collector):
+    """Adds the shared tiers' sizes to the `cache_entries` / `cache_bytes` families, once per scrape."""
+
+    def __init__(self, source: Collector, shared: Mapping[str, tuple[int, int]]) -> None:
+        self._source = source
+        self._shared = shared
+
+    def collect(self) -> Iterator[Metric]:
+        seen: set[str] = set()
+        for metric in self._source.collect():
+            if metric.name in (ENTRIES, BYTES) and self._shared:
+                seen.add(metric.name)
+                index = 0 if metric.name == ENTRIES else 1
+                metric.samples = [s for s in metric.samples if s.labels.get("tier") not in self._shared]
+                metric.samples.extend(Sample(metric.name, {"tier": tier}, float(sizes[index]))
+                                      for tier, sizes in self._shared.items())
+            yield metric
+        for name, index, doc in ((ENTRIES, 0, "Entries held, by tier"), (BYTES, 1, "Bytes held, by tier")):
+            if self._shared and name not in seen:
+                family = GaugeMetricFamily(name, doc, labels=["tier"])
+                for tier, sizes in self._shared.items():
+                    family.add_metric([tier], float(sizes[index]))
+                yield family

@@ -1,29 +1,43 @@
-"""Liveness, readiness, metrics and the other `/v1/*` paths (relayed untouched, never cached)."""
+"""Liveness, readiness, metrics and the other `/v1/*` paths (relayed untouched, never cached).
+
+Also the two observability hooks the app installs: the per-worker gauge refresher (so L1 gauges stay current in
+every worker, not only the one scraped) and the response-prepare signal that sends `Server-Timing` to admin
+debug requests and finishes each cacheable request's timing record.
+"""
 
 from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from time import perf_counter
 
 import orjson
 from aiohttp import web
 
+from gateway import accesslog
 from gateway.errors import UpstreamError
 from gateway.handlers.relay import relay
-from gateway.handlers.tenancy import tenant_credential
+from gateway.handlers.tenancy import is_admin, tenant_credential
 from gateway.keys import tenant_scope
-from gateway.state import STATE
+from gateway.state import STATE, GatewayState
+from gateway.timing import StageTimer, timer_of
 from gateway.upstream import forward_headers, relay_headers
+
+GAUGE_REFRESH_S = 1.0
+DEBUG_HEADER = "X-Tokenedge-Debug"
 
 
 async def health(_request: web.Request) -> web.Response:
     return web.Response(body=b'{"status":"ok"}', content_type="application/json")
 
 
-async def ready(request: web.Request) -> web.Response:
-    """200 when the upstream answers; Redis being down degrades (reported) but does not make us unready."""
-    state = request.app[STATE]
+async def probe(state: GatewayState, headers: Mapping[str, str] | None = None) -> tuple[bool, str]:
+    """(upstream answers, Redis state); also sets the `upstream_up` gauge."""
     upstream_ok = True
     try:
         resp = await state.upstream.request("GET", "/v1/models", forward_headers(
-            request.headers, api_key=state.config.upstream.api_key, identity=True))
+            headers or {}, api_key=state.config.upstream.api_key, identity=True))
         upstream_ok = resp.status < 500
     except UpstreamError:
         upstream_ok = False
@@ -31,14 +45,20 @@ async def ready(request: web.Request) -> web.Response:
     redis: str = "disabled"
     if state.cache.l2 is not None:
         redis = "up" if await state.cache.l2.ping() else "down"
+    return upstream_ok, redis
+
+
+async def ready(request: web.Request) -> web.Response:
+    """200 when the upstream answers; Redis being down degrades (reported) but does not make us unready."""
+    upstream_ok, redis = await probe(request.app[STATE], request.headers)
     body = {"status": "ready" if upstream_ok else "unready", "upstream": "up" if upstream_ok else "down",
             "redis": redis}
     return web.Response(status=200 if upstream_ok else 503, body=orjson.dumps(body),
                         content_type="application/json")
 
 
-async def update_gauges(request: web.Request) -> None:
-    state = request.app[STATE]
+def update_gauges(state: GatewayState) -> None:
+    """This worker's L1 gauges (livesum over workers in multiprocess mode)."""
     l1 = state.cache.l1
     m = state.metrics
     m.cache_entries.labels("l1").set(l1.entries())
@@ -46,10 +66,72 @@ async def update_gauges(request: web.Request) -> None:
     m.cache_evictions.labels("l1").set(l1.evictions)
 
 
+async def gauge_refresher(app: web.Application) -> AsyncIterator[None]:
+    """cleanup_ctx: refresh this worker's gauges every second; a scrape reaches one worker, not all."""
+    state = app[STATE]
+
+    async def loop() -> None:
+        while True:
+            update_gauges(state)
+            await asyncio.sleep(GAUGE_REFRESH_S)
+
+    task = asyncio.create_task(loop(), name="tokenedge-gauges")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def shared_tier_sizes(state: GatewayState) -> dict[str, tuple[int, int]]:
+    """L2's (keys, Redis used_memory) read once per scrape; empty when L2 is off, unreachable or breaker-open."""
+    if state.cache.l2 is None or not state.cache.l2.available:
+        return {}
+    stats = await state.cache.l2.stats()
+    return {"l2": stats} if stats is not None else {}
+
+
+async def render_metrics(state: GatewayState) -> bytes:
+    update_gauges(state)
+    return state.metrics.render(await shared_tier_sizes(state))
+
+
 async def metrics(request: web.Request) -> web.Response:
-    await update_gauges(request)
+    body = await render_metrics(request.app[STATE])
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+def finish_request(state: GatewayState, timer: StageTimer) -> None:
+    """Record a cacheable request's breakdown once both its outcome and its status are known."""
+    m = state.metrics
+    for stage, seconds in timer.stages.items():
+        m.stage(stage).observe(seconds)
+    m.ttft.labels(timer.route, timer.result).observe(timer.ttft())
+    accesslog.write(timer, state.config.server.access_log_sample_rate)
+
+
+def handler_done(state: GatewayState, timer: StageTimer, result: str, reason: str) -> None:
+    """Called from the cacheable handler's `finally`: the outcome is known; finish now if the status is too."""
+    timer.result, timer.reason, timer.done = result, reason, True
+    if result == "bypass" and "upstream" not in timer.stages:
+        timer.lap("upstream")  # a bypass is parse, then the relay: everything after parse is the upstream
+    if timer.status:
+        finish_request(state, timer)
+
+
+async def on_response_prepare(request: web.Request, response: web.StreamResponse) -> None:
+    """Signal: headers are about to go out. Adds Server-Timing for admin debug requests, never for others."""
+    timer = timer_of(request)
+    if timer is None:
+        return
     state = request.app[STATE]
-    return web.Response(body=state.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"})
+    timer.status = response.status
+    timer.prepared_at = perf_counter()
+    if request.headers.get(DEBUG_HEADER) == "1" and is_admin(request.headers, state.config.server.admin_token):
+        response.headers["Server-Timing"] = timer.server_timing()
+    if timer.done:
+        finish_request(state, timer)
 
 
 async def models(request: web.Request) -> web.Response:
