@@ -58,6 +58,7 @@ class StreamFlight:
         self.head.add_done_callback(_retrieve)
         self.frames: list[Frame] = []
         self.done = False
+        self.cancelled = False  # abandoned: the producer must not store, even if [DONE] was already read
         self.outcome = "not-stored"  # "stored" or a policy.Reason value, for metrics and Cache-Status
         self.buffered_bytes = 0
         self._changed = asyncio.Event()
@@ -146,6 +147,7 @@ class StreamFlight:
 
     def _cancel(self) -> None:
         self._timer = None
+        self.cancelled = True
         self._registry.remove(self)
         if self._task is not None and not self._task.done():
             self._task.cancel()

@@ -46,6 +46,9 @@ async def tee(state: GatewayState, flight: StreamFlight, req: FillRequest) -> No
                 return
             flight.head.set_result(Head(resp.status, resp.headers))
             await _pump(resp, flight, recorder, cap)
+        if flight.cancelled:  # abandoned while the last events were being read: store nothing
+            last, outcome = None, ABANDONED
+            return
         state.metrics.upstream_duration.labels(req.endpoint).observe(time.perf_counter() - started)
         if not recorder.done:
             last = error_frame("the upstream closed the stream without [DONE]", type_="upstream_error",
@@ -81,6 +84,8 @@ async def _pump(resp: aiohttp.ClientResponse, flight: StreamFlight, recorder: Re
             if kind is Kind.DONE:
                 return  # the [DONE] frame is published by `tee` after the store
             flight.publish(Frame(data_frame(event.data, event.name), usage_only=kind is Kind.USAGE), cap_bytes=cap)
+            if flight.cancelled:
+                return
     for event in parser.close():
         if recorder.feed(event.data) is Kind.DONE:
             return
