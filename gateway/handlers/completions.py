@@ -135,6 +135,8 @@ async def streamed(request: web.Request, state: GatewayState, prep: Prepared,
         fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
         revision = await state.catalog.revision(model, fwd)
     key = cache_key(request, state, prep, revision)
+    if fwd is None:  # the tee forwards these to the upstream on a miss
+        fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
     fill_req = FillRequest(prep.endpoint, key, model, revision, lookup.ttl_s, request.path_qs, fwd, prep.raw)
     return await serve_stream(request, state, fill_req, lookup, prep.directives,
                               include_usage=wants_usage(prep.body))
