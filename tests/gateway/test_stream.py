@@ -60,6 +60,8 @@ async def test_streamed_miss_then_hit_replay_the_same_events(gw: RunningGateway,
     hit_events = await collect(hit)
 
     assert fake.calls["chat"] == 1
+    assert fake.headers[0]["Authorization"] == "Bearer tenant-a-key"
+    assert fake.headers[0]["Accept-Encoding"] == "identity"
     assert miss_events[-1] == hit_events[-1] == "[DONE]"
     assert hit_events == miss_events  # the recorded chunk boundaries, ids and created
     assert text_of(hit_events) == "Hello, world!"
