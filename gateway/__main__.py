@@ -8,6 +8,7 @@ process, L2 (Redis) is shared. PROMETHEUS_MULTIPROC_DIR is set before any worker
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import multiprocessing
 import os
@@ -49,7 +50,10 @@ def run_workers(config: GatewayConfig) -> int:
         for stale in Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]).glob("*.db"):
             stale.unlink()
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(config,), name=f"tokenedge-worker-{i}", daemon=False)
+    # Under `python -m gateway` this module is `__main__`, which spawn does not re-import in the child
+    # (multiprocessing skips `*.__main__`), so the target must come from the importable module name.
+    target = importlib.import_module("gateway.__main__")._worker
+    procs = [ctx.Process(target=target, args=(config,), name=f"tokenedge-worker-{i}", daemon=False)
              for i in range(config.server.workers)]
     for proc in procs:
         proc.start()

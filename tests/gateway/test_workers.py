@@ -1,0 +1,94 @@
+"""`python -m gateway --workers 2`: /metrics on any worker reports the totals of both (multiprocess mode).
+
+Proof that both workers served, without a per-process label: the same request is sent N times, one fresh
+connection each, sequentially. L1 is per process, so each worker misses it exactly once: two misses (and two
+upstream calls) mean two workers answered, and hits + misses == N means no request went uncounted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.gateway.conftest import AUTH_A, CHAT
+from tests.gateway.test_metrics import parse, value
+from tests.support.fake_upstream import FakeUpstream
+from tests.support.services import free_port
+
+N = 24
+WORKERS = 2
+REPO = Path(__file__).resolve().parents[2]
+
+
+def listening_sockets(port: int) -> int:
+    """LISTEN sockets bound to the port: one per worker with SO_REUSEPORT (Linux /proc/net/tcp)."""
+    want = f":{port:04X}"
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1].endswith(want) and fields[3] == "0A":
+            count += 1
+    return count
+
+
+@pytest.fixture
+async def workers(upstream_url: str) -> AsyncIterator[str]:
+    port = free_port()
+    log = tempfile.NamedTemporaryFile(prefix="tokenedge-workers-", suffix=".log", delete=False)  # noqa: SIM115
+    env = {**os.environ, "TOKENEDGE_UPSTREAM_URL": upstream_url, "TOKENEDGE_SERVER_HOST": "127.0.0.1",
+           "TOKENEDGE_SERVER_PORT": str(port), "PROMETHEUS_MULTIPROC_DIR": tempfile.mkdtemp(prefix="te-mp-")}
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "gateway", "--workers", str(WORKERS),
+                                                cwd=REPO, env=env, stdout=log, stderr=log)
+    try:
+        for _ in range(600):  # readiness: both workers have bound the port (bounded, ~60 s)
+            if listening_sockets(port) >= WORKERS or proc.returncode is not None:
+                break
+            await asyncio.sleep(0.1)
+        if listening_sockets(port) < WORKERS:
+            raise RuntimeError(f"workers did not start:\n{Path(log.name).read_text()[-3000:]}")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), 20)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        log.close()
+        os.unlink(log.name)
+
+
+async def test_totals_across_two_workers_equal_requests_sent(workers: str, fake: FakeUpstream) -> None:
+    for _ in range(N):  # a fresh connection each time, so the kernel spreads them over both workers
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+            async with session.post(f"{workers}/v1/chat/completions", json=CHAT, headers=AUTH_A) as resp:
+                assert resp.status == 200
+                await resp.read()
+    async with aiohttp.ClientSession() as session, session.get(f"{workers}/metrics") as resp:
+        m = parse(await resp.text())
+
+    assert value(m, "tokenedge_requests_total") == N
+    assert value(m, "tokenedge_request_duration_seconds_count") == N
+    misses = value(m, "tokenedge_requests_total", result="miss")
+    assert misses + value(m, "tokenedge_requests_total", result="hit") == N
+    assert misses == fake.calls["chat"] == WORKERS  # each worker's own L1 missed once: both served
+    assert value(m, "tokenedge_cache_lookups_total", tier="l1", outcome="miss") == WORKERS
+    assert value(m, "tokenedge_tokens_saved_total") == (N - WORKERS) * 15
+    # L1 gauges are livesum over workers, each refreshed by its own worker every second: poll until both report
+    entries = 0.0
+    for _ in range(50):
+        async with aiohttp.ClientSession() as session, session.get(f"{workers}/metrics") as resp:
+            entries = value(parse(await resp.text()), "tokenedge_cache_entries", tier="l1")
+        if entries == WORKERS:
+            break
+        await asyncio.sleep(0.1)
+    assert entries == WORKERS  # one entry in each worker's L1
