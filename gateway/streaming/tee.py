@@ -34,6 +34,7 @@ async def tee(state: GatewayState, flight: StreamFlight, req: FillRequest) -> No
     cap = state.config.cache.max_entry_bytes
     recorder = Recorder(req.endpoint, cap)
     started = time.perf_counter()
+    last: bytes | None
     last, outcome = error_frame("the upstream stream was interrupted", type_="upstream_error",
                                 code="bad_gateway"), Reason.INCOMPLETE.value
     try:
@@ -58,7 +59,7 @@ async def tee(state: GatewayState, flight: StreamFlight, req: FillRequest) -> No
         if entry is not None:
             await state.cache.put(entry)
         last, outcome = DONE_FRAME, (refusal.value if refusal else "stored")
-    except (aiohttp.ClientError, asyncio.TimeoutError, UpstreamError) as exc:
+    except (TimeoutError, aiohttp.ClientError, UpstreamError) as exc:
         error = exc if isinstance(exc, UpstreamError) else translate(exc)
         if not flight.head.done():
             flight.head.set_exception(error)  # before the first byte: the JSON path's error (or stale)

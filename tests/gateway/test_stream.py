@@ -21,7 +21,7 @@ from tests.support.gateway import FakeClock, RunningGateway
 STREAM = {**CHAT, "stream": True}
 
 
-async def post(gw: RunningGateway, body: dict[str, Any], path: str = "/v1/chat/completions"):  # noqa: ANN201
+async def post(gw: RunningGateway, body: dict[str, Any], path: str = "/v1/chat/completions"):
     return await gw.client.post(path, json=body, headers=AUTH_A)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -35,7 +36,7 @@ class Client:
     cache_key: str = ""
 
 
-async def until(predicate, rounds: int = 20_000) -> None:  # noqa: ANN001
+async def until(predicate: Callable[[], bool], rounds: int = 20_000) -> None:
     """Let the loop run (sockets included) until `predicate()` holds."""
     for _ in range(rounds):
         if predicate():
@@ -76,9 +77,9 @@ async def abort_everyone(gw: RunningGateway, fake: FakeUpstream) -> list[Client]
                  for c in clients]
         for i in range(1, EVENTS):
             async with progress:
-                await progress.wait_for(lambda: all(c.done or c.received >= i for c in clients))
+                await progress.wait_for(lambda i=i: all(c.done or c.received >= i for c in clients))
             reading = sum(not c.done for c in clients)
-            await until(lambda: sum(f.alive() for f in stream_flights(gw.state).values()) <= reading)
+            await until(lambda n=reading: sum(f.alive() for f in stream_flights(gw.state).values()) <= n)
             fake.stream_gates[i].set()
         await asyncio.gather(*tasks)
     await until(lambda: len(stream_flights(gw.state)) == 0)
