@@ -7,6 +7,7 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 
+from cdn.purge import CdnConfig
 from gateway.app import create_app
 from gateway.config import GatewayConfig
 from gateway.state import STATE, GatewayState
@@ -49,8 +50,9 @@ class RunningGateway:
         await self.client.close()
 
 
-async def start_gateway(config: GatewayConfig, clock: FakeClock | None = None) -> RunningGateway:
-    app = create_app(config, clock=clock or FakeClock())
+async def start_gateway(config: GatewayConfig, clock: FakeClock | None = None,
+                        cdn: CdnConfig | None = None) -> RunningGateway:
+    app = create_app(config, clock=clock or FakeClock(), cdn=cdn)
     server = TestServer(app, host="127.0.0.1")
     client = TestClient(server)
     await client.start_server()

@@ -1,0 +1,1 @@
+"""The nginx edge config (`tokenedge.conf` + `tokenedge.js`) and its renderer."""

@@ -1,0 +1,1 @@
+"""The Varnish edge config (`tokenedge.vcl`) and its renderer."""
