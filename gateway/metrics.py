@@ -16,7 +16,6 @@ worker answering the scrape and added to the same `tokenedge_cache_entries{tier=
 from __future__ import annotations
 
 import os
-
 from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -87,7 +86,7 @@ class GatewayMetrics:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             source = CollectorRegistry()
             MultiProcessCollector(source)
-        return generate_latest(_WithSharedTiers(source, shared or {}))  # type: ignore[arg-type]
+        return generate_latest(_WithSharedTiers(source, shared or {}))
 
 
 class _WithSharedTiers(Collector):

@@ -118,11 +118,7 @@ class DevTools:
         bad = []
         for e in self.events:
             method, params = e["method"], e.get("params", {})
-            if method == "Runtime.exceptionThrown":
-                bad.append(params)
-            elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
-                bad.append(params)
-            elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
+            if method == "Runtime.exceptionThrown" or (method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert")) or (method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error"):
                 bad.append(params)
         return bad
 

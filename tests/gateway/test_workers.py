@@ -69,10 +69,11 @@ async def workers(upstream_url: str) -> AsyncIterator[str]:
 
 async def test_totals_across_two_workers_equal_requests_sent(workers: str, fake: FakeUpstream) -> None:
     for _ in range(N):  # a fresh connection each time, so the kernel spreads them over both workers
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
-            async with session.post(f"{workers}/v1/chat/completions", json=CHAT, headers=AUTH_A) as resp:
-                assert resp.status == 200
-                await resp.read()
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with aiohttp.ClientSession(connector=connector) as session, session.post(
+                f"{workers}/v1/chat/completions", json=CHAT, headers=AUTH_A) as resp:
+            assert resp.status == 200
+            await resp.read()
     async with aiohttp.ClientSession() as session, session.get(f"{workers}/metrics") as resp:
         m = parse(await resp.text())
 
