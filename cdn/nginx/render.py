@@ -38,6 +38,7 @@ class NginxEdgeConfig:
     tenant_header: str = ""  # the gateway's server.tenant_header, hashed in addition to Authorization
     modules_dir: str = MODULES_DIR
     purge: bool | None = None  # None: enable exact-key PURGE when the cache-purge module is installed
+    user: str = ""  # worker user when started as root; it must own `prefix` (empty: nginx's default)
 
     def __post_init__(self) -> None:
         host, _, port = self.backend.rpartition(":")
@@ -56,6 +57,8 @@ class NginxEdgeConfig:
             raise ValueError("nginx edge: max_cache_bytes >= 1 MiB and worker_processes in 1..256")
         if self.tenant_header and not _HEADER.fullmatch(self.tenant_header):
             raise ValueError("nginx edge: tenant_header must be a header name")
+        if self.user and not _HEADER.fullmatch(self.user):
+            raise ValueError("nginx edge: user must be a user name")
 
     @property
     def purge_enabled(self) -> bool:
@@ -64,11 +67,23 @@ class NginxEdgeConfig:
         return (Path(self.modules_dir) / PURGE_MODULE).exists()
 
 
+# ngx_cache_purge 2.3, separate-location syntax (its same-location `PURGE` form crashed the worker with the
+# njs key in our lab run): `/tokenedge-purge/v1/cache/{key}` drops `GET /v1/cache/{key}` for the same credential.
+_PURGE_LOCATION = """        location ~ ^/tokenedge-purge/v1/cache/[^/]+$ {
+            allow 127.0.0.1;
+            allow ::1;
+            deny all;
+            proxy_cache_purge tokenedge $tokenedge_key;
+        }
+"""
+
+
 def render(config: NginxEdgeConfig, template: str | None = None) -> str:
     text = TEMPLATE.read_text(encoding="utf-8") if template is None else template
     purge = config.purge_enabled
     tenant_var = "$http_" + config.tenant_header.lower().replace("-", "_") if config.tenant_header else ""
     values = {
+        "user": f"user {config.user};" if config.user else "",
         "backend": config.backend,
         "listen_host": config.listen_host,
         "listen_port": str(config.listen_port),
@@ -81,8 +96,7 @@ def render(config: NginxEdgeConfig, template: str | None = None) -> str:
         "js_dir": str(JS_DIR),
         "tenant_header_var": tenant_var,
         "load_cache_purge": f"load_module {config.modules_dir}/{PURGE_MODULE};" if purge else "",
-        # ngx_cache_purge 2.3: PURGE on the alias URL drops the entry under this request's key, loopback only.
-        "purge_directive": "            proxy_cache_purge PURGE from 127.0.0.1 ::1;" if purge else "",
+        "purge_location": _PURGE_LOCATION if purge else "",
     }
     missing = set(_SLOT.findall(text)) - set(values)
     if missing:

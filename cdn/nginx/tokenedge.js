@@ -2,10 +2,16 @@
 // for POST, the body bytes. An empty string means "do not cache": a body nginx could not hold in memory
 // (written to a temp file) or an empty POST body, so two bodies can never collide on one key.
 var crypto = require('crypto');
+var PURGE_PREFIX = '/tokenedge-purge/';
 
 function cache_key(r) {
-    var method = (r.method === 'HEAD' || r.method === 'PURGE') ? 'GET' : r.method;
+    var method = r.method === 'HEAD' ? 'GET' : r.method;
     var uri = r.variables.request_uri;
+    if (uri.startsWith(PURGE_PREFIX)) {
+        // The purge location recomputes the key of `GET <alias URL>` for the same credential.
+        method = 'GET';
+        uri = uri.slice(PURGE_PREFIX.length - 1);
+    }
     var h = crypto.createHash('sha256');
     h.update('te-nginx-1\n' + method + '\n' + (r.headersIn.Host || '') + '\n' + uri + '\n');
     // Public alias keys (te1:pub:...) are served by the gateway to anyone; everything else is per tenant.

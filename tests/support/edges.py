@@ -7,6 +7,7 @@ and stopped by the PID we started, never by name.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -108,7 +109,9 @@ class NginxServer(EdgeProcess):
         self.binary = shutil.which("nginx") or "/usr/sbin/nginx"
         if not Path(self.binary).exists():
             raise RuntimeError("nginx is not installed: run `make test` (it installs it)")
-        self.config = NginxEdgeConfig(**{**_fields(config), "listen_port": self.port, "prefix": str(self.dir)})
+        # As root, workers would run as nobody and could not write our private temp dir: keep them as us.
+        user = {"user": "root"} if os.geteuid() == 0 else {}
+        self.config = NginxEdgeConfig(**{**_fields(config), "listen_port": self.port, "prefix": str(self.dir), **user})
         self.conf = self.dir / "tokenedge.conf"
         self.conf.write_text(render_nginx(self.config), encoding="utf-8")
 
