@@ -7,6 +7,7 @@ import sys
 
 SCENARIOS = {
     "gateway_hit": "bench.gateway_hit",
+    "gateway": "bench.gateway_suite",
 }
 
 

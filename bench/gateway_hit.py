@@ -12,7 +12,16 @@ import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
-from bench.harness import PYTHON, LoadResult, free_port, median_result, print_table, server, wrk, write_results
+from bench.harness import (
+    PYTHON,
+    LoadResult,
+    free_port,
+    median_result,
+    print_table,
+    server,
+    write_results,
+    wrk,
+)
 
 REQUEST = (b'{"model":"bench-model","temperature":0,"max_tokens":64,'
            b'"messages":[{"role":"system","content":"You are terse."},'

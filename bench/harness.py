@@ -55,11 +55,12 @@ def wait_http(url: str, timeout_s: float = 30.0) -> None:
 
 
 @contextmanager
-def server(argv: Sequence[str], ready_url: str, env: Mapping[str, str] | None = None) -> Iterator[subprocess.Popen]:
+def server(argv: Sequence[str], ready_url: str, env: Mapping[str, str] | None = None,
+           ready_timeout_s: float = 30.0) -> Iterator[subprocess.Popen]:
     proc = subprocess.Popen(list(argv), env={**os.environ, **(env or {})}, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
-        wait_http(ready_url)
+        wait_http(ready_url, ready_timeout_s)
         yield proc
     finally:
         proc.terminate()
@@ -103,6 +104,7 @@ class LoadResult:
 
 
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+UNIQUE = b"__UNIQUE__"  # in a request body: replaced by a per-request value
 
 
 def _latency(text: str, pct: str) -> float:
@@ -112,11 +114,16 @@ def _latency(text: str, pct: str) -> float:
 
 def wrk(url: str, *, body: bytes | None, headers: Mapping[str, str], duration_s: int, connections: int,
         threads: int, pids: Sequence[int]) -> LoadResult:
-    script = tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False)
+    script = tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False)  # noqa: SIM115 - wrk reads it by name
     lines = [f'wrk.method = "{"POST" if body is not None else "GET"}"']
     if body is not None:
         lines.append(f"wrk.body = {json.dumps(body.decode())}")
     lines += [f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}" for k, v in headers.items()]
+    if body is not None and UNIQUE in body:  # a fresh body per request: every request is a real miss
+        lines += ["counter = 0", "seed = tostring(math.random(1, 1000000000))", "request = function()",
+                  "  counter = counter + 1",
+                  f'  local b = string.gsub(wrk.body, "{UNIQUE.decode()}", seed .. "-" .. counter)',
+                  "  return wrk.format(nil, nil, nil, b)", "end"]
     script.write("\n".join(lines) + "\n")
     script.close()
     cpu_before = cpu_seconds(pids)

@@ -34,7 +34,9 @@ def serve(config: GatewayConfig, *, reuse_port: bool) -> None:
         except ImportError:
             pass
     app = create_app(config, cdn=load_cdn_config_from_env(os.environ))
+    # handler_cancellation: a client that disconnects cancels its handler at once (fills are shielded tasks).
     web.run_app(app, host=config.server.host, port=config.server.port, reuse_port=reuse_port,
+                handler_cancellation=True,
                 access_log=None, print=None, handle_signals=True)
 
 

@@ -50,6 +50,8 @@ class RedisTier:
         self._on_error = on_error
         self._open_until = 0.0
         self._log = RateLimitedLog(log, 10.0, clock)
+        self._pending: dict[str, list[asyncio.Future[bytes | None]]] = {}
+        self._reader: asyncio.Task[None] | None = None
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -75,8 +77,36 @@ class RedisTier:
                           op, type(exc).__name__, exc)
 
     async def get(self, key: str) -> Entry | None:
-        raw = await self._call("get", lambda: self._client.get(key))
+        """Reads are batched: lookups that arrive while a read is in flight go out together as one MGET.
+
+        Under load this turns N round trips into one; alone, a lookup costs exactly one command.
+        """
+        if not self.available:
+            raise L2Unavailable("l2 skipped for get: breaker open")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bytes | None] = loop.create_future()
+        self._pending.setdefault(key, []).append(future)
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.ensure_future(self._read_batches())
+        raw = await future
         return decode(raw) if raw is not None else None
+
+    async def _read_batches(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, {}
+            keys = list(batch)
+            try:
+                values = await self._call("get", lambda keys=keys: self._client.mget(keys))  # type: ignore[misc]
+            except L2Unavailable as exc:
+                for futures in batch.values():
+                    for future in futures:
+                        if not future.done():
+                            future.set_exception(L2Unavailable(str(exc)))
+                continue
+            for key, value in zip(keys, values, strict=True):
+                for future in batch[key]:
+                    if not future.done():
+                        future.set_result(value)
 
     async def set(self, entry: Entry) -> None:
         expire_ms = max(1, int((entry.expires_at() - self._clock()) * 1000))

@@ -53,7 +53,7 @@ class RunningGateway:
 async def start_gateway(config: GatewayConfig, clock: FakeClock | None = None,
                         cdn: CdnConfig | None = None) -> RunningGateway:
     app = create_app(config, clock=clock or FakeClock(), cdn=cdn)
-    server = TestServer(app, host="127.0.0.1")
+    server = TestServer(app, host="127.0.0.1", handler_cancellation=True)
     client = TestClient(server)
     await client.start_server()
     return RunningGateway(client, server)

@@ -1,0 +1,137 @@
+"""Benchmark suite for the gateway (issue 8): L1 hit, L2 hit, miss and bypass, side by side with bare aiohttp and
+nginx returning the same bytes and the LiteLLM proxy with its cache (local, then Redis), at 1 and 2 workers.
+
+Every system gets the same request bytes and the same zero-latency upstream. `python -m bench gateway`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+
+from bench.gateway_hit import HEADERS, REQUEST
+from bench.harness import (
+    PYTHON,
+    UNIQUE,
+    LoadResult,
+    free_port,
+    median_result,
+    print_table,
+    server,
+    write_results,
+    wrk,
+)
+from bench.peers import LITELLM_MASTER_KEY, bare_aiohttp, litellm_proxy, nginx_fixed
+from tests.support.services import wait_for_line
+
+BYPASS_REQUEST = REQUEST.replace(b'"temperature":0', b'"temperature":0.7')
+MISS_REQUEST = REQUEST.replace(b"What is the capital", b"__UNIQUE__ What is the capital")
+Target = tuple[str, list[int], bytes, dict[str, str]]
+
+
+def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
+    req = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return resp.read(), dict(resp.headers)
+
+
+@contextmanager
+def redis_server() -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--logfile", ""], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_line(proc, "Ready to accept connections", "redis-server")
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@contextmanager
+def gateway(upstream: str, workers: int, env: dict[str, str]) -> Iterator[tuple[str, list[int]]]:
+    port = free_port()
+    with server([PYTHON, "-m", "gateway", "--workers", str(workers), "--port", str(port)],
+                f"http://127.0.0.1:{port}/health", env={"TOKENEDGE_UPSTREAM_URL": upstream, **env}) as proc:
+        yield f"http://127.0.0.1:{port}/v1/chat/completions", [proc.pid]
+
+
+def measure(targets: dict[str, Target], *, duration_s: int, repeats: int, connections: int,
+            warm: int) -> dict[str, LoadResult]:
+    for url, _pids, body, headers in targets.values():
+        for i in range(warm):
+            post(url, body.replace(UNIQUE, f"warm-{i}".encode()), headers)
+    runs: dict[str, list[LoadResult]] = {name: [] for name in targets}
+    for _ in range(repeats):  # interleaved repeats: noise on this shared machine hits every system alike
+        for name, (url, pids, body, headers) in targets.items():
+            runs[name].append(wrk(url, body=body, headers=headers, duration_s=duration_s,
+                                  connections=connections, threads=1, pids=pids))
+    return {name: median_result(results) for name, results in runs.items()}
+
+
+def run(workers: int, args: argparse.Namespace) -> dict[str, LoadResult]:
+    with ExitStack() as stack:
+        up_port = free_port()
+        upstream = f"http://127.0.0.1:{up_port}"
+        stack.enter_context(server([PYTHON, "-m", "bench.servers", "upstream", str(up_port)], f"{upstream}/health"))
+        redis_url = stack.enter_context(redis_server())
+        l1_url, l1_pids = stack.enter_context(gateway(upstream, workers, {}))
+        l2_url, l2_pids = stack.enter_context(gateway(upstream, workers, {
+            "TOKENEDGE_CACHE_REDIS_URL": redis_url, "TOKENEDGE_CACHE_L1_MAX_BYTES": "0"}))
+        post(l1_url, REQUEST, HEADERS)
+        hit_body, hit_headers = post(l1_url, REQUEST, HEADERS)
+        assert hit_headers["Cache-Status"].startswith("tokenedge; hit"), hit_headers
+        targets: dict[str, Target] = {
+            "gateway L1 hit": (l1_url, l1_pids, REQUEST, HEADERS),
+            "gateway L2 hit (L1 off)": (l2_url, l2_pids, REQUEST, HEADERS),
+            "gateway miss (unique bodies)": (l1_url, l1_pids, MISS_REQUEST, HEADERS),
+            "gateway bypass (temperature 0.7)": (l1_url, l1_pids, BYPASS_REQUEST, HEADERS),
+        }
+        bare_url, bare_pids = stack.enter_context(bare_aiohttp(hit_body, workers))
+        nginx_url, nginx_pids = stack.enter_context(nginx_fixed(hit_body, workers))
+        targets["bare aiohttp (same bytes)"] = (bare_url, bare_pids, REQUEST, HEADERS)
+        targets["nginx (same bytes)"] = (nginx_url, nginx_pids, REQUEST, HEADERS)
+        litellm_headers = {"Content-Type": "application/json", "Authorization": f"Bearer {LITELLM_MASTER_KEY}"}
+        if not args.no_litellm:
+            for cache in ("local", "redis"):
+                try:
+                    url, pids = stack.enter_context(litellm_proxy(upstream, cache, redis_url, workers))
+                except RuntimeError as exc:
+                    print(f"LiteLLM ({cache}) unavailable: {exc}")
+                    continue
+                targets[f"LiteLLM proxy hit ({cache} cache)"] = (url, pids, REQUEST, litellm_headers)
+        return measure(targets, duration_s=args.duration, repeats=args.repeats, connections=args.connections,
+                       warm=4 * workers)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="bench gateway", description=__doc__)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--duration", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--no-litellm", action="store_true")
+    args = parser.parse_args(argv)
+    payload: dict[str, object] = {}
+    for workers in args.workers:
+        results = run(workers, args)
+        print_table(f"Gateway scenarios, {workers} worker(s), wrk -t1 -c{args.connections} -d{args.duration}s, "
+                    f"median of {args.repeats} interleaved runs (ratio vs bare aiohttp)",
+                    list(results.items()), "bare aiohttp (same bytes)")
+        l1, l2 = results["gateway L1 hit"], results["gateway L2 hit (L1 off)"]
+        bare = results["bare aiohttp (same bytes)"]
+        summary = {"l1_vs_bare": l1.rps / bare.rps, "l2_vs_l1": l2.rps / l1.rps}
+        for name, result in results.items():
+            if name.startswith("LiteLLM"):
+                summary[f"l1_vs_{name}"] = l1.rps / result.rps
+        print("  " + ", ".join(f"{k} = {v:.2f}x" for k, v in summary.items()))
+        payload[f"workers_{workers}"] = {"results": results, "summary": summary}
+    print(f"results: {write_results('gateway_suite', payload)}")
+
+
+if __name__ == "__main__":
+    main()
