@@ -1,4 +1,4 @@
-"""Llama building blocks: RMSNorm, rotate-half RoPE, the attention projections and the SwiGLU MLP.
+"""Llama building blocks: RMSNorm, the attention projections and the SwiGLU MLP.
 
 Precision policy: the residual stream arrives in fp32; norms compute in fp32 and hand the projections
 their input in the weight dtype (bf16 or fp32); projection outputs go back to fp32 before they are added
@@ -15,9 +15,16 @@ from torch import nn
 from torch.nn import functional as F
 
 from backend.model.config import LlamaConfig
+from backend.model.rope import apply_rope
 
 # (q [T, H, D], k [T, KH, D], v [T, KH, D]) -> [T, H, D]; k/v are the new tokens only.
 AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _linear(in_features: int, out_features: int, dtype: torch.dtype, device: str | torch.device) -> nn.Linear:
+    layer = nn.Linear(in_features, out_features, bias=False, dtype=dtype, device=device)
+    layer.weight.requires_grad_(False)
+    return layer
 
 
 class RMSNorm(nn.Module):
@@ -33,48 +40,29 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(variance + self.eps) * self.weight.float()
 
 
-def rope_cos_sin(
-    positions: torch.Tensor, head_dim: int, theta: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables for the HF rotate-half layout, computed per step (no max-length table)."""
-    # positions: [T] int64
-    inv_freq = 1.0 / (
-        theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
-    )  # [D/2]
-    freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # [T, D/2]
-    emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
-    return emb.cos()[:, None, :], emb.sin()[:, None, :]  # [T, 1, D] each
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE in fp32; returns the input dtype."""
-    # x: [T, heads, D]; cos/sin: [T, 1, D]
-    xf = x.float()
-    half = xf.shape[-1] // 2
-    rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)  # [T, heads, D]
-    return (xf * cos + rotated * sin).to(x.dtype)
-
-
 class LlamaAttention(nn.Module):
     def __init__(self, config: LlamaConfig, dtype: torch.dtype, device: str | torch.device) -> None:
         super().__init__()
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
-        hidden, q_dim, kv_dim = config.hidden_size, config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-        kw = {"bias": False, "dtype": dtype, "device": device}
-        self.q_proj = nn.Linear(hidden, q_dim, **kw)
-        self.k_proj = nn.Linear(hidden, kv_dim, **kw)
-        self.v_proj = nn.Linear(hidden, kv_dim, **kw)
-        self.o_proj = nn.Linear(q_dim, hidden, **kw)
+        self.rope_interleaved = config.rope_interleaved
+        hidden, q_dim, kv_dim = config.hidden_size, config.q_size, config.kv_size
+        self.q_proj = _linear(hidden, q_dim, dtype, device)
+        self.k_proj = _linear(hidden, kv_dim, dtype, device)
+        self.v_proj = _linear(hidden, kv_dim, dtype, device)
+        self.o_proj = _linear(q_dim, hidden, dtype, device)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn) -> torch.Tensor:
+    def forward(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn
+    ) -> torch.Tensor:
         # h: [T, hidden] in the weight dtype
         num_tokens = h.shape[0]
         q = self.q_proj(h).view(num_tokens, self.num_heads, self.head_dim)  # q: [T, H, D]
         k = self.k_proj(h).view(num_tokens, self.num_kv_heads, self.head_dim)  # k: [T, KH, D]
         v = self.v_proj(h).view(num_tokens, self.num_kv_heads, self.head_dim)  # v: [T, KH, D]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q = apply_rope(q, cos, sin, self.rope_interleaved)
+        k = apply_rope(k, cos, sin, self.rope_interleaved)
         out = attend(q, k, v)  # out: [T, H, D]
         assert out.shape == q.shape, f"attention returned {tuple(out.shape)}, expected {tuple(q.shape)}"
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))  # [T, hidden]
@@ -83,10 +71,9 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, config: LlamaConfig, dtype: torch.dtype, device: str | torch.device) -> None:
         super().__init__()
-        kw = {"bias": False, "dtype": dtype, "device": device}
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, **kw)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, **kw)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, **kw)
+        self.gate_proj = _linear(config.hidden_size, config.intermediate_size, dtype, device)
+        self.up_proj = _linear(config.hidden_size, config.intermediate_size, dtype, device)
+        self.down_proj = _linear(config.intermediate_size, config.hidden_size, dtype, device)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         # h: [T, hidden] -> SwiGLU: down(silu(gate(h)) * up(h)) -> [T, hidden]
@@ -102,7 +89,9 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.mlp = LlamaMLP(config, dtype, device)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn
+    ) -> torch.Tensor:
         # x: [T, hidden] fp32 residual stream
         h = self.input_layernorm(x).to(self.dtype)
         x = x + self.self_attn(h, cos, sin, attend).float()

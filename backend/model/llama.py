@@ -16,7 +16,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from backend.model.config import LlamaConfig
-from backend.model.layers import AttendFn, LlamaDecoderLayer, RMSNorm, rope_cos_sin
+from backend.model.layers import AttendFn, LlamaDecoderLayer, RMSNorm
+from backend.model.rope import inv_frequencies, rope_cos_sin
 
 # (layer index, q [T, H, D], k [T, KH, D], v [T, KH, D]) -> [T, H, D]
 LayerAttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -36,12 +37,18 @@ class LlamaModel(nn.Module):
         self.device = torch.device(device)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
         self.embed_tokens.weight.requires_grad_(False)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype, device) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, dtype, device) for _ in range(config.num_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.lm_head: nn.Linear | None = None
         if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype, device=device)
+            self.lm_head = nn.Linear(
+                config.hidden_size, config.vocab_size, bias=False, dtype=dtype, device=device
+            )
             self.lm_head.weight.requires_grad_(False)
+        # inv_freq: [D/2] fp32, a plain attribute (not a parameter: never loaded)
+        self.inv_freq = inv_frequencies(config.head_dim, config.rope_theta, config.rope_scaling).to(device)
         # fp32 logits: an fp32 copy of the output matrix when the weights are half precision.
         self._logits_weight_fp32: torch.Tensor | None = None
 
@@ -84,11 +91,13 @@ class LlamaModel(nn.Module):
     # ---- forward -------------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, attend: LayerAttendFn) -> torch.Tensor:
+    def forward(
+        self, token_ids: torch.Tensor, positions: torch.Tensor, attend: LayerAttendFn
+    ) -> torch.Tensor:
         """Hidden states after the final norm, fp32 [T, hidden], for the flattened new tokens of a step."""
         # token_ids, positions: [T] int64
         assert token_ids.dim() == 1 and token_ids.shape == positions.shape
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)  # [T, 1, D]
+        cos, sin = rope_cos_sin(positions, self.inv_freq)  # [T, 1, D/2] each
         x = self.embed_tokens(token_ids).float()  # x: [T, hidden] fp32 residual
         for index, layer in enumerate(self.layers):
             x = layer(x, cos, sin, _bind_layer(attend, index))

@@ -36,7 +36,10 @@ def tiny_weights(config: LlamaConfig, seed: int = 0) -> dict[str, torch.Tensor]:
 
     h, i = config.hidden_size, config.intermediate_size
     q_dim, kv_dim = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-    weights = {"model.embed_tokens.weight": rand(config.vocab_size, h, scale=0.25), "model.norm.weight": norm_weight()}
+    weights = {
+        "model.embed_tokens.weight": rand(config.vocab_size, h, scale=0.25),
+        "model.norm.weight": norm_weight(),
+    }
     for layer in range(config.num_layers):
         p = f"model.layers.{layer}."
         weights |= {
@@ -58,6 +61,9 @@ def tiny_weights(config: LlamaConfig, seed: int = 0) -> dict[str, torch.Tensor]:
 def tiny_model(
     seed: int = 0, dtype: torch.dtype = torch.float32, tie_word_embeddings: bool = True, device: str = "cpu"
 ) -> LlamaModel:
+    """A random-weight model. Sets torch to one intra-op thread: at this size extra threads only add
+    synchronisation cost, and tests share a small machine."""
+    torch.set_num_threads(1)
     config = tiny_config(tie_word_embeddings)
     model = LlamaModel(config, dtype=dtype, device=device)
     model.load_weights(tiny_weights(config, seed))

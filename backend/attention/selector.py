@@ -1,0 +1,50 @@
+"""Choose and build the attention backend: `auto` means flash-attn when it can run, else torch SDPA."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from backend.attention.backend import AttentionBackend
+from backend.attention.flash import FLASH_BLOCK_MULTIPLE, FlashBackend, flash_attn_available
+from backend.attention.sdpa import SdpaBackend
+
+AttentionName = Literal["auto", "sdpa", "flash"]
+
+
+def resolve_attention(
+    requested: AttentionName, device: torch.device | str, dtype: torch.dtype, block_size: int
+) -> Literal["sdpa", "flash"]:
+    device = torch.device(device)
+    flash_ok = (
+        device.type == "cuda"
+        and dtype in (torch.float16, torch.bfloat16)
+        and block_size % FLASH_BLOCK_MULTIPLE == 0
+        and flash_attn_available()
+    )
+    if requested == "flash" and not flash_ok:
+        raise ValueError(
+            "attention='flash' needs CUDA, the flash-attn package, fp16/bf16 weights and a block size "
+            f"multiple of {FLASH_BLOCK_MULTIPLE} (device={device}, dtype={dtype}, block_size={block_size})"
+        )
+    if requested == "sdpa":
+        return "sdpa"
+    return "flash" if flash_ok else "sdpa"
+
+
+def make_attention_backend(
+    requested: AttentionName,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    device: torch.device | str,
+    dtype: torch.dtype,
+) -> AttentionBackend:
+    name = resolve_attention(requested, device, dtype, block_size)
+    if name == "flash":
+        return FlashBackend(num_heads, num_kv_heads, head_dim, block_size)
+    cuda_half = torch.device(device).type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+    return SdpaBackend(num_heads, num_kv_heads, head_dim, cuda_flash_prefill=cuda_half)

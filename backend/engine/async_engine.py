@@ -1,0 +1,182 @@
+"""The asyncio face of the engine: the compute loop runs in its own thread, requests talk to it by queues.
+
+The asyncio side never touches LLMEngine: `generate` puts an add command in a thread-safe inbox and gets
+an asyncio.Queue; the engine thread applies commands between steps and hands each TokenOut back with
+`loop.call_soon_threadsafe`. Closing or cancelling the iterator sends an abort, which frees the blocks.
+Stats are published by the engine thread after each step, before that step's tokens are delivered, so a
+consumer that has seen a request finish also sees its blocks back in the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import queue
+import threading
+from collections.abc import AsyncIterator
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+from backend.engine.config import EngineConfig
+from backend.engine.errors import EngineStoppedError, QueueFullError
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.outputs import EngineStats, TokenOut
+from backend.engine.sampling import SamplingParams
+from backend.model.llama import LlamaModel
+
+_Delivery = TokenOut | BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class _Add:
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    out: asyncio.Queue[_Delivery]
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Stop:
+    pass
+
+
+class AsyncEngine:
+    def __init__(self, model: LlamaModel, config: EngineConfig, eos_token_ids: frozenset[int]) -> None:
+        self.config = config
+        self._engine = LLMEngine(model, config, eos_token_ids)
+        self._inbox: queue.Queue[_Add | _Abort | _Stop] = queue.Queue()
+        self._lock = threading.Lock()
+        self._stats = self._engine.stats()
+        self._pending_adds = 0  # adds in the inbox, counted as waiting
+        self._outputs: dict[str, asyncio.Queue[_Delivery]] = {}  # owned by the engine thread
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    async def start(self) -> None:
+        assert self._thread is None, "AsyncEngine.start() called twice"
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="tokenedge-engine", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        if self._thread is None:
+            return
+        self._inbox.put(_Stop())
+        await asyncio.to_thread(self._thread.join)
+        self._thread = None
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            stats = self._stats
+            pending = self._pending_adds
+        return dataclasses.replace(stats, waiting=stats.waiting + pending)
+
+    def generate(
+        self, prompt_ids: Seq[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[TokenOut]:
+        """Submit now (raises QueueFullError if the waiting queue is full) and stream the tokens.
+
+        Iterate it with `async for`; the last TokenOut has `finish_reason` set. Closing the iterator early
+        (`aclose()`, break out of `async with aclosing(...)`, task cancellation) aborts the request.
+        """
+        self._engine.check_prompt(prompt_ids)  # InvalidRequestError now, before any streaming starts
+        out: asyncio.Queue[_Delivery] = asyncio.Queue()
+        with self._lock:
+            if self._stats.waiting + self._pending_adds >= self.config.max_waiting:
+                raise QueueFullError(f"{self.config.max_waiting} requests are already waiting")
+            self._pending_adds += 1
+        self._inbox.put(_Add(request_id, tuple(prompt_ids), params, out))
+        return self._stream(request_id, out)
+
+    async def _stream(self, request_id: str, out: asyncio.Queue[_Delivery]) -> AsyncIterator[TokenOut]:
+        finished = False
+        try:
+            while True:
+                item = await out.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                if item.finish_reason is not None:
+                    finished = True
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self._inbox.put(_Abort(request_id))
+
+    # ---- engine thread -----------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self._engine
+        while True:
+            commands = [self._inbox.get()] if not engine.has_unfinished() else []
+            while True:
+                try:
+                    commands.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            if any(isinstance(c, _Stop) for c in commands):
+                self._abort_all(EngineStoppedError("the engine was stopped"), commands)
+                self._publish()
+                return
+            for command in commands:
+                self._apply(command)
+            self._publish()
+            if not engine.has_unfinished():
+                continue
+            try:
+                outputs = engine.step()
+            except Exception as exc:  # a model failure: fail the requests in flight, keep serving
+                self._abort_all(EngineStoppedError(f"engine step failed: {exc!r}"), [])
+                self._publish()
+                continue
+            self._publish()
+            for output in outputs:
+                self._deliver(output.request_id, output.token)
+                if output.token.finish_reason is not None:
+                    del self._outputs[output.request_id]
+
+    def _apply(self, command: _Add | _Abort | _Stop) -> None:
+        if isinstance(command, _Add):
+            with self._lock:
+                self._pending_adds -= 1
+            try:
+                self._engine.add_request(command.request_id, command.prompt_ids, command.params)
+            except Exception as exc:
+                self._post(command.out, exc)
+                return
+            self._outputs[command.request_id] = command.out
+        elif isinstance(command, _Abort) and self._outputs.pop(command.request_id, None) is not None:
+            self._engine.abort_request(command.request_id)
+
+    def _publish(self) -> None:
+        stats = self._engine.stats()
+        with self._lock:
+            self._stats = stats
+
+    def _deliver(self, request_id: str, item: _Delivery) -> None:
+        out = self._outputs.get(request_id)
+        if out is not None:
+            self._post(out, item)
+
+    def _post(self, out: asyncio.Queue[_Delivery], item: _Delivery) -> None:
+        assert self._loop is not None
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(out.put_nowait, item)
+
+    def _abort_all(self, error: EngineStoppedError, commands: list[_Add | _Abort | _Stop]) -> None:
+        """Fail every request in flight or still in the inbox, and free their blocks."""
+        for command in commands:
+            if isinstance(command, _Add):
+                with self._lock:
+                    self._pending_adds -= 1
+                self._post(command.out, error)
+        for request_id in list(self._outputs):
+            self._engine.abort_request(request_id)
+            self._post(self._outputs.pop(request_id), error)

@@ -1,0 +1,45 @@
+"""Engine configuration: pool geometry, batching limits and the attention backend choice."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+_ATTENTION = ("auto", "sdpa", "flash")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    block_size: int = 16  # 16 on CPU; 256 (a multiple of 256) with flash-attn
+    num_blocks: int = 1024
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 2048
+    attention: Literal["auto", "sdpa", "flash"] = "auto"
+    device: str = "cpu"
+    max_waiting: int = 256
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        for name in (
+            "block_size",
+            "num_blocks",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_model_len",
+            "max_waiting",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
+        if self.attention not in _ATTENTION:
+            raise ValueError(f"EngineConfig.attention must be one of {_ATTENTION}, got {self.attention!r}")
+        if self.num_blocks * self.block_size < self.max_model_len:
+            raise ValueError(
+                f"the pool ({self.num_blocks} blocks x {self.block_size}) cannot hold one sequence of "
+                f"max_model_len={self.max_model_len}"
+            )
+
+    @staticmethod
+    def default_block_size(uses_flash_attn: bool) -> int:
+        return 256 if uses_flash_attn else 16

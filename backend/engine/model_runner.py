@@ -1,0 +1,86 @@
+"""The model runner: turns a scheduled step into batch tensors, runs the model over the KV pool, samples.
+
+The step's new tokens are flattened across sequences (prefill chunks and decodes mixed); each sequence's
+next token is sampled only when its chunk reaches the end of its tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+import torch
+
+from backend.attention.backend import AttentionBackend
+from backend.attention.context import AttentionContext
+from backend.engine.block_pool import BlockPool
+from backend.engine.sampling import sample
+from backend.engine.scheduler import ScheduledSeq
+from backend.model.llama import LlamaModel
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, pool: BlockPool, attention: AttentionBackend) -> None:
+        self.model = model
+        self.pool = pool
+        self.attention = attention
+        self.device = model.device
+
+    def build_context(self, batch: Seq[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionContext]:
+        """token_ids [T], positions [T] and the attention context of a step."""
+        bs = self.pool.block_size
+        token_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_start = [0]
+        context_lens: list[int] = []
+        for item in batch:
+            seq, start, end = item.seq, item.start, item.start + item.num_new_tokens
+            assert len(seq.block_table) * bs >= end, f"{seq} lacks blocks for {end} tokens"
+            token_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            query_start.append(query_start[-1] + item.num_new_tokens)
+            context_lens.append(end)
+        max_blocks = max(len(item.seq.block_table) for item in batch)
+        block_tables = [
+            item.seq.block_table + [0] * (max_blocks - len(item.seq.block_table)) for item in batch
+        ]
+        dev = self.device
+        ctx = AttentionContext(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            block_tables=torch.tensor(block_tables, dtype=torch.int32, device=dev),
+            context_lens=torch.tensor(context_lens, dtype=torch.int32, device=dev),
+            query_start_loc=torch.tensor(query_start, dtype=torch.int32, device=dev),
+            query_lens=tuple(item.num_new_tokens for item in batch),
+            context_lens_host=tuple(context_lens),
+            block_size=bs,
+        )
+        return (
+            torch.tensor(token_ids, dtype=torch.int64, device=dev),
+            torch.tensor(positions, dtype=torch.int64, device=dev),
+            ctx,
+        )
+
+    @torch.inference_mode()
+    def compute_logits(self, batch: Seq[ScheduledSeq]) -> torch.Tensor:
+        """fp32 logits [N, vocab] for the sequences whose chunk reaches their end (in batch order)."""
+        token_ids, positions, ctx = self.build_context(batch)
+        plan = self.attention.plan(ctx)
+        k_caches, v_caches, backend = self.pool.k_caches, self.pool.v_caches, self.attention
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return backend.forward(q, k, v, k_caches[layer], v_caches[layer], plan)
+
+        hidden = self.model(token_ids, positions, attend)  # [T, hidden] fp32
+        ends = ctx.query_start_loc.tolist()[1:]
+        last = [end - 1 for item, end in zip(batch, ends, strict=True) if item.samples]
+        rows = hidden[torch.tensor(last, dtype=torch.int64, device=self.device)]  # [N, hidden]
+        return self.model.compute_logits(rows)  # [N, vocab]
+
+    def run(self, batch: Seq[ScheduledSeq]) -> list[int | None]:
+        """One step: the sampled token per scheduled sequence, None for a prefill chunk short of the end."""
+        logits = self.compute_logits(batch)
+        samplers = [item.seq for item in batch if item.samples]
+        tokens = iter(sample(logits, [s.params for s in samplers], [s.generator for s in samplers]))
+        return [next(tokens) if item.samples else None for item in batch]

@@ -1,0 +1,34 @@
+"""What the engine hands back: one TokenOut per generated token, and a stats snapshot for /metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True, slots=True)
+class TokenOut:
+    """One generated token. On a "stop" finish, `token_id` is the stop/EOS token itself (not to be rendered)."""
+
+    token_id: int
+    finish_reason: Literal["stop", "length"] | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    request_id: str
+    token: TokenOut
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    running: int
+    waiting: int
+    blocks_total: int
+    blocks_free: int  # allocatable now: empty plus cached-but-unused blocks
+    blocks_cached: int  # blocks carrying a prefix hash, in use or free
+    prefix_hit_tokens_total: int
+    prefill_tokens_total: int
+    generated_tokens_total: int

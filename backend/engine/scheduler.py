@@ -1,0 +1,129 @@
+"""The scheduler: which sequences advance this step and by how many tokens.
+
+Policy (vLLM v1 style, one token budget for prefill and decode alike): running sequences first, in
+arrival order, each taking what it still needs (1 token for a decode, the rest of its prompt in chunks
+for a prefill); then waiting sequences while the budget, `max_num_seqs` and the pool allow. When a
+running sequence cannot get a block, the most recently admitted running sequence is preempted by
+recompute: its blocks are freed and it goes back to the front of the waiting queue (its full blocks stay
+cached, so the recompute is often a prefix hit). No new admissions happen in a step that preempted.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from backend.engine.config import EngineConfig
+from backend.engine.kv_cache_manager import KVCacheManager
+from backend.engine.sequence import FinishReason, Sequence, SequenceStatus
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int
+    start: int  # num_computed_tokens when scheduled: the first new token's position
+
+    @property
+    def samples(self) -> bool:
+        """Whether this chunk reaches the end of the sequence, so its last logits give the next token."""
+        return self.start + self.num_new_tokens == self.seq.num_tokens
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, kv: KVCacheManager, eos_token_ids: frozenset[int]) -> None:
+        self.config = config
+        self.kv = kv
+        self.eos_token_ids = eos_token_ids
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.prefix_hit_tokens_total = 0
+        self.num_preemptions_total = 0
+
+    def add(self, seq: Sequence) -> None:
+        assert seq.status is SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[ScheduledSeq]:
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[ScheduledSeq] = []
+        preempted = False
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            assert num_new > 0, f"running {seq} has nothing to compute"
+            while not self.kv.allocate(seq, num_new):
+                victim = self.running.pop()  # the most recently admitted; never one scheduled above
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            else:
+                scheduled.append(ScheduledSeq(seq, num_new, seq.num_computed_tokens))
+                budget -= num_new
+                index += 1
+        if preempted:
+            return scheduled
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            cached = self.kv.match_prefix(seq)
+            num_cached = len(cached) * self.kv.block_size
+            num_new = min(seq.num_tokens - num_cached, budget)
+            if not self.kv.allocate(seq, num_new, cached):
+                break
+            self.waiting.popleft()
+            if not seq.admitted:
+                seq.admitted = True
+                seq.num_cached_tokens = num_cached
+            self.prefix_hit_tokens_total += num_cached
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            scheduled.append(ScheduledSeq(seq, num_new, seq.num_computed_tokens))
+            budget -= num_new
+        return scheduled
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.kv.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions_total += 1
+        self.waiting.appendleft(seq)
+
+    def postprocess(self, scheduled: Iterable[ScheduledSeq], sampled: Iterable[int | None]) -> list[Sequence]:
+        """Advance computed counts, register full blocks, append sampled tokens; returns sequences that got one."""
+        advanced: list[Sequence] = []
+        for item, token in zip(scheduled, sampled, strict=True):
+            seq = item.seq
+            seq.num_computed_tokens = item.start + item.num_new_tokens
+            self.kv.cache_full_blocks(seq, item.start)
+            if token is None:
+                continue
+            seq.token_ids.append(token)
+            advanced.append(seq)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self.finish(seq, reason)
+        return advanced
+
+    def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        params = seq.params
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+            return "stop"
+        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.config.max_model_len:
+            return "length"
+        return None
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """Finish (or abort) a sequence wherever it is and free its blocks."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        self.kv.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason

@@ -1,0 +1,52 @@
+"""Rotary position embedding for both Q/K layouts, with optional Llama 3.1 frequency scaling.
+
+Hugging Face checkpoints pair dimension d with d + D/2 (`rotate_half`); GGUF files as stored pair (2d, 2d+1)
+(the loader un-permutes them to the HF layout, but `rope_interleaved` keeps the stored layout usable).
+cos/sin are computed per step from the positions (no max-length table) and the rotation runs in fp32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from backend.model.config import Llama3RopeScaling
+
+
+def inv_frequencies(head_dim: int, theta: float, scaling: Llama3RopeScaling | None) -> torch.Tensor:
+    """[D/2] fp32 angular frequencies, Llama 3.1 scaled when configured (HF `rope_type: llama3`)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    if scaling is not None:
+        original = scaling.original_max_position_embeddings
+        low_wavelen = original / scaling.low_freq_factor
+        high_wavelen = original / scaling.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+        smooth = (original / wavelen - scaling.low_freq_factor) / (
+            scaling.high_freq_factor - scaling.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv_freq = torch.where(medium, smoothed, scaled)
+    return inv_freq.float()
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # positions: [T] int64; inv_freq: [D/2] fp32
+    freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # [T, D/2]
+    return freqs.cos()[:, None, :], freqs.sin()[:, None, :]  # [T, 1, D/2] each
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """Rotate q or k in fp32; returns x's dtype."""
+    # x: [T, heads, D]; cos, sin: [T, 1, D/2]
+    xf = x.float()
+    if interleaved:
+        x1, x2 = xf[..., 0::2], xf[..., 1::2]  # [T, heads, D/2]: pairs (2d, 2d + 1)
+        out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    else:
+        half = xf.shape[-1] // 2
+        x1, x2 = xf[..., :half], xf[..., half:]  # pairs (d, d + D/2)
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return out.to(x.dtype)

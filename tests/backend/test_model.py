@@ -1,0 +1,81 @@
+"""LlamaModel: weight loading by HF names, fp32 residual/logits with bf16 weights, both RoPE layouts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from backend.model.config import Llama3RopeScaling
+from backend.model.llama import LlamaModel
+from backend.model.rope import inv_frequencies
+from tests.backend.tiny import tiny_config, tiny_model, tiny_weights
+
+TOKENS = torch.tensor([3, 141, 59, 26, 5, 35, 89, 79, 32, 38])
+
+
+def test_reference_logits_are_fp32_and_causal() -> None:
+    model = tiny_model()
+    logits = model.reference_logits(TOKENS)
+    assert logits.shape == (10, 256) and logits.dtype == torch.float32
+    torch.testing.assert_close(model.reference_logits(TOKENS[:6]), logits[:6], atol=1e-5, rtol=0)
+
+
+def test_bf16_weights_keep_an_fp32_residual_and_fp32_logits() -> None:
+    fp32 = tiny_model().reference_logits(TOKENS)
+    bf16_model = tiny_model(dtype=torch.bfloat16)
+    bf16 = bf16_model.reference_logits(TOKENS)
+    assert bf16_model.embed_tokens.weight.dtype == torch.bfloat16
+    assert bf16.dtype == torch.float32
+    # fp32 logits: no bf16 rounding grid (a bf16 output would repeat values at ~3 significant digits)
+    assert bf16.unique().numel() > 0.99 * bf16.numel()
+    assert (bf16 - fp32).abs().max() < 0.25
+
+
+def test_untied_head_uses_lm_head_weight() -> None:
+    tied = tiny_model(tie_word_embeddings=True).reference_logits(TOKENS)
+    untied = tiny_model(tie_word_embeddings=False).reference_logits(TOKENS)
+    assert untied.shape == tied.shape and not torch.allclose(tied, untied)
+
+
+def test_load_weights_rejects_missing_unexpected_and_misshapen() -> None:
+    config = tiny_config()
+    weights = tiny_weights(config)
+    model = LlamaModel(config, dtype=torch.float32)
+    with pytest.raises(ValueError, match="missing"):
+        model.load_weights({k: v for k, v in weights.items() if k != "model.norm.weight"})
+    with pytest.raises(ValueError, match="unexpected"):
+        model.load_weights({**weights, "model.layers.9.mlp.up_proj.weight": torch.zeros(1)})
+    with pytest.raises(ValueError, match="shape"):
+        model.load_weights({**weights, "model.norm.weight": torch.ones(3)})
+    model.load_weights({**weights, "model.layers.0.self_attn.rotary_emb.inv_freq": torch.zeros(8)})
+
+
+def _gguf_permute(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's convert permutation of Q/K rows (rotate-half pairs -> adjacent pairs)."""
+    rows, cols = weight.shape
+    return weight.reshape(heads, 2, rows // heads // 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def test_interleaved_rope_on_permuted_weights_equals_rotate_half() -> None:
+    config = tiny_config()
+    weights = tiny_weights(config)
+    permuted = dict(weights)
+    for name, tensor in weights.items():
+        if name.endswith("q_proj.weight"):
+            permuted[name] = _gguf_permute(tensor, config.num_heads)
+        elif name.endswith("k_proj.weight"):
+            permuted[name] = _gguf_permute(tensor, config.num_kv_heads)
+    interleaved = LlamaModel(dataclasses.replace(config, rope_interleaved=True), dtype=torch.float32)
+    interleaved.load_weights(permuted)
+    torch.testing.assert_close(
+        interleaved.reference_logits(TOKENS), tiny_model().reference_logits(TOKENS), atol=1e-4, rtol=0
+    )
+
+
+def test_llama3_rope_scaling_slows_only_low_frequencies() -> None:
+    plain = inv_frequencies(64, 500000.0, None)
+    scaled = inv_frequencies(64, 500000.0, Llama3RopeScaling(8.0, 1.0, 4.0, 8192))
+    assert scaled[0] == plain[0]
+    torch.testing.assert_close(scaled[-1], plain[-1] / 8.0)

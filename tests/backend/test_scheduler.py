@@ -1,0 +1,92 @@
+"""Scheduler: chunked prefill within the token budget, preemption by recompute, no lost requests or blocks."""
+
+from __future__ import annotations
+
+import torch
+
+from backend.engine.block_pool import BlockPool
+from backend.engine.config import EngineConfig
+from backend.engine.kv_cache_manager import KVCacheManager
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling import SamplingParams
+from backend.engine.scheduler import Scheduler
+from backend.engine.sequence import Sequence, SequenceStatus
+from tests.backend.tiny import tiny_model
+
+GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+
+
+def make_scheduler(num_blocks: int, budget: int, block_size: int = 4, max_num_seqs: int = 8) -> Scheduler:
+    config = EngineConfig(
+        block_size=block_size,
+        num_blocks=num_blocks,
+        max_num_batched_tokens=budget,
+        max_num_seqs=max_num_seqs,
+        max_model_len=num_blocks * block_size,
+    )
+    pool = BlockPool(num_blocks, block_size, 1, 1, 2, torch.float32, "cpu")
+    return Scheduler(config, KVCacheManager(pool), frozenset())
+
+
+def run_step(scheduler: Scheduler) -> list[tuple[str, int]]:
+    """Schedule and pretend the model ran: sample token 7 for every sequence that reached its end."""
+    batch = scheduler.schedule()
+    scheduler.postprocess(batch, [7 if item.samples else None for item in batch])
+    return [(item.seq.request_id, item.num_new_tokens) for item in batch]
+
+
+def test_chunked_prefill_respects_the_token_budget() -> None:
+    scheduler = make_scheduler(num_blocks=32, budget=10)
+    scheduler.add(Sequence("long", list(range(25)), GREEDY))
+    scheduler.add(Sequence("short", [1, 2, 3], GREEDY))
+    steps = [run_step(scheduler) for _ in range(4)]
+    assert steps[0] == [("long", 10)]
+    assert steps[1] == [("long", 10)]
+    assert steps[2] == [
+        ("long", 5),
+        ("short", 3),
+    ]  # the prompt's rest, then the next request fills the budget
+    assert steps[3] == [("long", 1), ("short", 1)]  # both decode
+    assert all(sum(n for _, n in step) <= 10 for step in steps)
+
+
+def test_max_num_seqs_caps_the_running_set() -> None:
+    scheduler = make_scheduler(num_blocks=32, budget=100, max_num_seqs=2)
+    for i in range(3):
+        scheduler.add(Sequence(f"r{i}", [1, 2], GREEDY))
+    assert [rid for rid, _ in run_step(scheduler)] == ["r0", "r1"]
+    assert len(scheduler.waiting) == 1
+
+
+def test_preemption_frees_the_newest_sequence_and_requeues_it_first() -> None:
+    scheduler = make_scheduler(num_blocks=4, budget=100)
+    a = Sequence("a", [1, 2, 3, 4, 5, 6, 7], GREEDY)  # 2 blocks
+    b = Sequence("b", [9, 9, 9, 9, 9, 9, 9], GREEDY)  # 2 blocks
+    scheduler.add(a)
+    scheduler.add(b)
+    run_step(scheduler)  # both prefill 7 tokens (2 blocks each, pool full) and sample an 8th
+    assert scheduler.kv.pool.num_free_blocks == 0
+    assert run_step(scheduler) == [("a", 1), ("b", 1)]  # position 7 still fits in block 2
+    batch = run_step(scheduler)  # a's position 8 needs a third block: b, the newest, is preempted
+    assert batch == [("a", 1)]
+    assert b.status is SequenceStatus.WAITING and scheduler.waiting[0] is b
+    assert b.block_table == [] and b.num_computed_tokens == 0 and b.num_output_tokens == 2
+    assert scheduler.num_preemptions_total == 1
+
+
+def test_pool_too_small_for_all_requests_completes_each_like_alone() -> None:
+    model = tiny_model()
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (30, 45, 12, 60, 25, 38)]
+    alone = [
+        LLMEngine(model, EngineConfig(num_blocks=64, max_model_len=256), frozenset()).generate([p], GREEDY)[0]
+        for p in prompts
+    ]
+    engine = LLMEngine(
+        model, EngineConfig(num_blocks=12, max_num_batched_tokens=64, max_model_len=192), frozenset()
+    )
+    together = engine.generate(prompts, GREEDY)
+    assert together == alone
+    assert engine.scheduler.num_preemptions_total > 0
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks
+    assert engine.stats().running == engine.stats().waiting == 0
