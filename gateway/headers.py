@@ -24,10 +24,11 @@ def entry_headers(entry: Entry, *, tag_targets: Sequence[str]) -> tuple[dict[str
     """
     targets = tuple(tag_targets)
     cached = entry.header_cache.get(targets)
-    if cached is None:
-        cached = entry.header_cache[targets] = _entry_headers(entry, targets)
-    headers, truncated = cached  # type: ignore[misc]
-    return dict(headers), truncated
+    if not isinstance(cached, tuple):
+        cached = _entry_headers(entry, targets)
+        entry.header_cache[targets] = cached
+    headers, truncated = cached
+    return dict(headers), int(truncated)
 
 
 def _entry_headers(entry: Entry, tag_targets: Sequence[str]) -> tuple[dict[str, str], int]:

@@ -24,7 +24,6 @@ from typing import Any
 from gateway.state import GatewayState
 
 Alive = Callable[[], bool]
-_REGISTRY = "tokenedge.stream_flights"
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,12 +184,8 @@ class StreamFlights:
 
 
 def stream_flights(state: GatewayState) -> StreamFlights:
-    """The process's stream registry, kept in `state.extensions` (built on first use, never at import)."""
-    flights = state.extensions.get(_REGISTRY)
-    if not isinstance(flights, StreamFlights):
-        flights = StreamFlights()
-        state.extensions[_REGISTRY] = flights
-    return flights
+    """The process's stream registry (a typed field of the app state, built with it)."""
+    return state.stream_flights
 
 
 def _retrieve(future: asyncio.Future[Head]) -> None:

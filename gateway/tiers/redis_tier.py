@@ -106,7 +106,7 @@ class RedisTier:
             for key, value in zip(keys, values, strict=True):
                 for future in batch[key]:
                     if not future.done():
-                        future.set_result(value)
+                        future.set_result(value if isinstance(value, bytes | None) else str(value).encode())
 
     async def set(self, entry: Entry) -> None:
         expire_ms = max(1, int((entry.expires_at() - self._clock()) * 1000))
@@ -137,7 +137,7 @@ class RedisTier:
             return 0, []
 
         async def purge() -> tuple[int, list[str]]:
-            members = await self._client.sunion(*tag_keys)
+            members = await self._client.sunion(tag_keys)
             keys = sorted(m.decode() if isinstance(m, bytes) else m for m in members)
             pipe = self._client.pipeline(transaction=False)
             if keys:

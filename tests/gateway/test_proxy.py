@@ -9,7 +9,7 @@ from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import FakeClock, RunningGateway
 
 
-async def post_chat(gw: RunningGateway, body: dict | None = None, headers: dict | None = None):  # noqa: ANN201
+async def post_chat(gw: RunningGateway, body: dict | None = None, headers: dict | None = None):
     return await gw.client.post("/v1/chat/completions", json=body or CHAT, headers=headers or AUTH_A)
 
 
