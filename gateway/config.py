@@ -120,6 +120,23 @@ class StreamConfig:
         _require(self.replay_delay_s >= 0, "stream.replay_delay_s must be >= 0")
 
 
+@dataclass(frozen=True, slots=True)
+class TokensConfig:
+    enabled: bool = True  # count tokens on misses and bypasses when the model's tokenizer is known
+    cache_max_bytes: int = 64 * 1024 * 1024  # the request-level token-id cache
+    cache_dir: str = ""  # tokenizers fetched from the backend; empty: ~/.cache/tokenedge/tokenizers
+    phrases_file: str = ""  # JSON array of hot phrases (whole lines) spliced with precomputed ids
+    binary_transport: bool = True  # send misses as int32 ids to a backend that advertises "binary"
+    tokens_per_minute: int = 0  # per tenant; 0 disables the token-rate limit
+    burst_tokens: int = 0  # bucket size; 0: tokens_per_minute
+    openai_models: bool = True  # count OpenAI models (cl100k_base, offline) for the rate limit
+
+    def __post_init__(self) -> None:
+        _require(self.cache_max_bytes >= 0, "tokens.cache_max_bytes must be >= 0")
+        _require(self.tokens_per_minute >= 0, "tokens.tokens_per_minute must be >= 0")
+        _require(self.burst_tokens >= 0, "tokens.burst_tokens must be >= 0")
+
+
 def _default_routes() -> dict[str, RouteConfig]:
     return {endpoint: RouteConfig() for endpoint in CACHEABLE_ENDPOINTS}
 
@@ -130,6 +147,7 @@ class GatewayConfig:
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
+    tokens: TokensConfig = field(default_factory=TokensConfig)
     routes: Mapping[str, RouteConfig] = field(default_factory=_default_routes)
 
     def __post_init__(self) -> None:
@@ -142,7 +160,7 @@ class GatewayConfig:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> GatewayConfig:
-        unknown = set(data) - {"server", "upstream", "cache", "stream", "routes"}
+        unknown = set(data) - {"server", "upstream", "cache", "stream", "tokens", "routes"}
         _require(not unknown, f"unknown config sections: {', '.join(sorted(unknown))}")
         routes_raw = data.get("routes", {})
         _require(isinstance(routes_raw, Mapping), "routes must be a table")
@@ -151,6 +169,7 @@ class GatewayConfig:
             upstream=_build(UpstreamConfig, data.get("upstream", {}), "upstream"),
             cache=_build(CacheConfig, data.get("cache", {}), "cache"),
             stream=_build(StreamConfig, data.get("stream", {}), "stream"),
+            tokens=_build(TokensConfig, data.get("tokens", {}), "tokens"),
             routes={name: _build(RouteConfig, raw, f"routes.{name}") for name, raw in routes_raw.items()},
         )
 
@@ -169,7 +188,7 @@ def load_config(path: str | Path | None = None, environ: Mapping[str, str] | Non
 
 
 _SECTIONS: dict[str, type] = {"server": ServerConfig, "upstream": UpstreamConfig, "cache": CacheConfig,
-                              "stream": StreamConfig}
+                              "stream": StreamConfig, "tokens": TokensConfig}
 
 
 def _apply_env(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:

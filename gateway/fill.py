@@ -36,6 +36,7 @@ class FillRequest:
     path_qs: str
     headers: Mapping[str, str]
     body: bytes
+    via: Any = None  # a per-request upstream seam (gateway.tokens: budgets, binary transport); None: plain
 
 
 def completion_facts(body: bytes) -> tuple[list[str | None], Mapping[str, Any] | None] | None:
@@ -54,7 +55,7 @@ def completion_facts(body: bytes) -> tuple[list[str | None], Mapping[str, Any] |
 
 async def fill(state: GatewayState, req: FillRequest) -> FillResult:
     started = time.perf_counter()
-    resp = await state.upstream.request("POST", req.path_qs, req.headers, req.body)
+    resp = await (req.via or state.upstream).request("POST", req.path_qs, req.headers, req.body)
     state.metrics.upstream_duration.labels(req.endpoint).observe(time.perf_counter() - started)
     facts = completion_facts(resp.body) if resp.status == 200 else None
     encoded = resp.headers.get("Content-Encoding", "identity").lower() not in ("identity", "")

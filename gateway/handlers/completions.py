@@ -26,6 +26,7 @@ from gateway.memo import ParsedRequest
 from gateway.policy import Bypass, Freshness, Lookup, decide, freshness, satisfies
 from gateway.state import STATE, GatewayState
 from gateway.timing import lap, start_timer
+from gateway.tokens.path import check_bypass, upstream_for
 from gateway.streaming.handler import serve_stream
 from gateway.streaming.replay import wants_usage
 from gateway.upstream import forward_headers, relay_headers
@@ -120,6 +121,7 @@ def make_handler(endpoint: str):
 
 async def bypass(request: web.Request, state: GatewayState, prep: Prepared, reason: str) -> web.StreamResponse:
     fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=False)
+    await check_bypass(state, prep.endpoint, prep.body, request.headers, fwd)  # context length, token budget
     return await relay(request, state, method="POST", path_qs=request.path_qs, headers=fwd, body=prep.raw,
                        extra_headers={hdr.CACHE_STATUS: hdr.bypass_status(reason),
                                       "Cache-Control": hdr.BYPASS_CACHE_CONTROL})
@@ -137,7 +139,8 @@ async def streamed(request: web.Request, state: GatewayState, prep: Prepared,
     key = cache_key(request, state, prep, revision)
     if fwd is None:  # the tee forwards these to the upstream on a miss
         fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
-    fill_req = FillRequest(prep.endpoint, key, model, revision, lookup.ttl_s, request.path_qs, fwd, prep.raw)
+    fill_req = FillRequest(prep.endpoint, key, model, revision, lookup.ttl_s, request.path_qs, fwd, prep.raw,
+                           upstream_for(state, prep.endpoint, prep.body, request.headers))
     return await serve_stream(request, state, fill_req, lookup, prep.directives,
                               include_usage=wants_usage(prep.body))
 
@@ -190,7 +193,8 @@ async def lookup_or_fill(request: web.Request, state: GatewayState, prep: Prepar
         raise NotCached("only-if-cached: no fresh cached answer for this request")
     if fwd is None:
         fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
-    fill_req = FillRequest(prep.endpoint, key, model, revision, lookup.ttl_s, request.path_qs, fwd, prep.raw)
+    fill_req = FillRequest(prep.endpoint, key, model, revision, lookup.ttl_s, request.path_qs, fwd, prep.raw,
+                           upstream_for(state, prep.endpoint, prep.body, request.headers))
     try:
         outcome, leader = await state.flights.do(key.key, lambda: fill(state, fill_req))
         lap(request, "upstream")

@@ -38,7 +38,7 @@ async def tee(state: GatewayState, flight: StreamFlight, req: FillRequest) -> No
     last, outcome = error_frame("the upstream stream was interrupted", type_="upstream_error",
                                 code="bad_gateway"), Reason.INCOMPLETE.value
     try:
-        async with state.upstream.open("POST", req.path_qs, req.headers, req.body) as resp:
+        async with (req.via or state.upstream).open("POST", req.path_qs, req.headers, req.body) as resp:
             event_stream = resp.headers.get("Content-Type", "").startswith("text/event-stream")
             if resp.status != 200 or not event_stream:
                 body = await resp.read()

@@ -1,0 +1,101 @@
+"""`POST /v1/tokens/generate`: the binary token transport (`application/vnd.tokenedge.tokens`).
+
+The gateway has already tokenized the prompt with this model's own tokenizer (it checked the version), so the
+body carries int32 ids instead of text; this handler validates them (vocabulary, lengths, framing: any bad
+body is a 400, never a crash), runs the same choices as the JSON path and streams text events back as
+length-prefixed JSON frames (gateway/tokens/wire.py). The gateway renders the OpenAI body from them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from array import array
+
+from aiohttp import web
+
+from backend.engine.errors import EngineError
+from backend.server.completions import _sampling_params
+from backend.server.errors import ApiError, bad_request, translate_engine_error
+from backend.server.generation import Usage, run_choices
+from backend.server.protocol import parse_request
+from backend.server.state import ENGINE_KEY, LIMITS_KEY, METRICS_KEY, MODEL_KEY, ServedModel
+from gateway.tokens.wire import EVENTS_TYPE, REQUEST_TYPE, WireError, decode_request, frame
+
+PATH = "/v1/tokens/generate"
+ENDPOINTS = ("chat", "completion")
+
+
+def register(app: web.Application) -> None:
+    app.router.add_post(PATH, generate)
+
+
+def check_ids(ids: array[int], model: ServedModel) -> None:
+    """Every id must be a token of this model's vocabulary (not a placeholder for an untokenizable byte)."""
+    tokenizer = model.tokenizer
+    if not ids:
+        raise bad_request("the token array is empty", "prompt")
+    low, high = min(ids), max(ids)
+    if low < 0 or high >= tokenizer.vocab_size:
+        bad = low if low < 0 else high
+        raise bad_request(f"token id {bad} is outside the vocabulary [0, {tokenizer.vocab_size})", "prompt")
+    placeholders = tokenizer._placeholders
+    if placeholders and not placeholders.isdisjoint(ids):
+        raise bad_request("the token array holds ids that are not tokens of this model", "prompt")
+    if len(ids) >= model.max_model_len:
+        raise bad_request(
+            f"the prompt has {len(ids)} tokens; this model's maximum context length is {model.max_model_len}",
+            "prompt", code="context_length_exceeded")
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    model, limits = app[MODEL_KEY], app[LIMITS_KEY]
+    if request.content_type != REQUEST_TYPE:
+        raise ApiError(415, f"the body must be {REQUEST_TYPE}", code="unsupported_media_type")
+    try:
+        header, ids = decode_request(await request.read())
+    except WireError as exc:
+        raise bad_request(str(exc)) from None
+    endpoint, params = header.get("endpoint"), header.get("params")
+    if endpoint not in ENDPOINTS or not isinstance(params, dict):
+        raise bad_request("the header needs 'endpoint' (chat or completion) and a 'params' object")
+    if header.get("tokenizer") != model.tokenizer.version:
+        raise ApiError(409, f"these ids are for tokenizer {header.get('tokenizer')!r}, this model uses "
+                            f"{model.tokenizer.version!r}", code="tokenizer_mismatch")
+    req = parse_request({**params, "prompt": [0]}, "completion", limits.max_n)  # sampling params, same checks
+    if req.model is not None and req.model != model.id:
+        raise ApiError(404, f"the model '{req.model}' does not exist", type="not_found_error", param="model",
+                       code="model_not_found")
+    check_ids(ids, model)
+    prompt_ids = ids.tolist()
+    sampling = _sampling_params(req, len(prompt_ids), model, limits)
+    prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
+    meta = {"id": f"{prefix}-{uuid.uuid4().hex}", "created": int(time.time()), "model": model.id,
+            "system_fingerprint": model.revision}
+    usage = Usage()
+    events = run_choices(app[ENGINE_KEY].generate, model.tokenizer, prompt_ids, sampling, req.stop, meta["id"],
+                         usage, on_first_token=app[METRICS_KEY].ttft_seconds.observe)
+    async with contextlib.aclosing(events):
+        try:
+            first = await anext(events)
+        except EngineError as exc:
+            raise translate_engine_error(exc, limits.retry_after_s) from exc
+        response = web.StreamResponse(headers={"Content-Type": EVENTS_TYPE, "X-Accel-Buffering": "no"})
+        await response.prepare(request)
+        try:
+            await response.write(frame({"meta": meta}))
+            event = first
+            while event is not None:
+                await response.write(frame({"i": event.index, "t": event.text, "f": event.finish_reason}))
+                event = await anext(events, None)
+            await response.write(frame({"usage": usage.as_dict()}))
+            await response.write_eof()
+        except ConnectionResetError:
+            pass  # the gateway went away: leaving closes `events`, which aborts the engine requests
+        except EngineError as exc:
+            error = translate_engine_error(exc, 1)
+            with contextlib.suppress(ConnectionResetError):
+                await response.write(frame({"error": error.body(), "status": error.status}))
+        return response

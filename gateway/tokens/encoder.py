@@ -1,0 +1,140 @@
+"""One model's encoder with the request-level cache and phrase splicing in front of tiktoken.
+
+`encode(text)` equals the backend's `Tokenizer.encode(text)` (special-token text becomes the special token,
+ids the model has no token for are dropped). Special tokens always split a tiktoken encode, so a text is
+encoded as its special-free segments plus the special ids; a chat is rendered with the model's template and
+its segments (one per message, between `<|im_start|>`/`<|im_end|>`-style specials) are cached one by one,
+so a system prompt shared by many conversations is encoded once.
+"""
+
+from __future__ import annotations
+
+import re
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from gateway.tokens.cache import TokenCache
+from gateway.tokens.registry import TokenizerSpec
+from gateway.tokens.splice import SPLICE_SAFE_PATTERNS, PhraseRejected, PhraseTable
+
+
+class Unrenderable(ValueError):
+    """A chat the gateway cannot render exactly as the backend would (the request goes as JSON, uncounted)."""
+
+
+def chat_messages(messages: Any) -> list[dict[str, Any]]:
+    """The messages as the backend's protocol hands them to the template (content parts joined)."""
+    if not isinstance(messages, list) or not messages:
+        raise Unrenderable("messages must be a non-empty array")
+    out = []
+    for message in messages:
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            raise Unrenderable("a message without a role")
+        content = message.get("content")
+        if content is None:
+            content = ""
+        elif isinstance(content, list):
+            if not all(isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise Unrenderable("non-text content parts")
+            content = "".join(p["text"] for p in content)
+        elif not isinstance(content, str):
+            raise Unrenderable("content must be a string or text parts")
+        out.append({**message, "content": content})
+    return out
+
+
+class ModelEncoder:
+    def __init__(self, spec: TokenizerSpec, cache: TokenCache, phrases: Iterable[str] = ()) -> None:
+        self.spec = spec
+        self.version = spec.version
+        self._cache = cache
+        self._encoding = spec.encoding
+        self._specials: dict[str, int] = dict(spec.encoding._special_tokens)
+        names = sorted(self._specials, key=len, reverse=True)
+        self._special_re = re.compile("|".join(map(re.escape, names))) if names else None
+        self._phrases: PhraseTable | None = None
+        phrases = tuple(phrases)
+        if phrases and spec.encoding._pat_str in SPLICE_SAFE_PATTERNS:
+            table = []
+            for phrase in phrases:
+                try:
+                    PhraseTable([phrase], self._plain, names)
+                    table.append(phrase)
+                except PhraseRejected:
+                    continue
+            self._phrases = PhraseTable(table, self._plain, names)
+        self._template: Any = None
+        if spec.chat_template:
+            try:
+                from backend.tokenizer.chat_template import ChatTemplate  # jinja2: only where templates exist
+            except ImportError:
+                pass
+            else:
+                self._template = ChatTemplate(spec.chat_template, bos_token=spec.bos_token, eos_token=spec.eos_token)
+
+    @property
+    def splicing(self) -> bool:
+        return self._phrases is not None and bool(self._phrases.phrases)
+
+    def _plain(self, text: str) -> list[int]:
+        ids = self._encoding.encode_ordinary(text)
+        if self.spec.dropped_ids:
+            dropped = self.spec.dropped_ids
+            ids = [i for i in ids if i not in dropped]
+        return ids
+
+    def _ordinary(self, text: str) -> array[int]:
+        """A special-free segment: phrase-spliced when phrases are configured, else one tiktoken call."""
+        if self._phrases is not None:
+            return self._phrases.encode(text, self._plain)
+        return array("i", self._plain(text))
+
+    def encode_uncached(self, text: str) -> array[int]:
+        out = array("i")
+        pos = 0
+        for match in self._special_re.finditer(text) if self._special_re is not None else ():
+            if match.start() > pos:
+                out.extend(self._ordinary(text[pos:match.start()]))
+            out.append(self._specials[match.group()])
+            pos = match.end()
+        if pos < len(text):
+            out.extend(self._ordinary(text[pos:]))
+        return out
+
+    def encode(self, text: str) -> array[int]:
+        ids = self._cache.get(self.version, text)
+        if ids is None:
+            ids = self.encode_uncached(text)
+            self._cache.put(self.version, text, ids)
+        return ids
+
+    def render_chat(self, messages: Any) -> str:
+        if self._template is None:
+            raise Unrenderable("this model's chat template is not known to the gateway")
+        try:
+            return str(self._template.render(chat_messages(messages), add_generation_prompt=True))
+        except ValueError as exc:  # ChatTemplateError: the backend answers it with its own 400
+            raise Unrenderable(str(exc)) from None
+
+    def encode_chat(self, messages: Sequence[Any]) -> array[int]:
+        """Template, then one cached encode per special-free segment (each message's text)."""
+        text = self.render_chat(messages)
+        out = array("i")
+        pos = 0
+        for match in self._special_re.finditer(text) if self._special_re is not None else ():
+            if match.start() > pos:
+                out.extend(self.encode(text[pos:match.start()]))
+            out.append(self._specials[match.group()])
+            pos = match.end()
+        if pos < len(text):
+            out.extend(self.encode(text[pos:]))
+        return out
+
+    def count_chat_estimate(self, messages: Any) -> int:
+        """OpenAI chat models (no template here): content tokens + 3 per message + 3 priming (cookbook rule)."""
+        total = 3
+        for message in chat_messages(messages):
+            total += 3 + len(self.encode(message["content"])) + len(self.encode(message["role"]))
+        return total

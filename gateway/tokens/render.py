@@ -1,0 +1,82 @@
+"""Client-facing OpenAI bodies from binary-transport events, byte for byte what the backend's JSON path writes.
+
+The backend's JSON path (backend/server/completions.py) answers with `json.dumps(body)` (aiohttp's
+`json_response`) and streams `data: {compact, non-ASCII kept}` frames; these functions build the same bytes
+from the same events, so a greedy request answered over either transport reaches the client unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+JSON_CONTENT_TYPE = "application/json; charset=utf-8"
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
+               "X-Accel-Buffering": "no"}
+
+
+@dataclass(slots=True)
+class Rendering:
+    endpoint: str  # "chat" | "completion"
+    n: int
+    include_usage: bool
+    meta: dict[str, Any] = field(default_factory=dict)
+    texts: list[str] = field(default_factory=list)
+    finish: list[str | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.texts = [""] * self.n
+        self.finish = [None] * self.n
+
+    @property
+    def stream_object(self) -> str:
+        return "chat.completion.chunk" if self.endpoint == "chat" else "text_completion"
+
+    def add(self, event: dict[str, Any]) -> None:
+        i = event["i"]
+        self.texts[i] += event["t"]
+        self.finish[i] = event["f"] or self.finish[i]
+
+    def body(self, usage: dict[str, Any]) -> bytes:
+        if self.endpoint == "chat":
+            choices = [{"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None,
+                        "finish_reason": self.finish[i]} for i, t in enumerate(self.texts)]
+            obj = "chat.completion"
+        else:
+            choices = [{"index": i, "text": t, "logprobs": None, "finish_reason": self.finish[i]}
+                       for i, t in enumerate(self.texts)]
+            obj = "text_completion"
+        return json.dumps({**self.meta, "object": obj, "choices": choices, "usage": usage}).encode()
+
+    def _sse(self, payload: dict[str, Any]) -> bytes:
+        return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
+
+    def _chunk(self, choices: list[dict[str, Any]]) -> bytes:
+        extra = {"usage": None} if self.include_usage else {}
+        return self._sse({**self.meta, "object": self.stream_object, "choices": choices, **extra})
+
+    def stream_start(self) -> Iterator[bytes]:
+        if self.endpoint == "chat":
+            yield self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                "finish_reason": None} for i in range(self.n)])
+
+    def stream_event(self, event: dict[str, Any]) -> Iterator[bytes]:
+        text, finish = event["t"], event["f"]
+        if not (text or finish):
+            return
+        if self.endpoint == "chat":
+            delta = {"content": text} if text else {}
+            choice = {"index": event["i"], "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": event["i"], "text": text, "logprobs": None, "finish_reason": finish}
+        yield self._chunk([choice])
+
+    def stream_end(self, usage: dict[str, Any]) -> Iterator[bytes]:
+        if self.include_usage:
+            yield self._sse({**self.meta, "object": self.stream_object, "choices": [], "usage": usage})
+        yield b"data: [DONE]\n\n"
+
+    def stream_error(self, error: dict[str, Any]) -> bytes:
+        return self._sse(error)
