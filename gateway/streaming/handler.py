@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from aiohttp import web
 from prometheus_client import Histogram
@@ -36,6 +37,7 @@ from gateway.streaming.broadcast import Head, StreamFlight, stream_flights
 from gateway.streaming.replay import replay_frames
 from gateway.streaming.sse import HEARTBEAT_FRAME
 from gateway.streaming.tee import tee
+from gateway.timing import lap, timer_of
 from gateway.upstream import relay_headers
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "X-Accel-Buffering": "no"}
@@ -48,6 +50,7 @@ async def serve_stream(request: web.Request, state: GatewayState, req: FillReque
     stale: Entry | None = None
     if lookup.read:
         found = await state.cache.get(req.key.key)
+        lap(request, found.tier if found is not None else ("l2" if state.cache.l2 is not None else "l1"))
         if found is not None:
             entry, now = found.entry, state.clock()
             age = entry.age_s(now)
@@ -80,6 +83,7 @@ async def stream_miss(request: web.Request, state: GatewayState, req: FillReques
     try:
         try:
             head = await asyncio.shield(flight.head)
+            lap(request, "upstream")  # time to the upstream's response head
         except UpstreamError as exc:
             if stale is None:
                 raise
@@ -92,8 +96,10 @@ async def stream_miss(request: web.Request, state: GatewayState, req: FillReques
         response = web.StreamResponse(headers=miss_headers(head, req, collapsed=not leader))
         await response.prepare(request)
         try:
+            timer = timer_of(request)
             await pipe(state, flight, response, include_usage=include_usage,
-                       ttft=state.metrics.ttft.labels(req.endpoint, result), started=started)
+                       ttft=state.metrics.ttft.labels(req.endpoint, result), started=started,
+                       on_first=timer.first_token if timer is not None else None)
             await response.write_eof()
         except ConnectionResetError:
             return response, result, "client-gone"  # the flight goes on for the others (or is abandoned)
@@ -103,7 +109,8 @@ async def stream_miss(request: web.Request, state: GatewayState, req: FillReques
 
 
 async def pipe(state: GatewayState, flight: StreamFlight, response: web.StreamResponse, *,
-               include_usage: bool, ttft: Histogram, started: float) -> None:
+               include_usage: bool, ttft: Histogram, started: float,
+               on_first: Callable[[], None] | None = None) -> None:
     """Write the flight's frames from the first, then the live tail; a heartbeat comment covers each silence."""
     pos, first = 0, True
     heartbeat_s = state.config.stream.heartbeat_s
@@ -116,6 +123,8 @@ async def pipe(state: GatewayState, flight: StreamFlight, response: web.StreamRe
             if first:
                 first = False
                 ttft.observe(time.perf_counter() - started)
+                if on_first is not None:
+                    on_first()
         pos = end
         if flight.done and pos == len(flight.frames):
             return

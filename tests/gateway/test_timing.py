@@ -60,3 +60,12 @@ async def test_stage_histograms_and_ttft_are_recorded(make_gateway: GatewayFacto
     assert value(m, count, stage="serialize") == 2
     assert value(m, "tokenedge_time_to_first_token_seconds_count", result="hit") == 1
     assert value(m, "tokenedge_time_to_first_token_seconds_count") == 3
+
+
+async def test_streamed_miss_reports_its_upstream_stage(make_gateway: GatewayFactory) -> None:
+    gw = await make_gateway(server={"admin_token": "admin-secret"})
+    resp = await gw.client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=ADMIN)
+    await resp.read()
+    assert resp.headers["Content-Type"].startswith("text/event-stream")
+    assert [p.split(";")[0] for p in resp.headers["Server-Timing"].split(", ")] == ["parse", "l1", "upstream",
+                                                                                   "total"]
