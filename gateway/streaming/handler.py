@@ -177,7 +177,8 @@ def miss_headers(head: Head, req: FillRequest, *, collapsed: bool) -> dict[str, 
     headers.update({
         hdr.CACHE_STATUS: hdr.miss_status(stored=False, collapsed=collapsed),
         "Cache-Control": "no-cache",
-        "CDN-Cache-Control": "no-store",
+        "CDN-Cache-Control": "no-store",  # a stream may still be cut: no edge keeps it (RFC 9213)
+        "Surrogate-Control": "no-store",
         "X-Cache-Key": req.key.key,
         "Age": "0",
     })
