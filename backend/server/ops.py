@@ -7,7 +7,7 @@ from aiohttp import web
 from backend.metrics import CONTENT_TYPE
 from backend.server.state import METRICS_KEY, MODEL_KEY
 
-TRANSPORTS = ("json",)
+TRANSPORTS = ("json", "binary")  # binary: backend/server/binary.py
 
 
 async def list_models(request: web.Request) -> web.Response:

@@ -16,30 +16,37 @@ from cachetools import LRUCache
 ENTRY_OVERHEAD_BYTES = 200  # tuple, dict slot, LRU bookkeeping, array header
 
 
-def entry_bytes(key: tuple[str, str], ids: array[int]) -> int:
-    return sys.getsizeof(key[1]) + ids.itemsize * len(ids) + ENTRY_OVERHEAD_BYTES
+def entry_bytes(text: str, ids: array[int]) -> int:
+    return sys.getsizeof(text) + ids.itemsize * len(ids) + ENTRY_OVERHEAD_BYTES
+
+
+def _stored_size(value: tuple[int, array[int]]) -> int:
+    return value[0]
 
 
 class TokenCache:
     __slots__ = ("_lru", "hits", "max_text_chars", "misses")
 
     def __init__(self, max_bytes: int, *, max_text_chars: int = 256 * 1024) -> None:
-        self._lru: LRUCache[tuple[str, str], array[int]] = LRUCache(maxsize=max(max_bytes, 1), getsizeof=entry_bytes)
+        # values are (size in bytes of key text + ids, ids): cachetools sizes values only
+        self._lru: LRUCache[tuple[str, str], tuple[int, array[int]]] = LRUCache(maxsize=max(max_bytes, 1),
+                                                                                 getsizeof=_stored_size)
         self.max_text_chars = max_text_chars  # longer texts are encoded every time, never stored
         self.hits = 0
         self.misses = 0
 
     def get(self, version: str, text: str) -> array[int] | None:
-        ids = self._lru.get((version, text))
-        if ids is None:
+        entry = self._lru.get((version, text))
+        if entry is None:
             self.misses += 1
-        else:
-            self.hits += 1
-        return ids
+            return None
+        self.hits += 1
+        return entry[1]
 
     def put(self, version: str, text: str, ids: array[int]) -> None:
-        if len(text) <= self.max_text_chars and entry_bytes((version, text), ids) <= self._lru.maxsize:
-            self._lru[(version, text)] = ids
+        size = entry_bytes(text, ids)
+        if len(text) <= self.max_text_chars and size <= self._lru.maxsize:
+            self._lru[(version, text)] = (size, ids)
 
     @property
     def bytes(self) -> int:
