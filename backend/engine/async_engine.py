@@ -56,6 +56,7 @@ class AsyncEngine:
         self._outputs: dict[str, asyncio.Queue[_Delivery]] = {}  # owned by the engine thread
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._stopped = False
 
     async def start(self) -> None:
         assert self._thread is None, "AsyncEngine.start() called twice"
@@ -64,6 +65,7 @@ class AsyncEngine:
         self._thread.start()
 
     async def stop(self) -> None:
+        self._stopped = True
         if self._thread is None:
             return
         self._inbox.put(_Stop())
@@ -84,6 +86,8 @@ class AsyncEngine:
         Iterate it with `async for`; the last TokenOut has `finish_reason` set. Closing the iterator early
         (`aclose()`, break out of `async with aclosing(...)`, task cancellation) aborts the request.
         """
+        if self._stopped:
+            raise EngineStoppedError("the engine is stopped")
         self._engine.check_prompt(prompt_ids)  # InvalidRequestError now, before any streaming starts
         out: asyncio.Queue[_Delivery] = asyncio.Queue()
         with self._lock:

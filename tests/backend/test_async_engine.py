@@ -11,7 +11,7 @@ import torch
 
 from backend.engine.async_engine import AsyncEngine
 from backend.engine.config import EngineConfig
-from backend.engine.errors import InvalidRequestError, QueueFullError
+from backend.engine.errors import EngineStoppedError, InvalidRequestError, QueueFullError
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.outputs import TokenOut
 from backend.engine.sampling import SamplingParams
@@ -99,6 +99,8 @@ async def test_full_waiting_queue_raises_queue_full() -> None:
     finally:
         await engine.stop()
     assert all(len(r) == 12 for r in results)
+    with pytest.raises(EngineStoppedError):
+        engine.generate(prompt(8, 1), GREEDY, "late")
 
 
 async def test_invalid_prompt_is_refused_before_streaming(engine: AsyncEngine) -> None:
@@ -106,3 +108,22 @@ async def test_invalid_prompt_is_refused_before_streaming(engine: AsyncEngine) -
         engine.generate([], GREEDY, "empty")
     with pytest.raises(InvalidRequestError):
         engine.generate(list(range(1, 255)) * 2, GREEDY, "too-long")
+
+
+async def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(engine: AsyncEngine) -> None:
+    real_step = engine._engine.step
+    calls = {"n": 0}
+
+    def failing_once() -> list:  # type: ignore[type-arg]
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("boom")
+        return real_step()
+
+    engine._engine.step = failing_once  # type: ignore[method-assign]
+    with pytest.raises(EngineStoppedError, match="boom"):
+        await collect(engine.generate(prompt(8, 5), GREEDY, "fails"))
+    tokens = await collect(engine.generate(prompt(8, 6), GREEDY, "recovers"))
+    assert len(tokens) == 12
+    stats = engine.stats()
+    assert stats.running == 0 and stats.blocks_free == stats.blocks_total

@@ -108,3 +108,19 @@ def test_exact_after_preemption_and_resume_with_shared_prefixes() -> None:
     assert spy.max_ref_count > 1
     assert_matches_reference(model, spy)
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
+
+
+def test_bf16_weights_and_kv_stay_close_to_the_bf16_reference() -> None:
+    model = tiny_model(dtype=torch.bfloat16)
+    engine = LLMEngine(
+        model, EngineConfig(num_blocks=32, max_num_batched_tokens=32, max_model_len=256), frozenset()
+    )
+    assert engine.pool.k_caches[0].dtype == torch.bfloat16
+    spy = LogitsSpy(engine)
+    engine.generate(prompts([40, 7]), SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    worst = 0.0
+    for seq, num_tokens, logits in spy.rows:
+        assert logits.dtype == torch.float32
+        expected = model.reference_logits(torch.tensor(seq.token_ids[:num_tokens]))[-1]
+        worst = max(worst, (logits - expected).abs().max().item())
+    assert worst < 0.1
