@@ -33,6 +33,7 @@ lint: venv
 	$(PY) -m mypy gateway cdn
 
 bench: venv system
+	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) -m bench all
 
 clean:

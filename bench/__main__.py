@@ -8,6 +8,8 @@ import sys
 SCENARIOS = {
     "gateway_hit": "bench.gateway_hit",
     "gateway": "bench.gateway_suite",
+    "e2e": "bench.e2e",
+    "backend": "bench.backend_vs_hf",
 }
 
 
