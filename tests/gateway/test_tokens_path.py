@@ -1,0 +1,158 @@
+"""The token path through a real gateway in front of a real backend app (scripted engine, ChatML byte tokenizer):
+context-length rejection, token budgets, counting only on misses, and JSON vs binary transport equivalence."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from tests.support.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
+from tests.support.token_backend import EchoEngine, backend_app, chatml_byte_tokenizer
+
+TOKENIZER = chatml_byte_tokenizer()
+SYSTEM = {"role": "system", "content": "You are a terse assistant. Answer in one line."}
+Make = Callable[..., Awaitable[RunningGateway]]
+
+
+@pytest.fixture
+async def engine() -> EchoEngine:
+    return EchoEngine(TOKENIZER)
+
+
+@pytest.fixture
+def paths() -> list[str]:
+    return []
+
+
+@pytest.fixture
+async def backend_url(engine: EchoEngine, paths: list[str]) -> AsyncIterator[str]:
+    app = backend_app(TOKENIZER, engine, max_model_len=256)
+
+    async def record(request: Any, response: Any) -> None:
+        paths.append(request.path)
+
+    app.on_response_prepare.append(record)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
+
+
+@pytest.fixture
+async def make(backend_url: str, tmp_path: Path) -> AsyncIterator[Make]:
+    started: list[RunningGateway] = []
+
+    async def factory(clock: FakeClock | None = None, **tokens: Any) -> RunningGateway:
+        config = gateway_config(backend_url, tokens={"cache_dir": str(tmp_path), **tokens})
+        gw = await start_gateway(config, clock or FakeClock())
+        started.append(gw)
+        return gw
+
+    yield factory
+    for gw in started:
+        await gw.close()
+
+
+def chat(question: str, **extra: Any) -> dict[str, Any]:
+    return {"model": "tiny", "temperature": 0, "messages": [SYSTEM, {"role": "user", "content": question}], **extra}
+
+
+async def test_an_over_long_prompt_is_refused_by_the_gateway(make: Make, engine: EchoEngine, tmp_path: Path) -> None:
+    gw = await make()
+    resp = await gw.client.post("/v1/chat/completions", json=chat("x" * 400))
+    doc = await resp.json()
+    assert resp.status == 400 and doc["error"]["code"] == "context_length_exceeded"
+    assert "maximum context length is 256" in doc["error"]["message"]
+    assert engine.prompts == []  # never reached the backend's engine
+    assert (tmp_path / f"{TOKENIZER.version}.json").exists()  # the tokenizer export is cached on disk
+
+
+async def test_max_tokens_beyond_the_context_is_refused(make: Make, engine: EchoEngine) -> None:
+    gw = await make()
+    resp = await gw.client.post("/v1/chat/completions", json=chat("hi", max_tokens=250, stream=True))
+    assert resp.status == 400 and (await resp.json())["error"]["param"] == "max_tokens"
+    bypass = await gw.client.post("/v1/chat/completions", json=chat("x" * 400, temperature=0.7))
+    assert bypass.status == 400 and engine.prompts == []
+
+
+async def test_the_token_rate_limit_answers_429_with_retry_after(make: Make, engine: EchoEngine) -> None:
+    clock = FakeClock()
+    gw = await make(clock, tokens_per_minute=300)
+    first = await gw.client.post("/v1/chat/completions", json=chat("one", max_tokens=150))
+    assert first.status == 200
+    second = await gw.client.post("/v1/chat/completions", json=chat("two", max_tokens=150))
+    assert second.status == 429 and int(second.headers["Retry-After"]) >= 1
+    again = await gw.client.post("/v1/chat/completions", json=chat("one", max_tokens=150))
+    assert again.status == 200 and again.headers["Cache-Status"].startswith("tokenedge; hit")  # hits are free
+    clock.advance(60)
+    assert (await gw.client.post("/v1/chat/completions", json=chat("two", max_tokens=150))).status == 200
+    other = await gw.client.post("/v1/chat/completions", json=chat("three", max_tokens=150),
+                                 headers={"Authorization": "Bearer someone-else"})
+    assert other.status == 200  # budgets are per tenant
+    assert len(engine.prompts) == 3
+
+
+async def test_hits_do_not_tokenize_and_keep_the_stored_usage(make: Make) -> None:
+    gw = await make()
+    miss = await gw.client.post("/v1/chat/completions", json=chat("What is 2+2?"))
+    body = await miss.read()
+    counted = gw.state.metrics.tokenize_duration._sum.get()
+    token_cache = gw.state.extensions["tokens"].cache  # type: ignore[attr-defined]
+    lookups = token_cache.hits + token_cache.misses
+    hit = await gw.client.post("/v1/chat/completions", json=chat("What is 2+2?"))
+    assert hit.headers["Cache-Status"].startswith("tokenedge; hit") and await hit.read() == body
+    assert gw.state.metrics.tokenize_duration._sum.get() == counted
+    assert token_cache.hits + token_cache.misses == lookups
+    usage = (await hit.json())["usage"]
+    saved = gw.state.metrics.tokens_saved._value.get()
+    assert saved == usage["total_tokens"] > 0
+
+
+ID = re.compile(rb'"(chatcmpl|cmpl)-[0-9a-f]{32}"')
+CREATED = re.compile(rb'"created":\s?\d+')
+IGNORED_HEADERS = {"date", "etag", "server-timing", "x-tokenedge-timing"}
+
+
+def normalized(body: bytes) -> bytes:
+    """`id` and `created` are per request on the backend's own JSON path too; everything else must match."""
+    return CREATED.sub(b'"created":0', ID.sub(b'"ID"', body))
+
+
+async def answer(gw: RunningGateway, path: str, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
+    resp = await gw.client.post(path, json=body)
+    headers = {k.lower(): v for k, v in resp.headers.items() if k.lower() not in IGNORED_HEADERS}
+    return resp.status, headers, normalized(await resp.read())
+
+
+REQUESTS = [
+    ("/v1/chat/completions", chat("What is the capital of France?")),
+    ("/v1/chat/completions", chat("Say 你好 and 😀 back", max_tokens=5)),
+    ("/v1/chat/completions", chat("Stop early", stop=["checksum"])),
+    ("/v1/chat/completions", {**chat("Usage please"), "stream_options": {"include_usage": True}}),
+    ("/v1/chat/completions", chat("Two answers", n=2)),
+    ("/v1/completions", {"model": "tiny", "temperature": 0, "prompt": "Once upon a time <|im_end|> the end"}),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_json_and_binary_transports_answer_identically(make: Make, engine: EchoEngine, stream: bool,
+                                                             paths: list[str]) -> None:
+    binary, plain = await make(binary_transport=True), await make(binary_transport=False)
+    for path, body in REQUESTS:
+        body = {**body, "stream": stream}
+        engine.prompts.clear()
+        via_json = await answer(plain, path, body)
+        assert paths[-1] == path
+        via_binary = await answer(binary, path, body)
+        assert paths[-1] == "/v1/tokens/generate"
+        assert via_binary == via_json, (path, body)
+        assert via_json[0] == 200
+        assert len(engine.prompts) >= 2 and engine.prompts[0] == engine.prompts[-1]
+    assert len(binary.state.extensions["tokens"].cache) > 0  # type: ignore[attr-defined]
