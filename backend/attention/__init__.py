@@ -2,6 +2,13 @@
 
 from backend.attention.backend import AttentionBackend, write_kv
 from backend.attention.context import AttentionContext
-from backend.attention.selector import make_attention_backend, resolve_attention
+from backend.attention.selector import default_block_size, make_attention_backend, resolve_attention
 
-__all__ = ["AttentionBackend", "AttentionContext", "make_attention_backend", "resolve_attention", "write_kv"]
+__all__ = [
+    "AttentionBackend",
+    "AttentionContext",
+    "default_block_size",
+    "make_attention_backend",
+    "resolve_attention",
+    "write_kv",
+]

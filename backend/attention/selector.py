@@ -33,6 +33,15 @@ def resolve_attention(
     return "flash" if flash_ok else "sdpa"
 
 
+def default_block_size(device: torch.device | str, dtype: torch.dtype) -> int:
+    """256 where flash-attn can run (its paged kernels need a multiple of 256), else 16."""
+    return (
+        FLASH_BLOCK_MULTIPLE
+        if resolve_attention("auto", device, dtype, FLASH_BLOCK_MULTIPLE) == "flash"
+        else 16
+    )
+
+
 def make_attention_backend(
     requested: AttentionName,
     *,

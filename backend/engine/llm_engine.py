@@ -27,7 +27,7 @@ class LLMEngine:
         mc = model.config
         if config.max_model_len > mc.max_position_embeddings:
             raise ValueError(f"max_model_len {config.max_model_len} > model's {mc.max_position_embeddings}")
-        if model.device != torch.device(config.device):
+        if model.device.type != torch.device(config.device).type:
             raise ValueError(f"model is on {model.device}, engine configured for {config.device}")
         self.model = model
         self.config = config

@@ -9,7 +9,7 @@ from backend.attention.backend import AttentionBackend, write_kv
 from backend.attention.context import AttentionContext
 from backend.attention.reference import reference_paged_attention
 from backend.attention.sdpa import SdpaBackend
-from backend.attention.selector import make_attention_backend, resolve_attention
+from backend.attention.selector import default_block_size, make_attention_backend, resolve_attention
 
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -98,6 +98,7 @@ def test_auto_selects_sdpa_on_cpu_and_flash_is_refused() -> None:
         dtype=torch.float32,
     )
     assert backend.name == "sdpa"
+    assert default_block_size("cpu", torch.bfloat16) == 16
 
 
 @needs_cuda
