@@ -136,7 +136,7 @@ REQUESTS = [
     ("/v1/chat/completions", chat("Say 你好 and 😀 back", max_tokens=5)),
     ("/v1/chat/completions", chat("Stop early", stop=["checksum"])),
     ("/v1/chat/completions", {**chat("Usage please"), "stream_options": {"include_usage": True}}),
-    ("/v1/chat/completions", chat("Two answers", n=2)),
+    ("/v1/chat/completions", chat("Two answers", n=2)),  # n > 1: a bypass, relayed as JSON by design
     ("/v1/completions", {"model": "tiny", "temperature": 0, "prompt": "Once upon a time <|im_end|> the end"}),
 ]
 
@@ -151,7 +151,7 @@ async def test_json_and_binary_transports_answer_identically(make: Make, engine:
         via_json = await answer(plain, path, body)
         assert paths[-1] == path
         via_binary = await answer(binary, path, body)
-        assert paths[-1] == "/v1/tokens/generate"
+        assert paths[-1] == (path if body.get("n") == 2 else "/v1/tokens/generate")
         assert via_binary == via_json, (path, body)
         assert via_json[0] == 200
         assert len(engine.prompts) >= 2 and engine.prompts[0] == engine.prompts[-1]
