@@ -1,10 +1,10 @@
 """The scheduler: which sequences advance this step and by how many tokens.
 
-Policy (vLLM v1 style, one token budget for prefill and decode alike): running sequences first, in
-arrival order, each taking what it still needs (1 token for a decode, the rest of its prompt in chunks
-for a prefill); then waiting sequences while the budget, `max_num_seqs` and the pool allow. When a
-running sequence cannot get a block, the most recently admitted running sequence is preempted by
-recompute: its blocks are freed and it goes back to the front of the waiting queue (its full blocks stay
+Policy (vLLM v1 style, one token budget for prefill and decode alike): running sequences first,
+decodes before prefill chunks, each taking what it still needs (1 token for a decode, the rest of its
+prompt in chunks for a prefill); then waiting sequences while the budget, `max_num_seqs` and the pool
+allow. When a running sequence cannot get a block, the most recently admitted running sequence not yet
+scheduled this step is preempted by recompute: its blocks are freed and it goes back to the front of the waiting queue (its full blocks stay
 cached, so the recompute is often a prefix hit). No new admissions happen in a step that preempted.
 """
 
@@ -51,22 +51,28 @@ class Scheduler:
     def schedule(self) -> list[ScheduledSeq]:
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
+        taken: set[int] = set()  # ids of sequences scheduled this step: never preempted
         preempted = False
-        index = 0
-        while index < len(self.running) and budget > 0:
-            seq = self.running[index]
+        # decodes first (stable sort), so a long prefill chunk never starves the streams already running
+        for seq in sorted(self.running, key=lambda s: s.num_tokens - s.num_computed_tokens > 1):
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted as a victim earlier in this loop
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             assert num_new > 0, f"running {seq} has nothing to compute"
             while not self.kv.allocate(seq, num_new):
-                victim = self.running.pop()  # the most recently admitted; never one scheduled above
+                # the most recently admitted sequence not yet scheduled this step (possibly seq itself)
+                victim = next(s for s in reversed(self.running) if id(s) not in taken)
+                self.running.remove(victim)
                 self._preempt(victim)
                 preempted = True
                 if victim is seq:
                     break
             else:
                 scheduled.append(ScheduledSeq(seq, num_new, seq.num_computed_tokens))
+                taken.add(id(seq))
                 budget -= num_new
-                index += 1
         if preempted:
             return scheduled
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from backend.engine.block_pool import BlockPool
@@ -11,6 +12,7 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence, SequenceStatus
+from tests.backend.test_paged_equivalence import LogitsSpy, assert_matches_reference
 from tests.backend.tiny import tiny_model
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
@@ -48,6 +50,15 @@ def test_chunked_prefill_respects_the_token_budget() -> None:
     ]  # the prompt's rest, then the next request fills the budget
     assert steps[3] == [("long", 1), ("short", 1)]  # both decode
     assert all(sum(n for _, n in step) <= 10 for step in steps)
+
+
+def test_running_decodes_go_before_a_long_prefill_chunk() -> None:
+    scheduler = make_scheduler(num_blocks=32, budget=10)
+    scheduler.add(Sequence("early", [1, 2, 3], GREEDY))
+    assert run_step(scheduler) == [("early", 3)]
+    scheduler.add(Sequence("long", list(range(40)), GREEDY))
+    assert run_step(scheduler) == [("early", 1), ("long", 9)]
+    assert run_step(scheduler) == [("early", 1), ("long", 9)]  # the decode is never starved
 
 
 def test_max_num_seqs_caps_the_running_set() -> None:
@@ -90,3 +101,28 @@ def test_pool_too_small_for_all_requests_completes_each_like_alone() -> None:
     assert engine.scheduler.num_preemptions_total > 0
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
     assert engine.stats().running == engine.stats().waiting == 0
+
+
+@pytest.mark.parametrize("seed", [9, 14, 22])  # seeds whose workloads preempt and hit the prefix cache
+def test_random_workloads_under_pressure_match_the_reference(seed: int) -> None:
+    model = tiny_model()
+    gen = torch.Generator().manual_seed(seed)
+    prefix = torch.randint(0, 256, (int(torch.randint(0, 40, (1,), generator=gen)),), generator=gen).tolist()
+    prompts = [
+        prefix
+        + torch.randint(0, 256, (int(torch.randint(1, 40, (1,), generator=gen)),), generator=gen).tolist()
+        for _ in range(6)
+    ]
+    config = EngineConfig(
+        num_blocks=int(torch.randint(8, 14, (1,), generator=gen)),
+        max_num_batched_tokens=int(torch.randint(8, 64, (1,), generator=gen)),
+        max_num_seqs=int(torch.randint(2, 7, (1,), generator=gen)),
+        max_model_len=128,
+    )
+    engine = LLMEngine(model, config, frozenset())
+    spy = LogitsSpy(engine)
+    outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    assert all(len(o) == 16 for o in outs)
+    assert engine.scheduler.num_preemptions_total > 0 and engine.stats().prefix_hit_tokens_total > 0
+    assert_matches_reference(model, spy)
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks
