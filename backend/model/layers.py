@@ -48,9 +48,9 @@ class LlamaAttention(nn.Module):
         self.head_dim = config.head_dim
         self.rope_interleaved = config.rope_interleaved
         hidden, q_dim, kv_dim = config.hidden_size, config.q_size, config.kv_size
-        self.q_proj = _linear(hidden, q_dim, dtype, device)
-        self.k_proj = _linear(hidden, kv_dim, dtype, device)
-        self.v_proj = _linear(hidden, kv_dim, dtype, device)
+        self.split_sizes = [q_dim, kv_dim, kv_dim]
+        # Q, K and V fused in one matmul; rows [q | k | v] (load_weights fills each part by its HF name)
+        self.qkv_proj = _linear(hidden, q_dim + 2 * kv_dim, dtype, device)
         self.o_proj = _linear(q_dim, hidden, dtype, device)
 
     def forward(
@@ -58,9 +58,10 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         # h: [T, hidden] in the weight dtype
         num_tokens = h.shape[0]
-        q = self.q_proj(h).view(num_tokens, self.num_heads, self.head_dim)  # q: [T, H, D]
-        k = self.k_proj(h).view(num_tokens, self.num_kv_heads, self.head_dim)  # k: [T, KH, D]
-        v = self.v_proj(h).view(num_tokens, self.num_kv_heads, self.head_dim)  # v: [T, KH, D]
+        q, k, v = self.qkv_proj(h).split(self.split_sizes, dim=-1)  # [T, H*D], [T, KH*D], [T, KH*D]
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # q: [T, H, D]
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # k: [T, KH, D]
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # v: [T, KH, D] (a strided view)
         q = apply_rope(q, cos, sin, self.rope_interleaved)
         k = apply_rope(k, cos, sin, self.rope_interleaved)
         out = attend(q, k, v)  # out: [T, H, D]
@@ -71,13 +72,14 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, config: LlamaConfig, dtype: torch.dtype, device: str | torch.device) -> None:
         super().__init__()
-        self.gate_proj = _linear(config.hidden_size, config.intermediate_size, dtype, device)
-        self.up_proj = _linear(config.hidden_size, config.intermediate_size, dtype, device)
+        # gate and up fused in one matmul; rows [gate | up]
+        self.gate_up_proj = _linear(config.hidden_size, 2 * config.intermediate_size, dtype, device)
         self.down_proj = _linear(config.intermediate_size, config.hidden_size, dtype, device)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         # h: [T, hidden] -> SwiGLU: down(silu(gate(h)) * up(h)) -> [T, hidden]
-        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        gate, up = self.gate_up_proj(h).chunk(2, dim=-1)  # [T, I] each
+        return self.down_proj(F.silu(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -54,10 +54,31 @@ class LlamaModel(nn.Module):
 
     # ---- weights -------------------------------------------------------------------------------------
 
-    def _hf_parameters(self) -> dict[str, nn.Parameter]:
-        params: dict[str, nn.Parameter] = {}
-        for name, param in self.named_parameters():
-            params["lm_head.weight" if name == "lm_head.weight" else f"model.{name}"] = param
+    def _hf_parameters(self) -> dict[str, torch.Tensor]:
+        """Each Hugging Face weight name -> the parameter (or the rows of a fused parameter) it fills."""
+        c = self.config
+        params: dict[str, torch.Tensor] = {
+            "model.embed_tokens.weight": self.embed_tokens.weight,
+            "model.norm.weight": self.norm.weight,
+        }
+        if self.lm_head is not None:
+            params["lm_head.weight"] = self.lm_head.weight
+        for i, layer in enumerate(self.layers):
+            assert isinstance(layer, LlamaDecoderLayer)
+            p = f"model.layers.{i}."
+            q, k, v = layer.self_attn.qkv_proj.weight.split([c.q_size, c.kv_size, c.kv_size])
+            gate, up = layer.mlp.gate_up_proj.weight.chunk(2)
+            params |= {
+                p + "input_layernorm.weight": layer.input_layernorm.weight,
+                p + "post_attention_layernorm.weight": layer.post_attention_layernorm.weight,
+                p + "self_attn.q_proj.weight": q,
+                p + "self_attn.k_proj.weight": k,
+                p + "self_attn.v_proj.weight": v,
+                p + "self_attn.o_proj.weight": layer.self_attn.o_proj.weight,
+                p + "mlp.gate_proj.weight": gate,
+                p + "mlp.up_proj.weight": up,
+                p + "mlp.down_proj.weight": layer.mlp.down_proj.weight,
+            }
         return params
 
     @torch.no_grad()

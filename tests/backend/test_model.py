@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from backend.model.config import Llama3RopeScaling
+from backend.model.config import Llama3RopeScaling, LlamaConfig
 from backend.model.llama import LlamaModel
 from backend.model.rope import inv_frequencies
 from tests.backend.tiny import tiny_config, tiny_model, tiny_weights
@@ -79,3 +79,48 @@ def test_llama3_rope_scaling_slows_only_low_frequencies() -> None:
     scaled = inv_frequencies(64, 500000.0, Llama3RopeScaling(8.0, 1.0, 4.0, 8192))
     assert scaled[0] == plain[0]
     torch.testing.assert_close(scaled[-1], plain[-1] / 8.0)
+
+
+def _plain_llama(weights: dict[str, torch.Tensor], config: LlamaConfig, tokens: torch.Tensor) -> torch.Tensor:
+    """An independent fp32 Llama straight from the HF formulas and weight names: logits [T, vocab]."""
+    w = weights
+    t, h, d = tokens.shape[0], config.num_heads, config.head_dim
+    kh = config.num_kv_heads
+
+    def rms(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + config.rms_norm_eps) * weight
+
+    def rope(x: torch.Tensor) -> torch.Tensor:  # x: [heads, T, D], rotate_half
+        inv = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2).float() / d))
+        ang = torch.cat([torch.outer(torch.arange(t).float(), inv)] * 2, dim=-1)  # [T, D]
+        rot = torch.cat([-x[..., d // 2 :], x[..., : d // 2]], dim=-1)
+        return x * ang.cos() + rot * ang.sin()
+
+    x = w["model.embed_tokens.weight"][tokens]
+    causal = torch.ones(t, t).tril().bool()
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        a = rms(x, w[p + "input_layernorm.weight"])
+        q = rope((a @ w[p + "self_attn.q_proj.weight"].T).view(t, h, d).transpose(0, 1))
+        k = rope((a @ w[p + "self_attn.k_proj.weight"].T).view(t, kh, d).transpose(0, 1))
+        v = (a @ w[p + "self_attn.v_proj.weight"].T).view(t, kh, d).transpose(0, 1)
+        k, v = k.repeat_interleave(h // kh, 0), v.repeat_interleave(h // kh, 0)
+        scores = (q @ k.transpose(1, 2) / d**0.5).masked_fill(~causal, float("-inf"))
+        attn = (scores.softmax(-1) @ v).transpose(0, 1).reshape(t, h * d)
+        x = x + attn @ w[p + "self_attn.o_proj.weight"].T
+        m = rms(x, w[p + "post_attention_layernorm.weight"])
+        gate, up = m @ w[p + "mlp.gate_proj.weight"].T, m @ w[p + "mlp.up_proj.weight"].T
+        x = x + (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
+    head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+    return rms(x, w["model.norm.weight"]) @ head.T
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_model_matches_an_independent_plain_llama(tied: bool) -> None:
+    config = tiny_config(tie_word_embeddings=tied)
+    weights = tiny_weights(config, seed=3)
+    model = LlamaModel(config, dtype=torch.float32)
+    model.load_weights(weights)
+    torch.testing.assert_close(
+        model.reference_logits(TOKENS), _plain_llama(weights, config, TOKENS), atol=1e-4, rtol=0
+    )
