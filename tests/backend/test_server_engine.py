@@ -20,24 +20,41 @@ EOS = 0
 
 
 def byte_tokenizer() -> Tokenizer:
-    return Tokenizer(name="bytes", pattern=GPT2, mergeable_ranks={bytes([b]): b for b in range(256)},
-                     special_tokens={}, vocab_size=256, bos_token_id=None, eos_token_ids=[EOS],
-                     chat_template="{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}>")
+    return Tokenizer(
+        name="bytes",
+        pattern=GPT2,
+        mergeable_ranks={bytes([b]): b for b in range(256)},
+        special_tokens={},
+        vocab_size=256,
+        bos_token_id=None,
+        eos_token_ids=[EOS],
+        chat_template="{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}>",
+    )
 
 
 @pytest.fixture
 async def client() -> AsyncIterator[TestClient]:
     model = tiny_model(seed=0)
-    config = EngineConfig(block_size=16, num_blocks=96, max_num_seqs=8, max_num_batched_tokens=256,
-                          max_model_len=512, max_waiting=64)
-    served = ServedModel(id="tiny", revision="rev-tiny", tokenizer=byte_tokenizer(), max_model_len=512, created=0)
+    config = EngineConfig(
+        block_size=16,
+        num_blocks=96,
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        max_model_len=512,
+        max_waiting=64,
+    )
+    served = ServedModel(
+        id="tiny", revision="rev-tiny", tokenizer=byte_tokenizer(), max_model_len=512, created=0
+    )
     app = create_app(served, lambda: AsyncEngine(model, config, frozenset({EOS})), ServerLimits(max_n=4))
     async with TestClient(TestServer(app)) as c:
         yield c
 
 
 async def complete(client: TestClient, prompt: str, **extra: object) -> dict:
-    resp = await client.post("/v1/completions", json={"prompt": prompt, "temperature": 0, "max_tokens": 12, **extra})
+    resp = await client.post(
+        "/v1/completions", json={"prompt": prompt, "temperature": 0, "max_tokens": 12, **extra}
+    )
     assert resp.status == 200, await resp.text()
     return await resp.json()
 
@@ -58,16 +75,33 @@ async def test_eight_concurrent_greedy_requests_equal_the_same_run_one_by_one(cl
 
 async def test_shared_system_prompt_hits_the_prefix_cache(client: TestClient) -> None:
     system = "You are a very careful assistant. " * 4  # > 128 bytes: several full blocks
-    first = await client.post("/v1/chat/completions", json={
-        "messages": [{"role": "system", "content": system}, {"role": "user", "content": "first"}],
-        "temperature": 0, "max_tokens": 4})
+    first = await client.post(
+        "/v1/chat/completions",
+        json={
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": "first"}],
+            "temperature": 0,
+            "max_tokens": 4,
+        },
+    )
     assert (await first.json())["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    before = metric(await (await client.get("/metrics")).text(), "tokenedge_backend_prefix_cache_hit_tokens_total")
-    second = await client.post("/v1/chat/completions", json={
-        "messages": [{"role": "system", "content": system}, {"role": "user", "content": "second question"}],
-        "temperature": 0, "max_tokens": 4})
+    before = metric(
+        await (await client.get("/metrics")).text(), "tokenedge_backend_prefix_cache_hit_tokens_total"
+    )
+    second = await client.post(
+        "/v1/chat/completions",
+        json={
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": "second question"},
+            ],
+            "temperature": 0,
+            "max_tokens": 4,
+        },
+    )
     cached = (await second.json())["usage"]["prompt_tokens_details"]["cached_tokens"]
-    after = metric(await (await client.get("/metrics")).text(), "tokenedge_backend_prefix_cache_hit_tokens_total")
+    after = metric(
+        await (await client.get("/metrics")).text(), "tokenedge_backend_prefix_cache_hit_tokens_total"
+    )
     assert cached >= 128
     assert after - before == cached
 
@@ -84,7 +118,8 @@ async def test_stop_string_frees_the_blocks(client: TestClient) -> None:
     text = await (await client.get("/metrics")).text()
     assert metric(text, "tokenedge_backend_running_requests") == 0
     assert metric(text, 'tokenedge_backend_kv_blocks{state="free"}') == metric(
-        text, 'tokenedge_backend_kv_blocks{state="total"}')
+        text, 'tokenedge_backend_kv_blocks{state="total"}'
+    )
 
 
 async def test_seeded_sampling_repeats_and_n_choices_differ(client: TestClient) -> None:

@@ -129,7 +129,11 @@ def test_smollm2_matches_llamacpp_on_the_whole_corpus(smollm2_tokenizer: Tokeniz
 @pytest.mark.slow
 def test_smollm2_decodes_what_it_encodes(smollm2_tokenizer: Tokenizer) -> None:
     strings = json.loads((DATA / "tokenizer_corpus.json").read_text())["strings"]
-    lossless = [s for s in strings if not any(ord(c) in (0x04, 0x06, 0x13, 0x14, 0x16, 0x1D) for c in s)]
-    assert all(smollm2_tokenizer.decode(smollm2_tokenizer.encode(s)) == s for s in lossless)
+    ranks = smollm2_tokenizer.encoding._mergeable_ranks
+    missing = {b for b in range(256) if ranks[bytes([b])] >= smollm2_tokenizer.vocab_size}
+    assert len(missing) == 21  # DESIGN §8: these bytes have no token, llama.cpp drops them
+    lossless = [s for s in strings if not missing.intersection(s.encode())]
+    assert len(lossless) >= 300
+    assert [s for s in lossless if smollm2_tokenizer.decode(smollm2_tokenizer.encode(s)) != s] == []
     assert smollm2_tokenizer.eos_token_ids == frozenset({2})
     assert smollm2_tokenizer.encode("<|im_end|>") == [2]
