@@ -68,7 +68,10 @@ def record_agreement(goldens: dict[str, Any]) -> None:
     """How many leading tokens llama.cpp (quantized math) shares with the fp32 golden."""
     for prompt in goldens["prompts"]:
         ours, theirs = prompt.get("golden_ids", []), prompt.get("llamacpp_ids", [])
-        same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+        same = next(
+            (i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
+            min(len(ours), len(theirs)),
+        )
         prompt["llamacpp_agree_tokens"] = same
 
 

@@ -68,7 +68,7 @@ async def test_capital_of_france_over_http(served: tuple[TestClient, web.Applica
 async def test_models_lists_smollm2_with_revision_and_tokenizer(
     served: tuple[TestClient, web.Application],
 ) -> None:
-    client, app = served
+    client, _ = served
     entry = (await (await client.get("/v1/models")).json())["data"][0]
     assert entry["id"] == "SmolLM2-135M-Instruct"
     assert entry["tokenedge"]["revision"].startswith("rev-")
