@@ -32,7 +32,8 @@ def engine_factory(loaded: LoadedModel, config: BackendConfig, max_model_len: in
         device=config.device,
         max_waiting=config.max_waiting,
     )
-    return lambda: AsyncEngine(model, engine_config, loaded.tokenizer.eos_token_ids)
+    eos_token_ids = loaded.tokenizer.eos_token_ids  # the closure must not keep the fp32 weights alive
+    return lambda: AsyncEngine(model, engine_config, eos_token_ids)
 
 
 def build_app(config: BackendConfig) -> web.Application:
