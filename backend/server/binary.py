@@ -12,13 +12,14 @@ import contextlib
 import time
 import uuid
 from array import array
+from typing import Any
 
 from aiohttp import web
 
 from backend.engine.errors import EngineError
 from backend.server.completions import _sampling_params
 from backend.server.errors import ApiError, bad_request, translate_engine_error
-from backend.server.generation import Usage, run_choices
+from backend.server.generation import ChoiceEvent, Usage, run_choices
 from backend.server.protocol import parse_request
 from backend.server.state import ENGINE_KEY, LIMITS_KEY, METRICS_KEY, MODEL_KEY, ServedModel
 from gateway.tokens.wire import EVENTS_TYPE, REQUEST_TYPE, WireError, decode_request, frame
@@ -72,8 +73,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
     prompt_ids = ids.tolist()
     sampling = _sampling_params(req, len(prompt_ids), model, limits)
     prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
-    meta = {"id": f"{prefix}-{uuid.uuid4().hex}", "created": int(time.time()), "model": model.id,
-            "system_fingerprint": model.revision}
+    meta: dict[str, Any] = {"id": f"{prefix}-{uuid.uuid4().hex}", "created": int(time.time()),
+                            "model": model.id, "system_fingerprint": model.revision}
     usage = Usage()
     events = run_choices(app[ENGINE_KEY].generate, model.tokenizer, prompt_ids, sampling, req.stop, meta["id"],
                          usage, on_first_token=app[METRICS_KEY].ttft_seconds.observe)
@@ -86,10 +87,20 @@ async def generate(request: web.Request) -> web.StreamResponse:
         await response.prepare(request)
         try:
             await response.write(frame({"meta": meta}))
-            event = first
-            while event is not None:
-                await response.write(frame({"i": event.index, "t": event.text, "f": event.finish_reason}))
-                event = await anext(events, None)
+            event: ChoiceEvent | None = first
+            if req.stream:  # one frame per event: the gateway's SSE chunks keep the JSON path's boundaries
+                while event is not None:
+                    await response.write(frame({"i": event.index, "t": event.text, "f": event.finish_reason}))
+                    event = await anext(events, None)
+            else:  # the gateway only needs each choice's whole text: one frame per choice
+                texts: list[str] = [""] * req.n
+                finish: list[str | None] = [None] * req.n
+                while event is not None:
+                    texts[event.index] += event.text
+                    finish[event.index] = event.finish_reason or finish[event.index]
+                    event = await anext(events, None)
+                await response.write(b"".join(frame({"i": i, "t": t, "f": f})
+                                              for i, (t, f) in enumerate(zip(texts, finish, strict=True))))
             await response.write(frame({"usage": usage.as_dict()}))
             await response.write_eof()
         except ConnectionResetError:

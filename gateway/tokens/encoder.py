@@ -80,8 +80,8 @@ class ModelEncoder:
 
     def _plain(self, text: str) -> list[int]:
         ids = self._encoding.encode_ordinary(text)
-        if self.spec.dropped_ids:
-            dropped = self.spec.dropped_ids
+        dropped = self.spec.dropped_ids
+        if dropped and not dropped.isdisjoint(ids):
             ids = [i for i in ids if i not in dropped]
         return ids
 
@@ -104,10 +104,15 @@ class ModelEncoder:
         return out
 
     def encode(self, text: str) -> array[int]:
-        ids = self._cache.get(self.version, text)
-        if ids is None:
-            ids = self.encode_uncached(text)
-            self._cache.put(self.version, text, ids)
+        cache = self._cache
+        entry = cache._entries.get((self.version, text))  # TokenCache.get inlined: the hit path is ~0.3 µs
+        if entry is not None:
+            entry[2] = True
+            cache.hits += 1
+            return entry[1]
+        cache.misses += 1
+        ids = self.encode_uncached(text)
+        cache.put(self.version, text, ids)
         return ids
 
     def render_chat(self, messages: Any) -> str:

@@ -18,7 +18,7 @@ from gateway.tokens.splice import PhraseRejected, PhraseTable, check_phrase, is_
 from tests.backend.test_tokenizer import tiny_tokenizer
 
 # CJK, emoji (with ZWJ sequences), zero-width characters, digits, whitespace runs, punctuation, apostrophes.
-ALPHABET = st.sampled_from(list("abcXYZ 0123456789.,!?'\n\r\t-_/") + ["\u200b", "\u200c", "\u200d", "\u2060",
+ALPHABET = st.sampled_from([*"abcXYZ 0123456789.,!?'\n\r\t-_/", "\u200b", "\u200c", "\u200d", "\u2060",
                            "\ufeff", "\u00a0", "\u3000", "你好世界", "日本語", "한국어", "😀", "👩‍💻", "🇫🇷",
                            "é", "e\u0301", "  ", "\n\n", "   \n", "'s", "'ll", "<|im_start|>", "<|endoftext|>"])
 TEXT = st.lists(ALPHABET, max_size=60).map("".join)
@@ -136,3 +136,15 @@ def test_the_cache_is_bounded_in_bytes() -> None:
     for i in range(1000):
         cache.put("v", f"text number {i}", array("i", range(20)))
     assert cache.bytes <= 10_000 and 0 < len(cache) < 1000
+
+
+def test_clock_eviction_keeps_entries_hit_since_the_last_pass() -> None:
+    cache = TokenCache(3 * (200 + 100))
+    ids = array("i", range(5))
+    for text in ("a", "b", "c"):
+        cache.put("v", text, ids)
+    assert cache.get("v", "a") is not None  # referenced: survives the next sweep once
+    cache.put("v", "d", ids)
+    assert cache.get("v", "a") is not None and cache.get("v", "b") is None
+    cache.discard("v", "a")
+    assert cache.get("v", "a") is None and cache.bytes == sum(e[0] for e in cache._entries.values())
