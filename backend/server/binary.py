@@ -14,6 +14,7 @@ import uuid
 from array import array
 from typing import Any
 
+import numpy as np
 from aiohttp import web
 
 from backend.engine.errors import EngineError
@@ -32,22 +33,26 @@ def register(app: web.Application) -> None:
     app.router.add_post(PATH, generate)
 
 
-def check_ids(ids: array[int], model: ServedModel) -> None:
-    """Every id must be a token of this model's vocabulary (not a placeholder for an untokenizable byte)."""
+def check_ids(ids: array[int], model: ServedModel) -> list[int]:
+    """The prompt ids, once every one is a token of this model's vocabulary (not a placeholder for a byte
+    the vocabulary has no token for) and the prompt fits the context."""
     tokenizer = model.tokenizer
     if not ids:
         raise bad_request("the token array is empty", "prompt")
-    low, high = min(ids), max(ids)
+    view = np.frombuffer(ids, dtype=np.int32)  # ids: [k] int32, zero-copy
+    low, high = int(view.min()), int(view.max())
     if low < 0 or high >= tokenizer.vocab_size:
         bad = low if low < 0 else high
         raise bad_request(f"token id {bad} is outside the vocabulary [0, {tokenizer.vocab_size})", "prompt")
+    prompt_ids = ids.tolist()
     placeholders = tokenizer._placeholders
-    if placeholders and not placeholders.isdisjoint(ids):
+    if placeholders and not placeholders.isdisjoint(prompt_ids):
         raise bad_request("the token array holds ids that are not tokens of this model", "prompt")
     if len(ids) >= model.max_model_len:
         raise bad_request(
             f"the prompt has {len(ids)} tokens; this model's maximum context length is {model.max_model_len}",
             "prompt", code="context_length_exceeded")
+    return prompt_ids
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -69,8 +74,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if req.model is not None and req.model != model.id:
         raise ApiError(404, f"the model '{req.model}' does not exist", type="not_found_error", param="model",
                        code="model_not_found")
-    check_ids(ids, model)
-    prompt_ids = ids.tolist()
+    prompt_ids = check_ids(ids, model)
     sampling = _sampling_params(req, len(prompt_ids), model, limits)
     prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
     meta: dict[str, Any] = {"id": f"{prefix}-{uuid.uuid4().hex}", "created": int(time.time()),

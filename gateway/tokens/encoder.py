@@ -50,10 +50,12 @@ class ModelEncoder:
         self.spec = spec
         self.version = spec.version
         self._cache = cache
+        self._table = cache.table(spec.version)
         self._encoding = spec.encoding
         self._specials: dict[str, int] = dict(spec.encoding._special_tokens)
         names = sorted(self._specials, key=len, reverse=True)
         self._special_re = re.compile("|".join(map(re.escape, names))) if names else None
+        self._special_starts = frozenset(name[0] for name in names)
         self._phrases: PhraseTable | None = None
         phrases = tuple(phrases)
         if phrases and spec.encoding._pat_str in SPLICE_SAFE_PATTERNS:
@@ -91,7 +93,12 @@ class ModelEncoder:
             return self._phrases.encode(text, self._plain)
         return array("i", self._plain(text))
 
+    def _may_hold_specials(self, text: str) -> bool:
+        return self._special_re is not None and any(c in text for c in self._special_starts)
+
     def encode_uncached(self, text: str) -> array[int]:
+        if not self._may_hold_specials(text):  # the common case: no special's first character occurs at all
+            return self._ordinary(text)
         out = array("i")
         pos = 0
         for match in self._special_re.finditer(text) if self._special_re is not None else ():
@@ -104,15 +111,13 @@ class ModelEncoder:
         return out
 
     def encode(self, text: str) -> array[int]:
-        cache = self._cache
-        entry = cache._entries.get((self.version, text))  # TokenCache.get inlined: the hit path is ~0.3 µs
+        entry = self._table.get(text)  # TokenCache.get inlined: the hit is one dict lookup and one flag store
         if entry is not None:
             entry[2] = True
-            cache.hits += 1
-            return entry[1]
-        cache.misses += 1
+            return entry[1]  # type: ignore[no-any-return]
+        self._cache.misses += 1
         ids = self.encode_uncached(text)
-        cache.put(self.version, text, ids)
+        self._cache.put(self.version, text, ids)
         return ids
 
     def render_chat(self, messages: Any) -> str:
@@ -130,12 +135,23 @@ class ModelEncoder:
         pos = 0
         for match in self._special_re.finditer(text) if self._special_re is not None else ():
             if match.start() > pos:
-                out.extend(self.encode(text[pos:match.start()]))
+                out.extend(self._segment(text[pos:match.start()]))
             out.append(self._specials[match.group()])
             pos = match.end()
         if pos < len(text):
-            out.extend(self.encode(text[pos:]))
+            out.extend(self._segment(text[pos:]))
         return out
+
+    def _segment(self, text: str) -> array[int]:
+        """`encode` for a text known to hold no special token (a piece of a rendered chat)."""
+        entry = self._table.get(text)
+        if entry is not None:
+            entry[2] = True
+            return entry[1]  # type: ignore[no-any-return]
+        self._cache.misses += 1
+        ids = self._ordinary(text)
+        self._cache.put(self.version, text, ids)
+        return ids
 
     def count_chat_estimate(self, messages: Any) -> int:
         """OpenAI chat models (no template here): content tokens + 3 per message + 3 priming (cookbook rule)."""

@@ -108,9 +108,9 @@ def test_a_tokenizer_version_change_misses_the_cache(cl100k: TokenizerSpec) -> N
     old.encode("hello world")
     cache.put(CL100K_VERSION, "stale", array("i", [1, 2, 3]))
     upgraded = ModelEncoder(TokenizerSpec("tok-new", cl100k.encoding, cl100k.vocab_size), cache)
-    hits = cache.hits
+    misses = cache.misses
     assert upgraded.encode("stale").tolist() == cl100k.encoding.encode("stale")
-    assert cache.hits == hits  # a miss: the key holds the version
+    assert cache.misses == misses + 1  # a miss: the key holds the version
     assert old.encode("stale").tolist() == [1, 2, 3]  # the old version's entry is still its own
 
 
@@ -124,11 +124,13 @@ def test_chat_segments_share_the_system_prompt() -> None:
     cache = TokenCache(1 << 20)
     encoder = ModelEncoder(spec, cache)
     system = {"role": "system", "content": "You are terse. " * 20}
+    misses = []
     for question in ("What is 2+2?", "Name a colour."):
         messages = [system, {"role": "user", "content": question}]
         text = tok.apply_chat_template(messages)
         assert encoder.encode_chat(messages).tolist() == tok.encode(text)
-    assert cache.hits >= 3  # the system segment, the "\n" separators and the assistant header were reused
+        misses.append(cache.misses)
+    assert misses == [4, 5]  # system, "\n", user, "assistant\n"; then only the new user segment
 
 
 def test_the_cache_is_bounded_in_bytes() -> None:
@@ -147,4 +149,4 @@ def test_clock_eviction_keeps_entries_hit_since_the_last_pass() -> None:
     cache.put("v", "d", ids)
     assert cache.get("v", "a") is not None and cache.get("v", "b") is None
     cache.discard("v", "a")
-    assert cache.get("v", "a") is None and cache.bytes == sum(e[0] for e in cache._entries.values())
+    assert cache.get("v", "a") is None and cache.bytes == sum(e[0] for e in cache.table("v").values())
