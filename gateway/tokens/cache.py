@@ -48,7 +48,7 @@ class TokenCache:
             return None
         entry[2] = True
         self.hits += 1
-        return entry[1]  # type: ignore[no-any-return]
+        return entry[1]
 
     def put(self, version: str, text: str, ids: array[int]) -> None:
         size = entry_bytes(text, ids)

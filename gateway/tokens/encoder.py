@@ -114,7 +114,7 @@ class ModelEncoder:
         entry = self._table.get(text)  # TokenCache.get inlined: the hit is one dict lookup and one flag store
         if entry is not None:
             entry[2] = True
-            return entry[1]  # type: ignore[no-any-return]
+            return entry[1]
         self._cache.misses += 1
         ids = self.encode_uncached(text)
         self._cache.put(self.version, text, ids)
@@ -147,7 +147,7 @@ class ModelEncoder:
         entry = self._table.get(text)
         if entry is not None:
             entry[2] = True
-            return entry[1]  # type: ignore[no-any-return]
+            return entry[1]
         self._cache.misses += 1
         ids = self._ordinary(text)
         self._cache.put(self.version, text, ids)

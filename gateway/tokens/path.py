@@ -9,6 +9,7 @@ contacting the upstream, and sends the request as token ids when the backend adv
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from array import array
@@ -78,8 +79,8 @@ class TokenPath:
                           headers: Mapping[str, str]) -> ModelEncoder | None:
         if info is not None and info.tokenizer:
             spec = self.registry.known(info.tokenizer) or await self.registry.backend(info.tokenizer, headers)
-        elif self.config.openai_models:
-            spec = self.registry.for_openai_model(model)
+        elif self.config.openai_models:  # the first use loads cl100k (~1 s): off the event loop
+            spec = await asyncio.to_thread(self.registry.for_openai_model, model)
         else:
             spec = None
         return None if spec is None else self.encoder(spec)

@@ -156,3 +156,29 @@ async def test_json_and_binary_transports_answer_identically(make: Make, engine:
         assert via_json[0] == 200
         assert len(engine.prompts) >= 2 and engine.prompts[0] == engine.prompts[-1]
     assert len(binary.state.extensions["tokens"].cache) > 0  # type: ignore[attr-defined]
+
+
+async def test_openai_models_are_counted_with_offline_cl100k_for_the_rate_limit(make_openai: Make) -> None:
+    gw = await make_openai()
+    body = {"model": "gpt-4", "temperature": 0, "max_tokens": 10,
+            "messages": [{"role": "user", "content": "word " * 60}]}
+    assert (await gw.client.post("/v1/chat/completions", json=body)).status == 200
+    limited = await gw.client.post("/v1/chat/completions", json={**body, "max_tokens": 11})
+    assert limited.status == 429 and limited.headers["Retry-After"]
+    unknown = {**body, "model": "gpt-4o", "max_tokens": 11}  # o200k_base is not shipped offline: not counted
+    assert (await gw.client.post("/v1/chat/completions", json=unknown)).status == 200
+
+
+@pytest.fixture
+async def make_openai(upstream_url: str, tmp_path: Path) -> AsyncIterator[Make]:
+    started: list[RunningGateway] = []
+
+    async def factory() -> RunningGateway:
+        config = gateway_config(upstream_url, tokens={"cache_dir": str(tmp_path), "tokens_per_minute": 100})
+        gw = await start_gateway(config, FakeClock())
+        started.append(gw)
+        return gw
+
+    yield factory
+    for gw in started:
+        await gw.close()
