@@ -7,7 +7,8 @@ text[i-1] == "\\n", text[i-2] and text[i] not whitespace (or the ends of the tex
 regex match can contain such a newline together with either neighbour (only the `\\s` alternatives match
 "\\n", and `[\\r\\n]*` suffixes stop at non-newlines), none of them looks behind, and the lone "\\n" is the
 same piece whether the text goes on or ends there (cl100k's `\\s++$` takes it at the end, `\\s*[\\r\\n]`
-inside); `tests/gateway/test_tokens_encode.py` checks equality with plain `encode` on random text. Other patterns are not spliced (the encoder falls back to plain encode).
+inside); `tests/gateway/test_tokens_encode.py` checks equality with plain `encode` on random text. Other
+patterns are not spliced (the encoder falls back to plain encode).
 
 Only ids the model's own encoder produced are ever spliced: adding new token ids for domain terms is
 refused, because the model has no trained embedding for them and it would change what the model sees.
