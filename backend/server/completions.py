@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from aiohttp import web
@@ -49,8 +49,9 @@ async def _serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     prompt_ids = _prompt_ids(req, model)
     params = _sampling_params(req, len(prompt_ids), model, limits)
     prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
-    meta = {
-        "id": f"{prefix}-{uuid.uuid4().hex}",
+    request_id = f"{prefix}-{uuid.uuid4().hex}"
+    meta: dict[str, Any] = {
+        "id": request_id,
         "created": int(time.time()),
         "model": model.id,
         "system_fingerprint": model.revision,
@@ -63,7 +64,7 @@ async def _serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         prompt_ids,
         params,
         req.stop,
-        meta["id"],
+        request_id,
         usage,
         on_first_token=metrics.ttft_seconds.observe,
     )
@@ -139,7 +140,7 @@ async def _stream(
     req: GenerationRequest,
     meta: dict[str, Any],
     first: ChoiceEvent,
-    events: AsyncIterator[ChoiceEvent],
+    events: AsyncGenerator[ChoiceEvent, None],
     usage: Usage,
 ) -> web.StreamResponse:
     obj = "chat.completion.chunk" if req.endpoint == "chat" else "text_completion"
@@ -183,7 +184,7 @@ async def _collect(
     req: GenerationRequest,
     meta: dict[str, Any],
     first: ChoiceEvent,
-    events: AsyncIterator[ChoiceEvent],
+    events: AsyncGenerator[ChoiceEvent, None],
     usage: Usage,
 ) -> web.Response:
     texts = [""] * req.n

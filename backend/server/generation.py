@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -51,6 +51,17 @@ class _Failed:
         self.error = error
 
 
+@contextlib.asynccontextmanager
+async def _closing(stream: AsyncIterator[Any]) -> AsyncIterator[AsyncIterator[Any]]:
+    """Close the engine's iterator on exit, which aborts an unfinished engine request."""
+    try:
+        yield stream
+    finally:
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
 async def run_choices(
     generate: Callable[[Sequence[int], SamplingParams, str], AsyncIterator[Any]],
     tokenizer: Tokenizer,
@@ -60,7 +71,7 @@ async def run_choices(
     request_id: str,
     usage: Usage,
     on_first_token: Callable[[float], None] | None = None,
-) -> AsyncIterator[ChoiceEvent]:
+) -> AsyncGenerator[ChoiceEvent, None]:
     """Yield every choice's text as it is produced; the last event of each choice has `finish_reason`."""
     queue: asyncio.Queue[ChoiceEvent | _Failed] = asyncio.Queue()
     started = time.perf_counter()
@@ -74,9 +85,7 @@ async def run_choices(
     async def one(index: int, choice_params: SamplingParams) -> None:
         text = TextStream(decode, stop)
         try:
-            async with contextlib.aclosing(
-                generate(prompt_ids, choice_params, f"{request_id}-{index}")
-            ) as stream:
+            async with _closing(generate(prompt_ids, choice_params, f"{request_id}-{index}")) as stream:
                 async for out in stream:
                     if first[0] and on_first_token is not None:
                         first[0] = False

@@ -49,6 +49,6 @@ EngineFactory = Callable[[], Engine]
 
 MODEL_KEY = web.AppKey("model", ServedModel)
 LIMITS_KEY = web.AppKey("limits", ServerLimits)
-ENGINE_FACTORY_KEY = web.AppKey("engine_factory", EngineFactory)
+ENGINE_FACTORY_KEY: web.AppKey[EngineFactory] = web.AppKey("engine_factory")
 ENGINE_KEY = web.AppKey("engine", Engine)
 METRICS_KEY = web.AppKey("metrics", BackendMetrics)
