@@ -134,7 +134,7 @@ def step_hf() -> None:
     path = gguf_path()
     goldens = json.loads(GENERATION_GOLDENS.read_text())
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, torch_dtype=torch.float32
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
     )
     model.eval()
     eos = 2
