@@ -22,6 +22,7 @@ from backend.model.llama import LlamaModel
 from backend.server import ServedModel, create_app
 from backend.server.state import ENGINE_KEY
 
+SERVED_PATHS: web.AppKey[list[str]] = web.AppKey("served_paths", list)
 GOLDENS = json.loads((Path(__file__).parent / "data" / "smollm2_generation_goldens.json").read_text())
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -36,6 +37,12 @@ async def served() -> AsyncIterator[tuple[TestClient, web.Application]]:
         id=loaded.name, revision=loaded.revision, tokenizer=loaded.tokenizer, max_model_len=1024, created=0
     )
     app = create_app(info, lambda: AsyncEngine(model, config, loaded.tokenizer.eos_token_ids))
+    app[SERVED_PATHS] = []
+
+    async def record(request: web.Request, _response: web.StreamResponse) -> None:
+        request.app[SERVED_PATHS].append(request.path)
+
+    app.on_response_prepare.append(record)
     async with TestClient(TestServer(app)) as client:
         yield client, app
 
@@ -73,3 +80,38 @@ async def test_models_lists_smollm2_with_revision_and_tokenizer(
     assert entry["id"] == "SmolLM2-135M-Instruct"
     assert entry["tokenedge"]["revision"].startswith("rev-")
     assert entry["tokenedge"]["tokenizer"].startswith("tok-")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_json_and_binary_transports_give_identical_answers_with_the_real_model(
+    served: tuple[TestClient, web.Application], tmp_path: Path, stream: bool
+) -> None:
+    """Issue 7: the same greedy requests through a JSON-transport gateway and a binary-transport gateway, both in
+    front of the real SmolLM2 engine, give identical client responses (ids and timestamps normalized)."""
+    from tests.gateway.test_tokens_path import answer
+    from tests.support.gateway import FakeClock, gateway_config, start_gateway
+
+    client, app = served
+    paths = app[SERVED_PATHS]
+    url = str(client.server.make_url("")).rstrip("/")
+    gateways = [
+        await start_gateway(
+            gateway_config(url, tokens={"cache_dir": str(tmp_path), "binary_transport": binary}), FakeClock()
+        )
+        for binary in (False, True)
+    ]
+    try:
+        for question in ("What is the capital of France?", "Name three colours.", "Say hello in French."):
+            body = {"model": "SmolLM2-135M-Instruct", "temperature": 0, "max_tokens": 12, "stream": stream,
+                    "messages": [{"role": "user", "content": question}]}
+            # Warm the engine's prefix cache first, so both transports report the same `cached_tokens`.
+            assert (await client.post("/v1/chat/completions", json=body)).status == 200
+            via_json = await answer(gateways[0], "/v1/chat/completions", body)
+            assert paths[-1] == "/v1/chat/completions"
+            via_binary = await answer(gateways[1], "/v1/chat/completions", body)
+            assert paths[-1] == "/v1/tokens/generate"
+            assert via_json[0] == 200
+            assert via_binary == via_json
+    finally:
+        for gw in gateways:
+            await gw.close()
