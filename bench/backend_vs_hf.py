@@ -91,15 +91,32 @@ def transformers_side(dtype: torch.dtype, batch: list[list[int]], new_tokens: in
 
     path = default_model_path()
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, torch_dtype=dtype
+        str(path.parent), gguf_file=path.name, dtype=dtype
     )
     model.eval()
     common = {"do_sample": False, "pad_token_id": 2, "eos_token_id": None}
 
-    def generate(ids: torch.Tensor, mask: torch.Tensor, n: int) -> float:
+    class FirstToken(transformers.generation.streamers.BaseStreamer):
+        """generate() calls put() with the prompt, then once per new token: time the first new one."""
+
+        def __init__(self) -> None:
+            self.calls = 0
+            self.first = 0.0
+
+        def put(self, value: torch.Tensor) -> None:
+            self.calls += 1
+            if self.calls == 2:
+                self.first = time.perf_counter()
+
+        def end(self) -> None:
+            pass
+
+    def generate(ids: torch.Tensor, mask: torch.Tensor, n: int, streamer: FirstToken | None = None) -> float:
         start = time.perf_counter()
         with torch.no_grad():
-            model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, **common)
+            model.generate(
+                ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, streamer=streamer, **common
+            )
         return time.perf_counter() - start
 
     one = torch.tensor([batch[0][:8]])
@@ -107,9 +124,9 @@ def transformers_side(dtype: torch.dtype, batch: list[list[int]], new_tokens: in
     decode = []
     for ids in batch[:3]:
         t = torch.tensor([ids])
-        prefill = generate(t, torch.ones_like(t), 1)
-        total = generate(t, torch.ones_like(t), new_tokens)
-        decode.append((new_tokens - 1) / (total - prefill))
+        streamer = FirstToken()
+        generate(t, torch.ones_like(t), new_tokens, streamer)
+        decode.append((new_tokens - 1) / (time.perf_counter() - streamer.first))
     width = max(len(ids) for ids in batch)
     padded = torch.tensor([[2] * (width - len(ids)) + ids for ids in batch])
     mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch])
