@@ -24,6 +24,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from gateway.tally import Tally
+
 ENTRIES = "tokenedge_cache_entries"
 BYTES = "tokenedge_cache_bytes"
 
@@ -69,6 +71,7 @@ class GatewayMetrics:
                                        registry=r)
 
         self._stages: dict[str, Histogram] = {}
+        self.tally = Tally()  # the hot path records here; flushed into the objects above (gateway/tally.py)
 
     def stage(self, name: str) -> Histogram:
         """The pre-bound `stage_duration{stage=name}` child (the label set is the closed `timing.STAGES`)."""
@@ -82,6 +85,7 @@ class GatewayMetrics:
 
         `shared` maps a shared tier (``"l2"``) to its (entries, bytes), read once by the caller at scrape time.
         """
+        self.tally.flush()
         source: Collector = self.registry
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             source = CollectorRegistry()

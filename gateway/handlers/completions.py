@@ -25,10 +25,10 @@ from gateway.keys import PUBLIC_SCOPE, CacheKey, derive_key_from_bytes, tenant_s
 from gateway.memo import ParsedRequest
 from gateway.policy import Bypass, Freshness, Lookup, decide, freshness, satisfies
 from gateway.state import STATE, GatewayState
-from gateway.timing import lap, start_timer
-from gateway.tokens.path import check_bypass, upstream_for
 from gateway.streaming.handler import serve_stream
 from gateway.streaming.replay import wants_usage
+from gateway.timing import lap, start_timer
+from gateway.tokens.path import check_bypass, upstream_for
 from gateway.upstream import forward_headers, relay_headers
 from gateway.validate import check_content_type, parse_object, read_body, validate
 
@@ -112,8 +112,9 @@ def make_handler(endpoint: str):
             result = "error"
             raise
         finally:
-            state.metrics.requests.labels(endpoint, result, reason).inc()
-            state.metrics.request_duration.labels(endpoint, result).observe(time.perf_counter() - started)
+            tally = state.metrics.tally
+            tally.inc(state.metrics.requests, (endpoint, result, reason))
+            tally.observe(state.metrics.request_duration, (endpoint, result), time.perf_counter() - started)
             handler_done(state, timer, result, reason)
 
     return handler
@@ -159,8 +160,8 @@ def served_from_cache(state: GatewayState, entry: Entry) -> None:
     usage = entry.usage or {}
     saved = usage.get("total_tokens")
     if isinstance(saved, int) and saved > 0:
-        state.metrics.tokens_saved.inc(saved)
-    state.metrics.bytes_from_cache.inc(len(entry.body))
+        state.metrics.tally.inc(state.metrics.tokens_saved, (), saved)
+    state.metrics.tally.inc(state.metrics.bytes_from_cache, (), len(entry.body))
 
 
 async def lookup_or_fill(request: web.Request, state: GatewayState, prep: Prepared,

@@ -73,6 +73,7 @@ async def gauge_refresher(app: web.Application) -> AsyncIterator[None]:
     async def loop() -> None:
         while True:
             update_gauges(state)
+            state.metrics.tally.flush()  # other workers' scrapes read the shared files: keep them current
             await asyncio.sleep(GAUGE_REFRESH_S)
 
     task = asyncio.create_task(loop(), name="tokenedge-gauges")
@@ -82,6 +83,7 @@ async def gauge_refresher(app: web.Application) -> AsyncIterator[None]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        state.metrics.tally.flush()
 
 
 async def shared_tier_sizes(state: GatewayState) -> dict[str, tuple[int, int]]:
@@ -106,8 +108,8 @@ def finish_request(state: GatewayState, timer: StageTimer) -> None:
     """Record a cacheable request's breakdown once both its outcome and its status are known."""
     m = state.metrics
     for stage, seconds in timer.stages.items():
-        m.stage(stage).observe(seconds)
-    m.ttft.labels(timer.route, timer.result).observe(timer.ttft())
+        m.tally.observe(m.stage_duration, (stage,), seconds)
+    m.tally.observe(m.ttft, (timer.route, timer.result), timer.ttft())
     accesslog.write(timer, state.config.server.access_log_sample_rate)
 
 

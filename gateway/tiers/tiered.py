@@ -26,16 +26,16 @@ class TieredCache:
         self.l2 = l2
         self._lookups = metrics.lookups
         self._stores = metrics.cache_stores
-        self._l1_hit = metrics.lookups.labels("l1", "hit")
-        self._l1_miss = metrics.lookups.labels("l1", "miss")
+        self._tally = metrics.tally
+        self._lookups_metric = metrics.lookups
 
     async def get(self, key: str) -> Found | None:
         if self.l1.enabled:
             entry = self.l1.get(key)
             if entry is not None:
-                self._l1_hit.inc()
+                self._tally.inc(self._lookups_metric, ("l1", "hit"))
                 return Found(entry, "l1")
-            self._l1_miss.inc()
+            self._tally.inc(self._lookups_metric, ("l1", "miss"))
         if self.l2 is None:
             return None
         try:

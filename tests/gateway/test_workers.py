@@ -74,8 +74,15 @@ async def test_totals_across_two_workers_equal_requests_sent(workers: str, fake:
                 f"{workers}/v1/chat/completions", json=CHAT, headers=AUTH_A) as resp:
             assert resp.status == 200
             await resp.read()
-    async with aiohttp.ClientSession() as session, session.get(f"{workers}/metrics") as resp:
-        m = parse(await resp.text())
+    # Each worker folds its hot-path tallies into the shared files at least once a second (gateway/tally.py):
+    # poll (bounded) until the other worker's last second has landed.
+    m = {}
+    for _ in range(50):
+        async with aiohttp.ClientSession() as session, session.get(f"{workers}/metrics") as resp:
+            m = parse(await resp.text())
+        if value(m, "tokenedge_requests_total") >= N:
+            break
+        await asyncio.sleep(0.1)
 
     assert value(m, "tokenedge_requests_total") == N
     assert value(m, "tokenedge_request_duration_seconds_count") == N
