@@ -103,3 +103,18 @@ async def test_a_gateway_bug_is_a_json_500_not_a_bare_page(make_gateway: Gateway
     resp = await gw.client.post("/v1/chat/completions", data=GOOD, headers=JSON)
     assert resp.status == 500
     assert (await resp.json())["error"]["code"] == "internal_error"
+
+
+async def test_chunked_body_over_the_limit_is_a_json_413(make_gateway: GatewayFactory, fake: FakeUpstream) -> None:
+    gw = await make_gateway(server={"max_body_bytes": 65536})
+
+    async def chunks():  # no Content-Length: the limit must be enforced while reading
+        yield b'{"model":"test-model","messages":[{"role":"user","content":"'
+        for _ in range(20):
+            yield b"x" * 8192
+        yield b'"}]}'
+
+    resp = await gw.client.post("/v1/chat/completions", data=chunks(), headers=JSON)
+    assert resp.status == 413
+    assert (await resp.json())["error"]["code"] == "payload_too_large"
+    assert fake.calls["chat"] == 0
