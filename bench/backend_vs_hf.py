@@ -47,7 +47,6 @@ async def ours(
     loaded: LoadedModel, dtype: torch.dtype, batch: list[list[int]], new_tokens: int
 ) -> dict[str, float]:
     from backend.engine.async_engine import AsyncEngine
-
     from backend.engine.config import EngineConfig
     from backend.engine.sampling_params import SamplingParams
     from backend.model.llama import LlamaModel
