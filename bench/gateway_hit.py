@@ -1,16 +1,14 @@
-"""Benchmark: gateway L1-hit throughput against a bare aiohttp app returning the same bytes.
+"""Benchmark: gateway L1-hit throughput against a bare aiohttp app returning the same bytes (issue 2's check).
 
 Same run, same load tool (wrk), same worker count, same request bytes; the ratio is what counts.
-`python -m bench gateway_hit [--workers N] [--duration S] [--repeats R]`.
+`python -m bench gateway_hit [--workers N] [--duration S] [--repeats R]`. The full suite is `bench gateway`.
 """
 
 from __future__ import annotations
 
 import argparse
-import tempfile
 import urllib.request
 from contextlib import ExitStack
-from pathlib import Path
 
 from bench.harness import (
     PYTHON,
@@ -22,6 +20,7 @@ from bench.harness import (
     write_results,
     wrk,
 )
+from bench.peers import bare_aiohttp
 
 REQUEST = (b'{"model":"bench-model","temperature":0,"max_tokens":64,'
            b'"messages":[{"role":"system","content":"You are terse."},'
@@ -29,21 +28,10 @@ REQUEST = (b'{"model":"bench-model","temperature":0,"max_tokens":64,'
 HEADERS = {"Content-Type": "application/json", "Authorization": "Bearer bench-tenant"}
 
 
-def post(url: str) -> tuple[bytes, dict[str, str]]:
-    req = urllib.request.Request(url, data=REQUEST, headers=HEADERS, method="POST")
-    with urllib.request.urlopen(req, timeout=10) as resp:
+def post(url: str, body: bytes = REQUEST, headers: dict[str, str] = HEADERS) -> tuple[bytes, dict[str, str]]:
+    req = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    with urllib.request.urlopen(req, timeout=30) as resp:
         return resp.read(), dict(resp.headers)
-
-
-def start_bare(stack: ExitStack, body_file: Path, workers: int) -> tuple[str, list[int]]:
-    port = free_port()
-    pids = []
-    for _ in range(workers):
-        argv = [PYTHON, "-m", "bench.servers", "bare", str(port), str(body_file)]
-        if workers > 1:
-            argv.append("--reuse-port")
-        pids.append(stack.enter_context(server(argv, f"http://127.0.0.1:{port}/health")).pid)
-    return f"http://127.0.0.1:{port}/v1/chat/completions", pids
 
 
 def run(workers: int, duration_s: int, repeats: int, connections: int) -> dict[str, LoadResult]:
@@ -59,9 +47,7 @@ def run(workers: int, duration_s: int, repeats: int, connections: int) -> dict[s
         post(gw_url)
         hit_body, hit_headers = post(gw_url)
         assert hit_headers.get("Cache-Status", "").startswith("tokenedge; hit"), hit_headers
-        body_file = Path(tempfile.mkstemp(suffix=".json")[1])
-        body_file.write_bytes(hit_body)
-        bare_url, bare_pids = start_bare(stack, body_file, workers)
+        bare_url, bare_pids = stack.enter_context(bare_aiohttp(hit_body, workers))
         for url in (gw_url, bare_url):  # warm-up: workers primed, connections established
             for _ in range(workers * 4):
                 post(url)
@@ -85,9 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     payload: dict[str, object] = {}
     for workers in args.workers:
         results = run(workers, args.duration, args.repeats, args.connections)
-        rows = list(results.items())
         print_table(f"L1 hit vs bare aiohttp, {workers} worker(s), wrk -t1 -c{args.connections} "
-                    f"-d{args.duration}s, median of {args.repeats}", rows, "bare aiohttp (same bytes)")
+                    f"-d{args.duration}s, median of {args.repeats}", list(results.items()), "bare aiohttp (same bytes)")
         ratio = results["gateway L1 hit"].rps / results["bare aiohttp (same bytes)"].rps
         print(f"ratio gateway/bare = {ratio:.2f}x (target >= 0.90x)")
         payload[f"workers_{workers}"] = {"results": results, "ratio": ratio}

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
-from bench.gateway_hit import HEADERS, REQUEST
+from bench.gateway_hit import HEADERS, REQUEST, post
 from bench.harness import (
     PYTHON,
     UNIQUE,
@@ -30,12 +29,6 @@ from tests.support.services import wait_for_line
 BYPASS_REQUEST = REQUEST.replace(b'"temperature":0', b'"temperature":0.7')
 MISS_REQUEST = REQUEST.replace(b"What is the capital", b"__UNIQUE__ What is the capital")
 Target = tuple[str, list[int], bytes, dict[str, str]]
-
-
-def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
-    req = urllib.request.Request(url, data=body, headers=headers, method="POST")
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        return resp.read(), dict(resp.headers)
 
 
 @contextmanager

@@ -128,20 +128,40 @@ async def bypass(request: web.Request, state: GatewayState, prep: Prepared, reas
                                       "Cache-Control": hdr.BYPASS_CACHE_CONTROL})
 
 
-async def streamed(request: web.Request, state: GatewayState, prep: Prepared,
-                   lookup: Lookup) -> tuple[web.StreamResponse, str, str]:
-    """`stream: true`: a hit replayed as SSE, or a miss teed to the client and recorded (gateway.streaming)."""
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    model: str
+    revision: str
+    key: CacheKey
+    forward: Any  # the upstream request headers when already built (a catalog refresh needed them), else None
+
+
+async def resolve_key(request: web.Request, state: GatewayState, prep: Prepared) -> Resolved:
+    """The model revision (no await, no header work while the catalog is fresh) and the request's key."""
     model = prep.body["model"]
     revision = state.catalog.fresh_revision(model)
     fwd: Any = None
     if revision is None:
         fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
         revision = await state.catalog.revision(model, fwd)
-    key = cache_key(request, state, prep, revision)
-    if fwd is None:  # the tee forwards these to the upstream on a miss
+    return Resolved(model, revision, cache_key(request, state, prep, revision), fwd)
+
+
+def fill_request(request: web.Request, state: GatewayState, prep: Prepared, lookup: Lookup,
+                 resolved: Resolved) -> FillRequest:
+    """What a miss sends upstream: the client's own bytes and headers (minus hop-by-hop), for this key."""
+    fwd = resolved.forward
+    if fwd is None:
         fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
-    fill_req = FillRequest(prep.endpoint, key, model, revision, lookup.ttl_s, request.path_qs, fwd, prep.raw,
-                           upstream_for(state, prep.endpoint, prep.body, request.headers))
+    return FillRequest(prep.endpoint, resolved.key, resolved.model, resolved.revision, lookup.ttl_s,
+                       request.path_qs, fwd, prep.raw, upstream_for(state, prep.endpoint, prep.body, request.headers))
+
+
+async def streamed(request: web.Request, state: GatewayState, prep: Prepared,
+                   lookup: Lookup) -> tuple[web.StreamResponse, str, str]:
+    """`stream: true`: a hit replayed as SSE, or a miss teed to the client and recorded (gateway.streaming)."""
+    resolved = await resolve_key(request, state, prep)
+    fill_req = fill_request(request, state, prep, lookup, resolved)  # the tee forwards it upstream on a miss
     return await serve_stream(request, state, fill_req, lookup, prep.directives,
                               include_usage=wants_usage(prep.body))
 
@@ -166,13 +186,8 @@ def served_from_cache(state: GatewayState, entry: Entry) -> None:
 
 async def lookup_or_fill(request: web.Request, state: GatewayState, prep: Prepared,
                          lookup: Lookup) -> tuple[web.StreamResponse, str, str]:
-    model = prep.body["model"]
-    revision = state.catalog.fresh_revision(model)
-    fwd: Any = None
-    if revision is None:
-        fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
-        revision = await state.catalog.revision(model, fwd)
-    key = cache_key(request, state, prep, revision)
+    resolved = await resolve_key(request, state, prep)
+    key = resolved.key
     lap(request, "parse", key=key.key)
     stale: Entry | None = None
     if lookup.read:
@@ -192,10 +207,7 @@ async def lookup_or_fill(request: web.Request, state: GatewayState, prep: Prepar
                 stale = entry
     if lookup.only_if_cached:
         raise NotCached("only-if-cached: no fresh cached answer for this request")
-    if fwd is None:
-        fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
-    fill_req = FillRequest(prep.endpoint, key, model, revision, lookup.ttl_s, request.path_qs, fwd, prep.raw,
-                           upstream_for(state, prep.endpoint, prep.body, request.headers))
+    fill_req = fill_request(request, state, prep, lookup, resolved)
     try:
         outcome, leader = await state.flights.do(key.key, lambda: fill(state, fill_req))
         lap(request, "upstream")
