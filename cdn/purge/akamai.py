@@ -13,17 +13,17 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Literal
 
 import aiohttp
 
-from cdn.purge.base import Batch, PurgeResult, batches_by_size, body_snippet, run_batches, targets_for
+from cdn.purge.base import Batch, HttpPurgeClient, PurgeResult, batches_by_size, check_2xx, targets_for
 from cdn.purge.edgegrid import DEFAULT_MAX_BODY, EdgeGridCredentials, edgegrid_timestamp, sign_request
-from cdn.purge.redact import Redactor, redacted_repr
-from cdn.purge.retry import RetryingSender, RetryPolicy, Sleep, Uniform
+from cdn.purge.redact import redacted_repr
+from cdn.purge.retry import RetryPolicy, Sleep, Uniform
 from cdn.purge.transport import AiohttpTransport, HttpRequest, HttpResponse, Transport
 
 __all__ = ["AKAMAI_MAX_BODY_BYTES", "AkamaiConfig", "AkamaiPurgeClient"]
@@ -61,7 +61,7 @@ class AkamaiConfig:
         return redacted_repr(self, [f.name for f in fields(self)], frozenset())
 
 
-class AkamaiPurgeClient:
+class AkamaiPurgeClient(HttpPurgeClient[AkamaiConfig]):
     name = "akamai"
 
     def __init__(
@@ -75,22 +75,13 @@ class AkamaiPurgeClient:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         nonce: Callable[[], str] = lambda: str(uuid.uuid4()),
     ) -> None:
-        self._config = config
-        creds = config.credentials
-        self._redact = Redactor([creds.client_secret, creds.access_token, creds.client_token])
         # Sign at send time: a retried request needs a fresh timestamp and nonce.
-        base = transport or AiohttpTransport(session)
-        self._sender = RetryingSender(
-            self.name,
-            _SigningTransport(base, config, clock, nonce),
-            config.retry,
-            self._redact,
-            sleep=sleep,
-            rng=rng,
-        )
+        signing = _SigningTransport(transport or AiohttpTransport(session), config, clock, nonce)
+        super().__init__(config, session, sleep=sleep, rng=rng, transport=signing)
 
-    def __repr__(self) -> str:
-        return f"AkamaiPurgeClient({self._config!r})"
+    def _secrets(self) -> Iterable[str | None]:
+        creds = self._config.credentials
+        return [creds.client_secret, creds.access_token, creds.client_token]
 
     async def purge(self, keys: Sequence[str], tags: Sequence[str]) -> PurgeResult:
         values, errors = targets_for(keys, tags, "akamai")
@@ -103,7 +94,7 @@ class AkamaiPurgeClient:
             Batch(HttpRequest("POST", url, headers, json.dumps({"objects": chunk}).encode()), len(chunk))
             for chunk in batches_by_size(values, max_count=len(values) or 1, max_bytes=budget, overhead=4)
         ]
-        return await run_batches(self.name, batches, self._sender, _check, self._redact, errors)
+        return await self._send(batches, check_2xx, errors)
 
 
 class _SigningTransport:
@@ -133,9 +124,3 @@ class _SigningTransport:
             request.method, request.url, {**request.headers, "Authorization": auth}, request.body
         )
         return await self._inner.send(signed, timeout_s)
-
-
-def _check(response: HttpResponse) -> str | None:
-    if 200 <= response.status < 300:
-        return None
-    return f"HTTP {response.status}: {body_snippet(response)}"

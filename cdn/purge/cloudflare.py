@@ -9,17 +9,14 @@ go out one after another). A 200 whose envelope says `"success": false` is a fai
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 
-import aiohttp
-
-from cdn.purge.base import Batch, PurgeResult, batches_by_count, body_snippet, run_batches, targets_for
-from cdn.purge.redact import Redactor, redacted_repr
-from cdn.purge.retry import RetryingSender, RetryPolicy, Sleep, Uniform
-from cdn.purge.transport import AiohttpTransport, HttpRequest, HttpResponse, Transport
+from cdn.purge.base import Batch, HttpPurgeClient, PurgeResult, batches_by_count, body_snippet, targets_for
+from cdn.purge.redact import redacted_repr
+from cdn.purge.retry import RetryPolicy
+from cdn.purge.transport import HttpRequest, HttpResponse
 
 __all__ = ["CLOUDFLARE_MAX_TAGS_PER_REQUEST", "CloudflareConfig", "CloudflarePurgeClient"]
 
@@ -48,31 +45,11 @@ class CloudflareConfig:
         return redacted_repr(self, [f.name for f in fields(self)], frozenset({"api_token"}))
 
 
-class CloudflarePurgeClient:
+class CloudflarePurgeClient(HttpPurgeClient[CloudflareConfig]):
     name = "cloudflare"
 
-    def __init__(
-        self,
-        config: CloudflareConfig,
-        session: aiohttp.ClientSession,
-        *,
-        sleep: Sleep = asyncio.sleep,
-        rng: Uniform | None = None,
-        transport: Transport | None = None,
-    ) -> None:
-        self._config = config
-        self._redact = Redactor([config.api_token])
-        self._sender = RetryingSender(
-            self.name,
-            transport or AiohttpTransport(session),
-            config.retry,
-            self._redact,
-            sleep=sleep,
-            rng=rng,
-        )
-
-    def __repr__(self) -> str:
-        return f"CloudflarePurgeClient({self._config!r})"
+    def _secrets(self) -> Iterable[str | None]:
+        return [self._config.api_token]
 
     async def purge(self, keys: Sequence[str], tags: Sequence[str]) -> PurgeResult:
         values, errors = targets_for(keys, tags, "cache-tag")
@@ -83,7 +60,7 @@ class CloudflarePurgeClient:
             Batch(HttpRequest("POST", url, headers, json.dumps({"tags": chunk}).encode()), len(chunk))
             for chunk in batches_by_count(values, cfg.max_tags_per_request)
         ]
-        return await run_batches(self.name, batches, self._sender, _check, self._redact, errors)
+        return await self._send(batches, _check, errors)
 
 
 def _check(response: HttpResponse) -> str | None:

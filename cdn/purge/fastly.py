@@ -8,16 +8,13 @@ instead of evicting it). A success is HTTP 200 with a JSON map of key -> purge i
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 
-import aiohttp
-
-from cdn.purge.base import Batch, PurgeResult, batches_by_count, body_snippet, run_batches, targets_for
-from cdn.purge.redact import Redactor, redacted_repr
-from cdn.purge.retry import RetryingSender, RetryPolicy, Sleep, Uniform
-from cdn.purge.transport import AiohttpTransport, HttpRequest, HttpResponse, Transport
+from cdn.purge.base import Batch, HttpPurgeClient, PurgeResult, batches_by_count, check_2xx, targets_for
+from cdn.purge.redact import redacted_repr
+from cdn.purge.retry import RetryPolicy
+from cdn.purge.transport import HttpRequest
 
 __all__ = ["FASTLY_MAX_KEYS_PER_REQUEST", "FastlyConfig", "FastlyPurgeClient"]
 
@@ -45,31 +42,11 @@ class FastlyConfig:
         return redacted_repr(self, [f.name for f in fields(self)], frozenset({"api_token"}))
 
 
-class FastlyPurgeClient:
+class FastlyPurgeClient(HttpPurgeClient[FastlyConfig]):
     name = "fastly"
 
-    def __init__(
-        self,
-        config: FastlyConfig,
-        session: aiohttp.ClientSession,
-        *,
-        sleep: Sleep = asyncio.sleep,
-        rng: Uniform | None = None,
-        transport: Transport | None = None,
-    ) -> None:
-        self._config = config
-        self._redact = Redactor([config.api_token])
-        self._sender = RetryingSender(
-            self.name,
-            transport or AiohttpTransport(session),
-            config.retry,
-            self._redact,
-            sleep=sleep,
-            rng=rng,
-        )
-
-    def __repr__(self) -> str:
-        return f"FastlyPurgeClient({self._config!r})"
+    def _secrets(self) -> Iterable[str | None]:
+        return [self._config.api_token]
 
     async def purge(self, keys: Sequence[str], tags: Sequence[str]) -> PurgeResult:
         values, errors = targets_for(keys, tags, "surrogate-key")
@@ -85,10 +62,4 @@ class FastlyPurgeClient:
             if cfg.soft:
                 headers["Fastly-Soft-Purge"] = "1"
             batches.append(Batch(HttpRequest("POST", url, headers), len(chunk)))
-        return await run_batches(self.name, batches, self._sender, _check, self._redact, errors)
-
-
-def _check(response: HttpResponse) -> str | None:
-    if 200 <= response.status < 300:
-        return None
-    return f"HTTP {response.status}: {body_snippet(response)}"
+        return await self._send(batches, check_2xx, errors)

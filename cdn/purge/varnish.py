@@ -17,16 +17,14 @@ VCL (in addition to an ACL), 200 on success. A tag value never contains whitespa
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
-import aiohttp
-
-from cdn.purge.base import Batch, PurgeResult, batches_by_size, body_snippet, run_batches, targets_for
-from cdn.purge.redact import Redactor, redacted_repr
-from cdn.purge.retry import RetryingSender, RetryPolicy, Sleep, Uniform
-from cdn.purge.transport import AiohttpTransport, HttpRequest, HttpResponse, Transport
+from cdn.purge.base import Batch, HttpPurgeClient, PurgeResult, batches_by_size, check_2xx, targets_for
+from cdn.purge.redact import redacted_repr
+from cdn.purge.retry import RetryPolicy
+from cdn.purge.transport import HttpRequest
 
 __all__ = ["VarnishConfig", "VarnishPurgeClient"]
 
@@ -59,31 +57,11 @@ class VarnishConfig:
         return redacted_repr(self, [f.name for f in fields(self)], frozenset({"token"}))
 
 
-class VarnishPurgeClient:
+class VarnishPurgeClient(HttpPurgeClient[VarnishConfig]):
     name = "varnish"
 
-    def __init__(
-        self,
-        config: VarnishConfig,
-        session: aiohttp.ClientSession,
-        *,
-        sleep: Sleep = asyncio.sleep,
-        rng: Uniform | None = None,
-        transport: Transport | None = None,
-    ) -> None:
-        self._config = config
-        self._redact = Redactor([config.token])
-        self._sender = RetryingSender(
-            self.name,
-            transport or AiohttpTransport(session),
-            config.retry,
-            self._redact,
-            sleep=sleep,
-            rng=rng,
-        )
-
-    def __repr__(self) -> str:
-        return f"VarnishPurgeClient({self._config!r})"
+    def _secrets(self) -> Iterable[str | None]:
+        return [self._config.token]
 
     async def purge(self, keys: Sequence[str], tags: Sequence[str]) -> PurgeResult:
         values, errors = targets_for(keys, tags, "xkey")
@@ -118,10 +96,4 @@ class VarnishPurgeClient:
             if self._config.token:
                 headers["X-Purge-Token"] = self._config.token
             batches.append(Batch(HttpRequest(method, url, headers), len(chunk)))
-        return await run_batches(self.name, batches, self._sender, _check, self._redact, errors)
-
-
-def _check(response: HttpResponse) -> str | None:
-    if 200 <= response.status < 300:
-        return None
-    return f"HTTP {response.status}: {body_snippet(response)}"
+        return await self._send(batches, check_2xx, errors)
