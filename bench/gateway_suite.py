@@ -104,7 +104,7 @@ def run(workers: int, args: argparse.Namespace) -> dict[str, LoadResult]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="bench gateway", description=__doc__)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--duration", type=int, default=4)
+    parser.add_argument("--duration", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--no-litellm", action="store_true")
