@@ -33,6 +33,7 @@ from gateway.upstream import forward_headers, relay_headers
 from gateway.validate import check_content_type, parse_object, read_body, validate
 
 NO_DIRECTIVES = RequestDirectives()
+CREDENTIAL_REFUSALS = frozenset({401, 403, 429})  # answers about the caller, not about the request
 STREAM_REASON = "stream"  # `stream: true` on embeddings (not an OpenAI feature) is relayed untouched
 
 
@@ -216,6 +217,9 @@ async def lookup_or_fill(request: web.Request, state: GatewayState, prep: Prepar
             raise
         return serve_stale(state, stale, exc.code or "error"), "stale", exc.code or "error"
     assert isinstance(outcome, FillResult)
+    if not leader and key.scope == PUBLIC_SCOPE and outcome.response.status in CREDENTIAL_REFUSALS:
+        # On a public route a follower may be another tenant: the leader's credential was refused, not this one.
+        outcome, leader = await fill(state, fill_req), True
     if outcome.response.status >= 500 and stale is not None:
         return serve_stale(state, stale, f"status-{outcome.response.status}"), "stale", "status"
     response = miss_response(state, outcome, collapsed=not leader)

@@ -252,3 +252,36 @@ async def test_stream_requests_pass_through(gw: RunningGateway, fake: FakeUpstre
     assert resp.headers["Content-Type"].startswith("text/event-stream")
     assert text.rstrip().endswith("data: [DONE]")
     assert '"content":"world"' in text
+
+
+async def test_public_route_follower_is_not_refused_with_the_leaders_credential(make_gateway: GatewayFactory,
+                                                                               fake: FakeUpstream) -> None:
+    gw = await make_gateway(routes={"chat/completions": {"scope": "public"}})
+    fake.denied_tokens = {AUTH_B["Authorization"]}
+    fake.gate = asyncio.Event()
+    leader = asyncio.create_task(post_chat(gw, headers=AUTH_B))
+    await fake.entered.wait()
+    follower = asyncio.create_task(post_chat(gw, headers=AUTH_A))
+    key = next(iter(gw.state.flights._flights))
+    while gw.state.flights.followers(key) == 0:
+        await asyncio.sleep(0)
+    fake.gate.set()
+    refused, served = await leader, await follower
+    assert refused.status == 401
+    assert served.status == 200
+    assert served.headers["Cache-Status"].startswith("tokenedge; fwd=miss; stored")
+    assert fake.calls["chat"] == 2
+
+
+async def test_tenant_route_followers_share_the_leaders_refusal(gw: RunningGateway, fake: FakeUpstream) -> None:
+    fake.denied_tokens = {AUTH_A["Authorization"]}
+    fake.gate = asyncio.Event()
+    leader = asyncio.create_task(post_chat(gw))
+    await fake.entered.wait()
+    follower = asyncio.create_task(post_chat(gw))
+    key = next(iter(gw.state.flights._flights))
+    while gw.state.flights.followers(key) == 0:
+        await asyncio.sleep(0)
+    fake.gate.set()
+    assert [(await leader).status, (await follower).status] == [401, 401]
+    assert fake.calls["chat"] == 1  # same credential: one refusal is everyone's answer

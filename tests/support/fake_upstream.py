@@ -30,6 +30,7 @@ class FakeUpstream:
     stream_tool_calls: bool = False
     stream_error_after: int | None = None  # send this many chunks, then an OpenAI-style error event and [DONE]
     finish_reason: str = "stop"
+    denied_tokens: set[str] = field(default_factory=set)  # Authorization values answered with 401
     calls: Counter[str] = field(default_factory=Counter)
     bodies: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
@@ -74,6 +75,9 @@ class FakeUpstream:
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._enter(request, "chat")
+        if request.headers.get("Authorization") in self.denied_tokens:
+            return web.json_response({"error": {"message": "invalid api key", "type": "invalid_request_error",
+                                                "param": None, "code": "invalid_api_key"}}, status=401)
         if (forced := self._forced()) is not None:
             return forced
         n = next(self.serial)
