@@ -20,11 +20,9 @@ response adds `X-Accel-Buffering: no` and is never compressed.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 
 from aiohttp import web
-from prometheus_client import Histogram
 
 from gateway import headers as hdr
 from gateway.cache_control import RequestDirectives
@@ -46,7 +44,6 @@ Outcome = tuple[web.StreamResponse, str, str]
 
 async def serve_stream(request: web.Request, state: GatewayState, req: FillRequest, lookup: Lookup,
                        directives: RequestDirectives, *, include_usage: bool) -> Outcome:
-    started = time.perf_counter()
     stale: Entry | None = None
     if lookup.read:
         found = await state.cache.get(req.key.key)
@@ -57,18 +54,17 @@ async def serve_stream(request: web.Request, state: GatewayState, req: FillReque
             fresh = freshness(age_s=age, ttl_s=entry.ttl_s, stale_if_error_s=entry.stale_if_error_s)
             if fresh is Freshness.FRESH and satisfies(age_s=age, directives=directives):
                 status, age_h = hdr.hit_status(entry, now, tier=found.tier)
-                response = await replay(request, state, entry, status, age_h, include_usage=include_usage,
-                                        started=started, result="hit")
+                response = await replay(request, state, entry, status, age_h, include_usage=include_usage)
                 return response, "hit", found.tier
             if fresh is Freshness.STALE:
                 stale = entry
     if lookup.only_if_cached:
         raise NotCached("only-if-cached: no fresh cached answer for this request")
-    return await stream_miss(request, state, req, stale, include_usage=include_usage, started=started)
+    return await stream_miss(request, state, req, stale, include_usage=include_usage)
 
 
 async def stream_miss(request: web.Request, state: GatewayState, req: FillRequest, stale: Entry | None, *,
-                      include_usage: bool, started: float) -> Outcome:
+                      include_usage: bool) -> Outcome:
     flights = stream_flights(state)
     flight = flights.join(req.key.key, include_usage=include_usage)
     leader = flight is None
@@ -87,19 +83,16 @@ async def stream_miss(request: web.Request, state: GatewayState, req: FillReques
         except UpstreamError as exc:
             if stale is None:
                 raise
-            return await serve_stale(request, state, stale, exc.code or "error", include_usage, started)
+            return await serve_stale(request, state, stale, exc.code or "error", include_usage)
         if head.body is not None:
             if head.status >= 500 and stale is not None:
-                return await serve_stale(request, state, stale, f"status-{head.status}", include_usage, started)
+                return await serve_stale(request, state, stale, f"status-{head.status}", include_usage)
             return passthrough(head, req, collapsed=not leader), result, "status" if head.status != 200 else (
                 "incomplete")
         response = web.StreamResponse(headers=miss_headers(head, req, collapsed=not leader))
         await response.prepare(request)
         try:
-            timer = timer_of(request)
-            await pipe(state, flight, response, include_usage=include_usage,
-                       ttft=state.metrics.ttft.labels(req.endpoint, result), started=started,
-                       on_first=timer.first_token if timer is not None else None)
+            await pipe(state, flight, response, include_usage=include_usage, on_first=_first_token(request))
             await response.write_eof()
         except ConnectionResetError:
             return response, result, "client-gone"  # the flight goes on for the others (or is abandoned)
@@ -109,8 +102,7 @@ async def stream_miss(request: web.Request, state: GatewayState, req: FillReques
 
 
 async def pipe(state: GatewayState, flight: StreamFlight, response: web.StreamResponse, *,
-               include_usage: bool, ttft: Histogram, started: float,
-               on_first: Callable[[], None] | None = None) -> None:
+               include_usage: bool, on_first: Callable[[], None] | None = None) -> None:
     """Write the flight's frames from the first, then the live tail; a heartbeat comment covers each silence."""
     pos, first = 0, True
     heartbeat_s = state.config.stream.heartbeat_s
@@ -122,7 +114,6 @@ async def pipe(state: GatewayState, flight: StreamFlight, response: web.StreamRe
             await response.write(frame.data)
             if first:
                 first = False
-                ttft.observe(time.perf_counter() - started)
                 if on_first is not None:
                     on_first()
         pos = end
@@ -133,8 +124,11 @@ async def pipe(state: GatewayState, flight: StreamFlight, response: web.StreamRe
 
 
 async def replay(request: web.Request, state: GatewayState, entry: Entry, cache_status: str, age: str, *,
-                 include_usage: bool, started: float, result: str, no_store: bool = False) -> web.StreamResponse:
-    """A hit (or a stale answer) as SSE, synthesized from the entry; paced when `stream.replay_delay_s` is set."""
+                 include_usage: bool, no_store: bool = False) -> web.StreamResponse:
+    """A hit (or a stale answer) as SSE, synthesized from the entry; paced when `stream.replay_delay_s` is set.
+
+    Its time to first token is the first frame's write, recorded on the request's timer (`gateway.timing`).
+    """
     headers, truncated = hdr.entry_headers(entry, tag_targets=state.config.cache.cdn_tag_headers)
     if truncated:
         state.metrics.tag_truncations.inc(truncated)
@@ -148,26 +142,29 @@ async def replay(request: web.Request, state: GatewayState, entry: Entry, cache_
     _count_saved(state, entry)
     response = web.StreamResponse(headers=headers)
     await response.prepare(request)
+    on_first = _first_token(request)
     try:
         if config.replay_delay_s <= 0:
             await response.write(b"".join(frames))
+            if on_first is not None:
+                on_first()
         else:
             for n, frame in enumerate(frames):
                 if n:
                     await asyncio.sleep(config.replay_delay_s)  # optional pacing, by configuration
                 await response.write(frame)
-        state.metrics.ttft.labels(entry.endpoint, result).observe(time.perf_counter() - started)
+                if n == 0 and on_first is not None:
+                    on_first()
         await response.write_eof()
     except ConnectionResetError:
         pass  # the client left during the replay: nothing to clean up
     return response
 
 
-async def serve_stale(request: web.Request, state: GatewayState, entry: Entry, why: str, include_usage: bool,
-                      started: float) -> Outcome:
+async def serve_stale(request: web.Request, state: GatewayState, entry: Entry, why: str,
+                      include_usage: bool) -> Outcome:
     status, age = hdr.stale_status(entry, state.clock(), why)
-    response = await replay(request, state, entry, status, age, include_usage=include_usage, started=started,
-                            result="stale", no_store=True)
+    response = await replay(request, state, entry, status, age, include_usage=include_usage, no_store=True)
     return response, "stale", why
 
 
@@ -194,6 +191,12 @@ def passthrough(head: Head, req: FillRequest, *, collapsed: bool) -> web.Respons
     if "Content-Type" in head.headers:
         headers["Content-Type"] = head.headers["Content-Type"]
     return web.Response(status=head.status, body=head.body, headers=headers)
+
+
+def _first_token(request: web.Request) -> Callable[[], None] | None:
+    """The timer's first-token mark: `gateway.handlers.ops.finish_request` observes the TTFT histogram from it."""
+    timer = timer_of(request)
+    return timer.first_token if timer is not None else None
 
 
 def _count_saved(state: GatewayState, entry: Entry) -> None:

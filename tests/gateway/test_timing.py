@@ -69,3 +69,13 @@ async def test_streamed_miss_reports_its_upstream_stage(make_gateway: GatewayFac
     assert resp.headers["Content-Type"].startswith("text/event-stream")
     assert [p.split(";")[0] for p in resp.headers["Server-Timing"].split(", ")] == ["parse", "l1", "upstream",
                                                                                    "total"]
+
+
+async def test_each_streamed_request_is_one_ttft_observation(make_gateway: GatewayFactory) -> None:
+    gw = await make_gateway()
+    for _ in range(2):  # a streamed miss, then its replayed hit
+        resp = await gw.client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=AUTH_A)
+        await resp.read()
+    m = await scrape(gw)
+    assert value(m, "tokenedge_time_to_first_token_seconds_count", result="miss") == 1
+    assert value(m, "tokenedge_time_to_first_token_seconds_count", result="hit") == 1
