@@ -1,7 +1,8 @@
 """The sampler (SamplingParams is re-exported from sampling_params): greedy, temperature, top-k, top-p, per-request seeded generators.
 
 Each sequence owns its torch.Generator and is sampled on its own row, so a seeded request draws the same
-tokens whatever else shares the batch. Greedy rows (temperature 0) take one batched argmax.
+tokens whatever else shares the batch. Greedy rows (temperature ~0, see `SamplingParams.greedy`) take one
+batched argmax.
 """
 
 from __future__ import annotations

@@ -1,13 +1,17 @@
 """Per-request decoding knobs, validated once: a bad value is a ValueError (an OpenAI-style 400), never an assert.
 
-`temperature == 0` is greedy; `top_k` 0 or -1 and `top_p` 1 disable those filters; `seed` pins this
-sequence's own generator, so the same seed gives the same tokens whatever shares the batch. Stop strings
-are the server's business (it sees text); the engine stops on `stop_token_ids` and EOS (unless `ignore_eos`).
+`temperature` below `GREEDY_BELOW` (0 included) is greedy: dividing fp32 logits by a tinier one overflows to
+inf and NaN probabilities, which would fail the step of the whole batch. `top_k` 0 or -1 and `top_p` 1
+disable those filters; `seed` pins this sequence's own generator, so the same seed gives the same tokens
+whatever shares the batch. Stop strings are the server's business (it sees text); the engine stops on
+`stop_token_ids` and EOS (unless `ignore_eos`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,4 +36,4 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW

@@ -21,6 +21,12 @@ def test_greedy_takes_the_argmax_per_row() -> None:
     assert make_generator(greedy, "cpu") is None
 
 
+def test_a_vanishing_temperature_is_greedy_not_nan() -> None:
+    tiny = SamplingParams(temperature=1e-300, seed=0)  # logits / tiny overflow fp32: NaN probabilities
+    assert make_generator(tiny, "cpu") is None
+    assert sample(LOGITS, [tiny, tiny], [None, None]) == [1, 0]
+
+
 def test_top_k_limits_the_candidates() -> None:
     assert draws(SamplingParams(top_k=2, seed=0), row=0) == {1, 2}
     assert draws(SamplingParams(top_k=1, seed=0), row=0) == {1}
