@@ -16,6 +16,9 @@ from gateway.cache_control import RequestDirectives
 
 CACHEABLE_ENDPOINTS = frozenset({"chat/completions", "completions", "embeddings"})
 _DETERMINISTIC_ENDPOINTS = frozenset({"embeddings"})  # the same input always embeds to the same vector
+# Upstream answers about the caller, not about the request: on a public route a coalesced follower (maybe another
+# tenant) must not be handed the leader's refusal.
+CREDENTIAL_REFUSALS = frozenset({401, 403, 429})
 
 
 class Reason(StrEnum):

@@ -29,7 +29,8 @@ from gateway.cache_control import RequestDirectives
 from gateway.entry import Entry
 from gateway.errors import NotCached, UpstreamError
 from gateway.fill import FillRequest
-from gateway.policy import Freshness, Lookup, freshness, satisfies
+from gateway.keys import PUBLIC_SCOPE
+from gateway.policy import CREDENTIAL_REFUSALS, Freshness, Lookup, freshness, satisfies
 from gateway.state import GatewayState
 from gateway.streaming.broadcast import Head, StreamFlight, stream_flights
 from gateway.streaming.replay import replay_frames
@@ -64,9 +65,10 @@ async def serve_stream(request: web.Request, state: GatewayState, req: FillReque
 
 
 async def stream_miss(request: web.Request, state: GatewayState, req: FillRequest, stale: Entry | None, *,
-                      include_usage: bool) -> Outcome:
+                      include_usage: bool, lead: bool = False) -> Outcome:
+    """Join the key's stream in flight, or start one (always, with `lead`), and pipe it to the client."""
     flights = stream_flights(state)
-    flight = flights.join(req.key.key, include_usage=include_usage)
+    flight = None if lead else flights.join(req.key.key, include_usage=include_usage)
     leader = flight is None
     if flight is None:
         config = state.config.stream
@@ -85,6 +87,9 @@ async def stream_miss(request: web.Request, state: GatewayState, req: FillReques
                 raise
             return await serve_stale(request, state, stale, exc.code or "error", include_usage)
         if head.body is not None:
+            if not leader and req.key.scope == PUBLIC_SCOPE and head.status in CREDENTIAL_REFUSALS:
+                # On a public route a follower may be another tenant: the leader's credential was refused, not this one.
+                return await stream_miss(request, state, req, stale, include_usage=include_usage, lead=True)
             if head.status >= 500 and stale is not None:
                 return await serve_stale(request, state, stale, f"status-{head.status}", include_usage)
             return passthrough(head, req, collapsed=not leader), result, "status" if head.status != 200 else (

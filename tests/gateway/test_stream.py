@@ -14,7 +14,7 @@ import orjson
 
 from gateway.entry import Entry
 from gateway.streaming.broadcast import stream_flights
-from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
+from tests.gateway.conftest import AUTH_A, AUTH_B, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import FakeClock, RunningGateway
 
@@ -281,3 +281,38 @@ async def test_streamed_results_are_counted(gw: RunningGateway) -> None:
     assert requests.labels("chat/completions", "miss", "stored")._value.get() == 1
     assert requests.labels("chat/completions", "hit", "l1")._value.get() == 1
     assert gw.state.metrics.ttft.labels("chat/completions", "hit")._sum.get() > 0
+
+
+async def test_public_route_stream_follower_is_not_refused_with_the_leaders_credential(
+        make_gateway: GatewayFactory, fake: FakeUpstream) -> None:
+    gw = await make_gateway(routes={"chat/completions": {"scope": "public"}})
+    fake.denied_tokens = {AUTH_B["Authorization"]}
+    fake.gate = asyncio.Event()
+    leader = asyncio.create_task(gw.client.post("/v1/chat/completions", json=STREAM, headers=AUTH_B))
+    await fake.entered.wait()
+    follower = asyncio.create_task(post(gw, STREAM))
+    flight = stream_flights(gw.state).values()[0]
+    while flight.alive() < 2:
+        await asyncio.sleep(0)
+    fake.gate.set()
+    refused, served = await leader, await follower
+    events = await collect(served)
+    assert refused.status == 401
+    assert served.status == 200 and events[-1] == "[DONE]" and text_of(events) == "Hello, world!"
+    assert "collapsed" not in served.headers["Cache-Status"]
+    assert fake.calls["chat"] == 2
+
+
+async def test_tenant_route_stream_followers_share_the_leaders_refusal(gw: RunningGateway,
+                                                                       fake: FakeUpstream) -> None:
+    fake.denied_tokens = {AUTH_A["Authorization"]}
+    fake.gate = asyncio.Event()
+    leader = asyncio.create_task(post(gw, STREAM))
+    await fake.entered.wait()
+    follower = asyncio.create_task(post(gw, STREAM))
+    flight = stream_flights(gw.state).values()[0]
+    while flight.alive() < 2:
+        await asyncio.sleep(0)
+    fake.gate.set()
+    assert [(await leader).status, (await follower).status] == [401, 401]
+    assert fake.calls["chat"] == 1  # same credential: one refusal is everyone's answer
