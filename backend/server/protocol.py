@@ -12,6 +12,7 @@ from backend.server.errors import bad_request
 
 Endpoint = Literal["chat", "completion"]
 MAX_STOP_STRINGS = 4
+SEED_RANGE = (-(2**63), 2**63 - 1)  # OpenAI's int64; choice i uses seed + i, which torch still accepts
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,9 @@ def parse_request(body: Any, endpoint: Endpoint, max_n: int) -> GenerationReques
     if options is not None and not isinstance(options, Mapping):
         raise bad_request("stream_options must be an object", "stream_options")
     include_usage = bool(options and options.get("include_usage") is True)
+    seed = _optional(body, "seed", int)
+    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise bad_request(f"seed must be a 64-bit signed integer, got {seed}", "seed")
     logprobs = body.get("logprobs")
     if logprobs not in (None, False, 0):
         raise bad_request("logprobs are not supported", "logprobs")
@@ -74,7 +78,7 @@ def parse_request(body: Any, endpoint: Endpoint, max_n: int) -> GenerationReques
         temperature=temperature,
         top_p=top_p,
         top_k=top_k or 0,
-        seed=_optional(body, "seed", int),
+        seed=seed,
         stop=_stop(body.get("stop")),
         n=n,
         stream=stream,

@@ -156,6 +156,7 @@ async def test_completion_with_max_tokens_finishes_by_length(client: TestClient)
         ("/v1/chat/completions", {**CHAT, "temperature": "hot"}, 400, "temperature"),
         ("/v1/chat/completions", {**CHAT, "n": 4}, 400, "n"),
         ("/v1/chat/completions", {**CHAT, "stop": [""]}, 400, "stop"),
+        ("/v1/chat/completions", {**CHAT, "seed": 2**64}, 400, "seed"),  # torch's manual_seed: ValueError
         (
             "/v1/chat/completions",
             {**CHAT, "messages": [{"role": "user", "content": "y" * 80}]},
