@@ -45,6 +45,7 @@ Outcome = tuple[web.StreamResponse, str, str]
 
 async def serve_stream(request: web.Request, state: GatewayState, req: FillRequest, lookup: Lookup,
                        directives: RequestDirectives, *, include_usage: bool) -> Outcome:
+    lap(request, "parse", key=req.key.key)  # the key is known: the access log carries it, as on the JSON path
     stale: Entry | None = None
     if lookup.read:
         found = await state.cache.get(req.key.key)

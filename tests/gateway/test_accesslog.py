@@ -50,3 +50,15 @@ async def test_off_by_default(gw: RunningGateway, caplog: pytest.LogCaptureFixtu
     with caplog.at_level(logging.INFO, logger="tokenedge.access"):
         await gw.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A)
     assert lines(caplog) == []
+
+
+async def test_streamed_requests_log_their_key(make_gateway: GatewayFactory,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    gw = await make_gateway(server={"access_log_sample_rate": 1.0})
+    with caplog.at_level(logging.INFO, logger="tokenedge.access"):
+        for _ in range(2):
+            resp = await gw.client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=AUTH_A)
+            await resp.read()
+    got = lines(caplog)
+    assert [(x["result"], x["reason"]) for x in got] == [("miss", "stored"), ("hit", "l1")]
+    assert got[0]["key"] == got[1]["key"] and str(got[0]["key"]).startswith("te1:")
