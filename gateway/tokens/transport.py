@@ -99,18 +99,14 @@ class BinaryCall:
         self._body = body
 
     async def request(self, headers: Mapping[str, str]) -> UpstreamResponse | None:
-        async with self._upstream.open("POST", PATH, binary_headers(headers), self._payload) as resp:
-            try:
-                data = await resp.read()
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                raise UpstreamError(f"upstream error: {type(exc).__name__}") from exc
-            if resp.status == 409:
-                return None
-            if resp.status != 200:
-                return UpstreamResponse(resp.status, resp.headers, data)
+        resp = await self._upstream.request("POST", PATH, binary_headers(headers), self._payload)
+        if resp.status == 409:
+            return None
+        if resp.status != 200:
+            return resp
         render = rendering(self._endpoint, self._body)
         try:
-            for event in FrameReader().feed(data):
+            for event in FrameReader().feed(resp.body):
                 if "meta" in event:
                     render.meta = event["meta"]
                 elif "usage" in event:

@@ -85,7 +85,10 @@ class FrameReader:
                 return
             data = bytes(self._buf[4:4 + size])
             del self._buf[:4 + size]
-            event = orjson.loads(data)
+            try:
+                event = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                raise WireError("an event frame is not valid JSON") from None
             if not isinstance(event, dict):
                 raise WireError("an event frame is not a JSON object")
             yield event

@@ -1,0 +1,68 @@
+"""The binary transport client (gateway.tokens.transport) and its frame reader: upstream faults become UpstreamErrors."""
+
+from __future__ import annotations
+
+import struct
+from array import array
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from gateway.errors import UpstreamError, UpstreamTimeout
+from gateway.tokens.transport import BinaryCall
+from gateway.tokens.wire import FrameReader, WireError, frame
+from gateway.upstream import Upstream
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+class _Body:
+    def __init__(self, status: int, body: bytes | BaseException) -> None:
+        self.status, self.headers, self._body = status, {}, body
+
+    async def read(self) -> bytes:
+        if isinstance(self._body, BaseException):
+            raise self._body
+        return self._body
+
+
+class _Upstream:
+    """Answers every `open` with one canned response (or a read failure)."""
+
+    def __init__(self, status: int, body: bytes | BaseException) -> None:
+        self._resp = _Body(status, body)
+
+    @asynccontextmanager
+    async def open(self, method: str, path_qs: str, headers: Mapping[str, str],
+                   body: bytes | None = None) -> AsyncIterator[Any]:
+        yield self._resp
+
+    request = Upstream.request  # the real read-and-translate, over this `open`
+
+
+def _call(upstream: _Upstream) -> BinaryCall:
+    return BinaryCall(upstream, "chat/completions", CHAT, array("i", [1, 2]), "tok-v")  # type: ignore[arg-type]
+
+
+def test_a_frame_that_is_not_json_is_a_wire_error() -> None:
+    with pytest.raises(WireError):
+        list(FrameReader().feed(struct.pack("<I", 3) + b"{no"))
+
+
+def test_whole_frames_are_returned_and_a_partial_one_waits() -> None:
+    reader = FrameReader()
+    data = frame({"meta": {"id": "x"}}) + frame({"usage": {}})
+    assert list(reader.feed(data[:-2])) == [{"meta": {"id": "x"}}]
+    assert list(reader.feed(data[-2:])) == [{"usage": {}}]
+
+
+async def test_a_read_timeout_is_an_upstream_timeout() -> None:
+    with pytest.raises(UpstreamTimeout):
+        await _call(_Upstream(200, TimeoutError())).request({})
+
+
+async def test_a_garbled_event_body_is_an_upstream_error() -> None:
+    with pytest.raises(UpstreamError):
+        await _call(_Upstream(200, struct.pack("<I", 3) + b"{no")).request({})
