@@ -9,16 +9,13 @@ length-prefixed JSON frames (gateway/tokens/wire.py). The gateway renders the Op
 from __future__ import annotations
 
 import contextlib
-import time
-import uuid
 from array import array
-from typing import Any
 
 import numpy as np
 from aiohttp import web
 
 from backend.engine.errors import EngineError
-from backend.server.completions import _sampling_params
+from backend.server.completions import check_model, check_prompt_length, choice_params, response_meta
 from backend.server.errors import ApiError, bad_request, translate_engine_error
 from backend.server.generation import ChoiceEvent, Usage, run_choices
 from backend.server.protocol import parse_request
@@ -48,10 +45,7 @@ def check_ids(ids: array[int], model: ServedModel) -> list[int]:
     placeholders = tokenizer._placeholders
     if placeholders and not placeholders.isdisjoint(prompt_ids):
         raise bad_request("the token array holds ids that are not tokens of this model", "prompt")
-    if len(ids) >= model.max_model_len:
-        raise bad_request(
-            f"the prompt has {len(ids)} tokens; this model's maximum context length is {model.max_model_len}",
-            "prompt", code="context_length_exceeded")
+    check_prompt_length(len(ids), model, "prompt")
     return prompt_ids
 
 
@@ -71,14 +65,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
         raise ApiError(409, f"these ids are for tokenizer {header.get('tokenizer')!r}, this model uses "
                             f"{model.tokenizer.version!r}", code="tokenizer_mismatch")
     req = parse_request({**params, "prompt": [0]}, "completion", limits.max_n)  # sampling params, same checks
-    if req.model is not None and req.model != model.id:
-        raise ApiError(404, f"the model '{req.model}' does not exist", type="not_found_error", param="model",
-                       code="model_not_found")
+    check_model(req, model)
     prompt_ids = check_ids(ids, model)
-    sampling = _sampling_params(req, len(prompt_ids), model, limits)
-    prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
-    meta: dict[str, Any] = {"id": f"{prefix}-{uuid.uuid4().hex}", "created": int(time.time()),
-                            "model": model.id, "system_fingerprint": model.revision}
+    sampling = choice_params(req, len(prompt_ids), model, limits)
+    meta = response_meta(endpoint, model)
     usage = Usage()
     events = run_choices(app[ENGINE_KEY].generate, model.tokenizer, prompt_ids, sampling, req.stop, meta["id"],
                          usage, on_first_token=app[METRICS_KEY].ttft_seconds.observe)

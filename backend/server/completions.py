@@ -38,24 +38,11 @@ async def _serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     except ValueError:
         raise bad_request("the request body is not valid JSON") from None
     req = parse_request(body, endpoint, limits.max_n)
-    if req.model is not None and req.model != model.id:
-        raise ApiError(
-            404,
-            f"the model '{req.model}' does not exist",
-            type="not_found_error",
-            param="model",
-            code="model_not_found",
-        )
+    check_model(req, model)
     prompt_ids = _prompt_ids(req, model)
-    params = _sampling_params(req, len(prompt_ids), model, limits)
-    prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
-    request_id = f"{prefix}-{uuid.uuid4().hex}"
-    meta: dict[str, Any] = {
-        "id": request_id,
-        "created": int(time.time()),
-        "model": model.id,
-        "system_fingerprint": model.revision,
-    }
+    params = choice_params(req, len(prompt_ids), model, limits)
+    meta = response_meta(endpoint, model)
+    request_id = meta["id"]
     usage = Usage()
     metrics = app[METRICS_KEY]
     events = run_choices(
@@ -95,18 +82,47 @@ def _prompt_ids(req: GenerationRequest, model: ServedModel) -> list[int]:
             raise bad_request("prompt token ids out of the vocabulary", "prompt")
     if not ids:
         raise bad_request("the prompt is empty", "prompt")
-    if len(ids) >= model.max_model_len:
-        raise bad_request(
-            f"the prompt has {len(ids)} tokens; this model's maximum context length is {model.max_model_len}",
-            "messages" if req.endpoint == "chat" else "prompt",
-            code="context_length_exceeded",
-        )
+    check_prompt_length(len(ids), model, "messages" if req.endpoint == "chat" else "prompt")
     return ids
 
 
-def _sampling_params(
+def check_model(req: GenerationRequest, model: ServedModel) -> None:
+    """404 `model_not_found` unless the request names this model or none."""
+    if req.model is not None and req.model != model.id:
+        raise ApiError(
+            404,
+            f"the model '{req.model}' does not exist",
+            type="not_found_error",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def check_prompt_length(num_tokens: int, model: ServedModel, param: str) -> None:
+    """400 `context_length_exceeded` unless the prompt leaves room for at least one new token."""
+    if num_tokens >= model.max_model_len:
+        raise bad_request(
+            f"the prompt has {num_tokens} tokens; this model's maximum context length is {model.max_model_len}",
+            param,
+            code="context_length_exceeded",
+        )
+
+
+def response_meta(endpoint: Endpoint, model: ServedModel) -> dict[str, Any]:
+    """The fields every response object and chunk of one request shares, with a fresh id."""
+    prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
+    return {
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "created": int(time.time()),
+        "model": model.id,
+        "system_fingerprint": model.revision,
+    }
+
+
+def choice_params(
     req: GenerationRequest, prompt_len: int, model: ServedModel, limits: ServerLimits
 ) -> list[SamplingParams]:
+    """One SamplingParams per choice (choice i seeded `seed + i`); 400 if max_tokens overflows the context."""
     room = model.max_model_len - prompt_len
     max_tokens = min(limits.default_max_tokens, room) if req.max_tokens is None else req.max_tokens
     if max_tokens > room:
