@@ -206,9 +206,9 @@ def _first_token(request: web.Request) -> Callable[[], None] | None:
 
 
 def _count_saved(state: GatewayState, entry: Entry) -> None:
-    """The same counters as the JSON path's `served_from_cache`."""
+    """The same counters as the JSON path's `served_from_cache`, tallied the same way (`gateway.tally`)."""
     usage = entry.usage or {}
     saved = usage.get("total_tokens")
     if isinstance(saved, int) and saved > 0:
-        state.metrics.tokens_saved.inc(saved)
-    state.metrics.bytes_from_cache.inc(len(entry.body))
+        state.metrics.tally.inc(state.metrics.tokens_saved, (), saved)
+    state.metrics.tally.inc(state.metrics.bytes_from_cache, (), len(entry.body))
