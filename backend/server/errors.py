@@ -4,6 +4,7 @@ ApiError                 -> {"error": {"message", "type", "param", "code"}} with
 ├── 400 invalid_request_error  bad JSON, wrong types, out-of-range values, prompt too long
 ├── 404 not_found_error        unknown model or route
 ├── 503 server_overloaded      the engine's waiting queue is full (Retry-After)
+├── 503 server_error           engine_stopped: the engine was stopped or its step failed (Retry-After)
 └── 500 server_error           anything unexpected: still JSON, never a bare 500
 """
 
@@ -13,7 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from backend.engine.errors import EngineStoppedError, InvalidRequestError, QueueFullError
+from backend.engine.errors import EngineError, EngineStoppedError, InvalidRequestError, QueueFullError
 
 
 class ApiError(Exception):
@@ -90,7 +91,7 @@ async def error_middleware(
         if exc.status < 400:
             raise
         return _http_error(exc).response()
-    except (QueueFullError, InvalidRequestError, EngineStoppedError) as exc:
+    except EngineError as exc:
         return translate_engine_error(exc, retry_after_s=1).response()
     except Exception:
         request.app.logger.exception("unhandled error on %s %s", request.method, request.path)
