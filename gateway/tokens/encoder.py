@@ -16,7 +16,7 @@ from typing import Any
 
 from gateway.tokens.cache import TokenCache
 from gateway.tokens.registry import TokenizerSpec
-from gateway.tokens.splice import SPLICE_SAFE_PATTERNS, PhraseRejected, PhraseTable
+from gateway.tokens.splice import SPLICE_SAFE_PATTERNS, PhraseRejected, PhraseTable, check_phrase
 
 
 class Unrenderable(ValueError):
@@ -45,6 +45,15 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _accepted(phrase: str, specials: Sequence[str]) -> bool:
+    """A configured phrase this encoder can splice exactly; the others are skipped (plain encode covers them)."""
+    try:
+        check_phrase(phrase, specials)
+    except PhraseRejected:
+        return False
+    return True
+
+
 class ModelEncoder:
     def __init__(self, spec: TokenizerSpec, cache: TokenCache, phrases: Iterable[str] = ()) -> None:
         self.spec = spec
@@ -59,14 +68,7 @@ class ModelEncoder:
         self._phrases: PhraseTable | None = None
         phrases = tuple(phrases)
         if phrases and spec.encoding._pat_str in SPLICE_SAFE_PATTERNS:
-            table = []
-            for phrase in phrases:
-                try:
-                    PhraseTable([phrase], self._plain, names)
-                    table.append(phrase)
-                except PhraseRejected:
-                    continue
-            self._phrases = PhraseTable(table, self._plain, names)
+            self._phrases = PhraseTable([p for p in phrases if _accepted(p, names)], self._plain, names)
         self._template: Any = None
         if spec.chat_template:
             try:
