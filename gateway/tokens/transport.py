@@ -19,6 +19,7 @@ import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.errors import UpstreamError
+from gateway.streaming.replay import wants_usage
 from gateway.tokens.render import JSON_CONTENT_TYPE, SSE_HEADERS, Rendering
 from gateway.tokens.wire import REQUEST_TYPE, FrameReader, WireError, encode_request
 from gateway.upstream import Upstream, UpstreamResponse
@@ -43,9 +44,7 @@ def request_body(endpoint: str, body: Mapping[str, Any], ids: array[int], tokeni
 
 def rendering(endpoint: str, body: Mapping[str, Any]) -> Rendering:
     n = body.get("n")
-    options = body.get("stream_options")
-    include_usage = isinstance(options, Mapping) and options.get("include_usage") is True
-    return Rendering(BINARY_ENDPOINTS[endpoint], n if isinstance(n, int) and n > 0 else 1, include_usage)
+    return Rendering(BINARY_ENDPOINTS[endpoint], n if isinstance(n, int) and n > 0 else 1, wants_usage(body))
 
 
 def binary_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
