@@ -73,6 +73,13 @@ class GatewayMetrics:
         self._stages: dict[str, Histogram] = {}
         self.tally = Tally()  # the hot path records here; flushed into the objects above (gateway/tally.py)
 
+    def served_from_cache(self, usage: Mapping[str, object] | None, body_bytes: int) -> None:
+        """A hit (JSON or replayed stream): the stored usage's tokens and the body's bytes were saved."""
+        saved = (usage or {}).get("total_tokens")
+        if isinstance(saved, int) and saved > 0:
+            self.tally.inc(self.tokens_saved, (), saved)
+        self.tally.inc(self.bytes_from_cache, (), body_bytes)
+
     def stage(self, name: str) -> Histogram:
         """The pre-bound `stage_duration{stage=name}` child (the label set is the closed `timing.STAGES`)."""
         child = self._stages.get(name)

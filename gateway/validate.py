@@ -21,7 +21,7 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes:
     declared = request.content_length
     if declared is not None and declared > max_bytes:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {max_bytes} bytes")
-    if max_bytes >= request.app._client_max_size:  # noqa: SLF001 - aiohttp enforces the same limit while reading
+    if max_bytes >= request.app._client_max_size:  # aiohttp enforces the same limit while reading
         try:
             return await request.read()
         except web.HTTPRequestEntityTooLarge:

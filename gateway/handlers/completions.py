@@ -23,7 +23,7 @@ from gateway.handlers.relay import relay
 from gateway.handlers.tenancy import tenant_credential
 from gateway.keys import PUBLIC_SCOPE, CacheKey, derive_key_from_bytes, tenant_scope
 from gateway.memo import ParsedRequest
-from gateway.policy import Bypass, Freshness, Lookup, decide, freshness, satisfies
+from gateway.policy import CREDENTIAL_REFUSALS, Bypass, Freshness, Lookup, decide, freshness, satisfies
 from gateway.state import STATE, GatewayState
 from gateway.streaming.handler import serve_stream
 from gateway.streaming.replay import wants_usage
@@ -33,7 +33,6 @@ from gateway.upstream import forward_headers, relay_headers
 from gateway.validate import check_content_type, parse_object, read_body, validate
 
 NO_DIRECTIVES = RequestDirectives()
-CREDENTIAL_REFUSALS = frozenset({401, 403, 429})  # answers about the caller, not about the request
 STREAM_REASON = "stream"  # `stream: true` on embeddings (not an OpenAI feature) is relayed untouched
 
 
@@ -177,14 +176,6 @@ def entry_response(state: GatewayState, entry: Entry, cache_status: str, age: st
     return web.Response(status=status, body=entry.body, headers=headers)
 
 
-def served_from_cache(state: GatewayState, entry: Entry) -> None:
-    usage = entry.usage or {}
-    saved = usage.get("total_tokens")
-    if isinstance(saved, int) and saved > 0:
-        state.metrics.tally.inc(state.metrics.tokens_saved, (), saved)
-    state.metrics.tally.inc(state.metrics.bytes_from_cache, (), len(entry.body))
-
-
 async def lookup_or_fill(request: web.Request, state: GatewayState, prep: Prepared,
                          lookup: Lookup) -> tuple[web.StreamResponse, str, str]:
     resolved = await resolve_key(request, state, prep)
@@ -199,7 +190,7 @@ async def lookup_or_fill(request: web.Request, state: GatewayState, prep: Prepar
             age = entry.age_s(now)
             fresh = freshness(age_s=age, ttl_s=entry.ttl_s, stale_if_error_s=entry.stale_if_error_s)
             if fresh is Freshness.FRESH and satisfies(age_s=age, directives=prep.directives):
-                served_from_cache(state, entry)
+                state.metrics.served_from_cache(entry.usage, len(entry.body))
                 status, age_h = hdr.hit_status(entry, now, tier=found.tier)
                 response = entry_response(state, entry, status, age_h)
                 lap(request, "serialize")
@@ -232,7 +223,7 @@ def serve_stale(state: GatewayState, entry: Entry, why: str) -> web.Response:
     status, age = hdr.stale_status(entry, state.clock(), why)
     response = entry_response(state, entry, status, age)
     response.headers["Cache-Control"] = "no-store"  # a stale answer must not be cached further downstream
-    served_from_cache(state, entry)
+    state.metrics.served_from_cache(entry.usage, len(entry.body))
     return response
 
 

@@ -145,7 +145,7 @@ async def replay(request: web.Request, state: GatewayState, entry: Entry, cache_
         headers["Cache-Control"] = "no-store"  # a stale answer must not be cached further downstream
     config = state.config.stream
     frames = replay_frames(entry, include_usage=include_usage, chunk_chars=config.replay_chunk_chars)
-    _count_saved(state, entry)
+    state.metrics.served_from_cache(entry.usage, len(entry.body))
     response = web.StreamResponse(headers=headers)
     await response.prepare(request)
     on_first = _first_token(request)
@@ -203,12 +203,3 @@ def _first_token(request: web.Request) -> Callable[[], None] | None:
     """The timer's first-token mark: `gateway.handlers.ops.finish_request` observes the TTFT histogram from it."""
     timer = timer_of(request)
     return timer.first_token if timer is not None else None
-
-
-def _count_saved(state: GatewayState, entry: Entry) -> None:
-    """The same counters as the JSON path's `served_from_cache`, tallied the same way (`gateway.tally`)."""
-    usage = entry.usage or {}
-    saved = usage.get("total_tokens")
-    if isinstance(saved, int) and saved > 0:
-        state.metrics.tally.inc(state.metrics.tokens_saved, (), saved)
-    state.metrics.tally.inc(state.metrics.bytes_from_cache, (), len(entry.body))
