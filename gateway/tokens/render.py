@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.tokens.wire import WireError
+
 JSON_CONTENT_TYPE = "application/json; charset=utf-8"
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}
@@ -34,10 +36,18 @@ class Rendering:
     def stream_object(self) -> str:
         return "chat.completion.chunk" if self.endpoint == "chat" else "text_completion"
 
+    def _parts(self, event: dict[str, Any]) -> tuple[int, str, str | None]:
+        """(choice index, text, finish reason) of a text event; a malformed one is a WireError (a 502), never a 500."""
+        i, text, finish = event.get("i"), event.get("t"), event.get("f")
+        if not (isinstance(i, int) and 0 <= i < self.n and isinstance(text, str)
+                and (finish is None or isinstance(finish, str))):
+            raise WireError(f"malformed text event: {str(event)[:200]}")
+        return i, text, finish
+
     def add(self, event: dict[str, Any]) -> None:
-        i = event["i"]
-        self.texts[i] += event["t"]
-        self.finish[i] = event["f"] or self.finish[i]
+        i, text, finish = self._parts(event)
+        self.texts[i] += text
+        self.finish[i] = finish or self.finish[i]
 
     def body(self, usage: dict[str, Any]) -> bytes:
         if self.endpoint == "chat":
@@ -63,14 +73,14 @@ class Rendering:
                                 "finish_reason": None} for i in range(self.n)])
 
     def stream_event(self, event: dict[str, Any]) -> Iterator[bytes]:
-        text, finish = event["t"], event["f"]
+        i, text, finish = self._parts(event)
         if not (text or finish):
             return
         if self.endpoint == "chat":
             delta = {"content": text} if text else {}
-            choice = {"index": event["i"], "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}
         else:
-            choice = {"index": event["i"], "text": text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
         yield self._chunk([choice])
 
     def stream_end(self, usage: dict[str, Any]) -> Iterator[bytes]:

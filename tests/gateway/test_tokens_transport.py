@@ -66,3 +66,11 @@ async def test_a_read_timeout_is_an_upstream_timeout() -> None:
 async def test_a_garbled_event_body_is_an_upstream_error() -> None:
     with pytest.raises(UpstreamError):
         await _call(_Upstream(200, struct.pack("<I", 3) + b"{no")).request({})
+
+
+@pytest.mark.parametrize("event", [{"t": "x", "f": None}, {"i": 7, "t": "x", "f": None}, {"i": 0, "t": 5, "f": None},
+                                   {"i": "0", "t": "x", "f": None}, {"i": 0, "t": "x", "f": 3}])
+async def test_a_malformed_text_event_is_an_upstream_error_not_a_500(event: dict[str, Any]) -> None:
+    body = frame({"meta": {"id": "x"}}) + frame(event) + frame({"usage": {}})
+    with pytest.raises(UpstreamError, match="malformed text event"):
+        await _call(_Upstream(200, body)).request({})
