@@ -1,7 +1,8 @@
 """`GET /dashboard` and `GET /dashboard/data`: read-only, and guarded the same way.
 
-Access: open to loopback clients when `server.dashboard_public_on_loopback` (the default; turn it off behind a
-reverse proxy on the same host, which makes every client look local), otherwise the admin token, as a bearer
+Access: open to loopback clients when `server.dashboard_public_on_loopback` (the default), but only to direct
+ones: a request that carries proxy headers (`Forwarded`, `X-Forwarded-For`, `Via`) came through a proxy or CDN on
+the same host, which makes every client look local, so it needs the token too. Otherwise the admin token, as a bearer
 header or as `?token=` (the page moves it into a header and strips it from the address bar). With no admin token
 configured, the dashboard is loopback-only and answers 404 elsewhere, like the admin endpoints.
 """
@@ -41,9 +42,16 @@ def _is_loopback(remote: str | None) -> bool:
         return False
 
 
+_PROXY_HEADERS = ("Forwarded", "X-Forwarded-For", "Via")
+
+
+def _is_direct_local(request: web.Request) -> bool:
+    return _is_loopback(request.remote) and not any(name in request.headers for name in _PROXY_HEADERS)
+
+
 def check_access(request: web.Request) -> None:
     server = request.app[STATE].config.server
-    if server.dashboard_public_on_loopback and _is_loopback(request.remote):
+    if server.dashboard_public_on_loopback and _is_direct_local(request):
         return
     if not server.admin_token:
         raise NotFound("the dashboard is served on loopback only: no admin token is configured")

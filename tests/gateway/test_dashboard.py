@@ -74,6 +74,16 @@ async def test_admin_token_required_off_loopback(make_gateway: GatewayFactory) -
     assert (await gw.client.get("/dashboard?token=s3cret")).status == 200
 
 
+@pytest.mark.parametrize("proxy_header", ["X-Forwarded-For", "Forwarded", "Via"])
+async def test_a_request_relayed_by_a_local_proxy_is_not_local(make_gateway: GatewayFactory,
+                                                               proxy_header: str) -> None:
+    gw = await make_gateway(server={"admin_token": "s3cret"})
+    relayed = {proxy_header: "for=203.0.113.7" if proxy_header == "Forwarded" else "203.0.113.7"}
+    assert (await gw.client.get("/dashboard/data", headers=relayed)).status == 401
+    assert (await gw.client.get("/dashboard/data",
+                                headers={**relayed, "Authorization": "Bearer s3cret"})).status == 200
+
+
 async def test_disabled_off_loopback_without_an_admin_token(make_gateway: GatewayFactory) -> None:
     gw = await make_gateway(server={"dashboard_public_on_loopback": False})
     assert (await gw.client.get("/dashboard/data")).status == 404
