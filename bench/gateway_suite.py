@@ -89,7 +89,7 @@ def run(workers: int, args: argparse.Namespace) -> dict[str, LoadResult]:
         targets["bare aiohttp (same bytes)"] = (bare_url, bare_pids, REQUEST, HEADERS)
         targets["nginx (same bytes)"] = (nginx_url, nginx_pids, REQUEST, HEADERS)
         litellm_headers = {"Content-Type": "application/json", "Authorization": f"Bearer {LITELLM_MASTER_KEY}"}
-        if not args.no_litellm:
+        if not args.no_litellm and workers == 1:  # the target is per worker; one LiteLLM start costs ~45 s
             for cache in ("local", "redis"):
                 try:
                     url, pids = stack.enter_context(litellm_proxy(upstream, cache, redis_url, workers))
