@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from tests.support.fake_upstream import FakeUpstream, start_fake_upstream
+from tests.support.gateway import FakeClock
 from tests.support.services import RedisServer
 
 
@@ -25,3 +27,23 @@ def redis_url(redis_server: RedisServer) -> str:
         redis_server.start()
     redis_server.flush()
     return redis_server.url
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeUpstream]:
+    """The scriptable upstream of gateway and edge tests (tests/support/fake_upstream.py)."""
+    yield FakeUpstream()
+
+
+@pytest.fixture
+async def upstream_url(fake: FakeUpstream) -> AsyncIterator[str]:
+    server = await start_fake_upstream(fake)
+    try:
+        yield str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()

@@ -19,7 +19,7 @@ from cdn.purge.retry import RetryPolicy
 from cdn.purge.varnish import VarnishConfig
 from cdn.varnish.render import VarnishEdgeConfig
 from tests.support.edges import EdgeProcess, NginxServer, VarnishServer
-from tests.support.fake_upstream import FakeUpstream, start_fake_upstream
+from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
 from tests.support.services import free_port
 
@@ -62,25 +62,6 @@ class EdgeStack:
 
 
 StackFactory = Callable[..., Awaitable[EdgeStack]]
-
-
-@pytest.fixture
-async def fake() -> FakeUpstream:
-    return FakeUpstream()
-
-
-@pytest.fixture
-async def upstream_url(fake: FakeUpstream) -> AsyncIterator[str]:
-    server = await start_fake_upstream(fake)
-    try:
-        yield str(server.make_url("")).rstrip("/")
-    finally:
-        await server.close()
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
 
 
 @pytest.fixture

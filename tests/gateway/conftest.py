@@ -7,31 +7,11 @@ from typing import Any
 
 import pytest
 
-from tests.support.fake_upstream import FakeUpstream, start_fake_upstream
 from tests.support.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
 
 CHAT = {"model": "test-model", "temperature": 0, "messages": [{"role": "user", "content": "What is 2+2?"}]}
 AUTH_A = {"Authorization": "Bearer tenant-a-key"}
 AUTH_B = {"Authorization": "Bearer tenant-b-key"}
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeUpstream]:
-    yield FakeUpstream()
-
-
-@pytest.fixture
-async def upstream_url(fake: FakeUpstream) -> AsyncIterator[str]:
-    server = await start_fake_upstream(fake)
-    try:
-        yield str(server.make_url("")).rstrip("/")
-    finally:
-        await server.close()
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
 
 
 GatewayFactory = Callable[..., Awaitable[RunningGateway]]
