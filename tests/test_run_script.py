@@ -1,0 +1,69 @@
+"""`make run` (scripts/run.sh): the backend and the gateway start together, answer a miss then a hit through the
+gateway, and one Ctrl-C (SIGINT) stops both. Ports come from the environment so the test never collides."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.support.services import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+async def wait_ready(session: aiohttp.ClientSession, url: str, proc: asyncio.subprocess.Process) -> None:
+    """Readiness by polling (bounded): loading SmolLM2 takes seconds; a dead script fails at once."""
+    for _ in range(1200):
+        if proc.returncode is not None:
+            raise AssertionError(f"run.sh exited early with {proc.returncode}")
+        try:
+            async with session.get(url) as resp:
+                if resp.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{url} not ready within 120 s")
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+async def test_run_script_serves_a_miss_then_a_hit_and_one_sigint_stops_both() -> None:
+    backend_port, gateway_port = free_port(), free_port()
+    env = {**os.environ, "TOKENEDGE_BACKEND_PORT": str(backend_port), "TOKENEDGE_SERVER_PORT": str(gateway_port),
+           "TOKENEDGE_UPSTREAM_URL": f"http://127.0.0.1:{backend_port}",
+           "TOKENEDGE_BACKEND_NUM_BLOCKS": "256"}
+    proc = await asyncio.create_subprocess_exec("bash", str(ROOT / "scripts" / "run.sh"), cwd=ROOT, env=env,
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+                                                start_new_session=True)
+    try:
+        async with aiohttp.ClientSession() as session:
+            await wait_ready(session, f"http://127.0.0.1:{backend_port}/health", proc)
+            await wait_ready(session, f"http://127.0.0.1:{gateway_port}/health", proc)
+            body = {"model": "SmolLM2-135M-Instruct", "temperature": 0, "max_tokens": 8,
+                    "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+            statuses = []
+            for _ in range(2):
+                async with session.post(f"http://127.0.0.1:{gateway_port}/v1/chat/completions", json=body,
+                                        headers={"Authorization": "Bearer run-test"}) as resp:
+                    assert resp.status == 200, await resp.text()
+                    statuses.append(resp.headers["Cache-Status"])
+        assert statuses[0].startswith("tokenedge; fwd=miss; stored")
+        assert statuses[1].startswith("tokenedge; hit")
+        proc.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(proc.wait(), 30) is not None
+        assert port_is_free(backend_port) and port_is_free(gateway_port)
+    finally:
+        if proc.returncode is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
