@@ -7,6 +7,7 @@ CDN-Cache-Control (RFC 9213) and Surrogate-Control speak to the edge we configur
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from cdn.tags import tag_headers
@@ -25,29 +26,33 @@ def entry_headers(entry: Entry, *, tag_targets: Sequence[str]) -> tuple[dict[str
     targets = tuple(tag_targets)
     cached = entry.header_cache.get(targets)
     if not isinstance(cached, tuple):
-        cached = _entry_headers(entry, targets)
+        # An entry read from L2 is a new object each time: the block is also memoized by its inputs.
+        cached = _header_block(entry.key, entry.etag, entry.ttl_s, entry.stale_if_error_s, entry.tags, targets)
         entry.header_cache[targets] = cached
     headers, truncated = cached
     return dict(headers), int(truncated)
 
 
-def _entry_headers(entry: Entry, tag_targets: Sequence[str]) -> tuple[dict[str, str], int]:
-    public = entry.key.split(":", 2)[1] == PUBLIC_SCOPE
-    edge = f"max-age={entry.ttl_s}"
-    if entry.stale_if_error_s:
-        edge += f", stale-if-error={entry.stale_if_error_s}"
+@functools.lru_cache(maxsize=4096)
+def _header_block(key: str, etag: str, ttl_s: int, stale_if_error_s: int, tags: tuple[str, ...],
+                  tag_targets: tuple[str, ...]) -> tuple[dict[str, str], int]:
+    """A pure function of its arguments (callers copy the dict), so memoizing it is safe across entries."""
+    public = key.split(":", 2)[1] == PUBLIC_SCOPE
+    edge = f"max-age={ttl_s}"
+    if stale_if_error_s:
+        edge += f", stale-if-error={stale_if_error_s}"
     headers = {
         "Content-Type": "application/json",
-        "ETag": entry.etag,
+        "ETag": etag,
         # RFC 9111 §5.2.2.10: s-maxage governs shared caches; max-age=0 keeps browsers from reusing it unasked.
-        "Cache-Control": f"public, max-age=0, s-maxage={entry.ttl_s}" if public else "private",
+        "Cache-Control": f"public, max-age=0, s-maxage={ttl_s}" if public else "private",
         "CDN-Cache-Control": edge,
         "Surrogate-Control": edge,
-        "X-Cache-Key": entry.key,
+        "X-Cache-Key": key,
         "Vary": "Authorization" if not public else "Accept-Encoding",
     }
-    tags, truncated = tag_headers(entry.tags, tag_targets)
-    headers.update(tags)
+    tag_values, truncated = tag_headers(tags, tag_targets)
+    headers.update(tag_values)
     return headers, truncated
 
 
