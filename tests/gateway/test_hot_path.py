@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -17,6 +18,7 @@ import redis
 
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
+from tests.support.gateway import RunningGateway
 from tests.support.services import RedisServer
 
 RAW = orjson.dumps(CHAT)
@@ -54,43 +56,51 @@ def counting_json(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
         yield counts
 
 
-async def test_l1_hit_makes_no_upstream_call_no_redis_command_and_no_json_work(
-        make_gateway: GatewayFactory, fake: FakeUpstream, redis_server: RedisServer, redis_url: str,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    gw = await make_gateway(cache={"redis_url": redis_url})
-    await gw.client.post("/v1/chat/completions", data=RAW, headers=HEADERS)
-    await gw.client.post("/v1/chat/completions", data=RAW, headers=HEADERS)  # warm: memo + header block
+@dataclass
+class HitWork:
+    """What one warm hit cost: its response, upstream calls, Redis commands (net of the counter's own INFO)
+    and JSON (de)serializations."""
+
+    cache_status: str
+    upstream_calls: int
+    redis_commands: int
+    json_calls: Counter[str]
+
+
+async def warm_hit_work(gw: RunningGateway, fake: FakeUpstream, redis_server: RedisServer,
+                        monkeypatch: pytest.MonkeyPatch) -> HitWork:
+    for _ in range(2):  # a miss that stores, then a hit that warms the memo and the header block
+        await gw.client.post("/v1/chat/completions", data=RAW, headers=HEADERS)
     upstream_before = sum(fake.calls.values())
     counter = CommandCounter(redis_server)
     commands_before = counter.read()
     with counting_json(monkeypatch) as json_calls:
         resp = await gw.client.post("/v1/chat/completions", data=RAW, headers=HEADERS)
         await resp.read()
-    commands_after = counter.read()
+    commands = counter.read() - commands_before - 1  # minus the INFO call that read the counter
     counter.close()
-    assert resp.headers["Cache-Status"].endswith("detail=l1")
-    assert sum(fake.calls.values()) == upstream_before
-    assert commands_after - commands_before == 1  # only the INFO call that read the counter
-    assert json_calls == Counter()
+    return HitWork(resp.headers["Cache-Status"], sum(fake.calls.values()) - upstream_before, commands, json_calls)
+
+
+async def test_l1_hit_makes_no_upstream_call_no_redis_command_and_no_json_work(
+        make_gateway: GatewayFactory, fake: FakeUpstream, redis_server: RedisServer, redis_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    gw = await make_gateway(cache={"redis_url": redis_url})
+    work = await warm_hit_work(gw, fake, redis_server, monkeypatch)
+    assert work.cache_status.endswith("detail=l1")
+    assert work.upstream_calls == 0
+    assert work.redis_commands == 0
+    assert work.json_calls == Counter()
 
 
 async def test_l2_hit_costs_exactly_one_redis_command(make_gateway: GatewayFactory, fake: FakeUpstream,
                                                       redis_server: RedisServer, redis_url: str,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     gw = await make_gateway(cache={"redis_url": redis_url, "l1_max_bytes": 0})
-    await gw.client.post("/v1/chat/completions", data=RAW, headers=HEADERS)
-    await gw.client.post("/v1/chat/completions", data=RAW, headers=HEADERS)
-    upstream_before = sum(fake.calls.values())
-    counter = CommandCounter(redis_server)
-    commands_before = counter.read()
-    with counting_json(monkeypatch) as json_calls:
-        resp = await gw.client.post("/v1/chat/completions", data=RAW, headers=HEADERS)
-        await resp.read()
-    commands_after = counter.read()
-    counter.close()
-    assert resp.headers["Cache-Status"].endswith("detail=l2")
-    assert sum(fake.calls.values()) == upstream_before
-    assert commands_after - commands_before == 1 + 1  # the GET, plus the INFO call that read the counter
+    work = await warm_hit_work(gw, fake, redis_server, monkeypatch)
+    assert work.cache_status.endswith("detail=l2")
+    assert work.upstream_calls == 0
+    assert work.redis_commands == 1  # the (batched) GET
     # Decoding an L2 entry parses its small header; the body itself is never re-serialized.
-    assert json_calls["dumps"] == 0
-    assert json_calls["loads"] <= 1
+    assert work.json_calls["dumps"] == 0
+    assert work.json_calls["loads"] <= 1
