@@ -21,23 +21,14 @@ from backend.engine.outputs import EngineStats, TokenOut
 from backend.engine.sampling_params import SamplingParams
 from backend.server import ServedModel, ServerLimits, create_app
 from backend.tokenizer import Tokenizer
-from backend.tokenizer.pattern import GPT2
+from tests.backend.tiny import byte_tokenizer as make_byte_tokenizer
 
 SCRIPT = "Hello, world! The answer is 42."
 EOS = 0
 
 
 def byte_tokenizer() -> Tokenizer:
-    return Tokenizer(
-        name="bytes",
-        pattern=GPT2,
-        mergeable_ranks={bytes([b]): b for b in range(256)},
-        special_tokens={},
-        vocab_size=256,
-        bos_token_id=None,
-        eos_token_ids=[EOS],
-        chat_template="{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}A:",
-    )
+    return make_byte_tokenizer("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}A:", EOS)
 
 
 class FakeEngine:

@@ -13,23 +13,14 @@ from backend.engine.async_engine import AsyncEngine
 from backend.engine.config import EngineConfig
 from backend.server import ServedModel, ServerLimits, create_app
 from backend.tokenizer import Tokenizer
-from backend.tokenizer.pattern import GPT2
+from tests.backend.tiny import byte_tokenizer as make_byte_tokenizer
 from tests.backend.tiny import tiny_model
 
 EOS = 0
 
 
 def byte_tokenizer() -> Tokenizer:
-    return Tokenizer(
-        name="bytes",
-        pattern=GPT2,
-        mergeable_ranks={bytes([b]): b for b in range(256)},
-        special_tokens={},
-        vocab_size=256,
-        bos_token_id=None,
-        eos_token_ids=[EOS],
-        chat_template="{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}>",
-    )
+    return make_byte_tokenizer("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}>", EOS)
 
 
 @pytest.fixture

@@ -6,6 +6,8 @@ import torch
 
 from backend.model.config import LlamaConfig
 from backend.model.llama import LlamaModel
+from backend.tokenizer import Tokenizer
+from backend.tokenizer.pattern import GPT2
 
 
 def tiny_config(tie_word_embeddings: bool = True) -> LlamaConfig:
@@ -68,3 +70,17 @@ def tiny_model(
     model = LlamaModel(config, dtype=dtype, device=device)
     model.load_weights(tiny_weights(config, seed))
     return model
+
+
+def byte_tokenizer(chat_template: str, eos: int = 0) -> Tokenizer:
+    """Bytes as tokens (vocab 256, fits the tiny model), byte `eos` as EOS, and the given chat template."""
+    return Tokenizer(
+        name="bytes",
+        pattern=GPT2,
+        mergeable_ranks={bytes([b]): b for b in range(256)},
+        special_tokens={},
+        vocab_size=256,
+        bos_token_id=None,
+        eos_token_ids=[eos],
+        chat_template=chat_template,
+    )
