@@ -8,11 +8,14 @@ CDN-Cache-Control (RFC 9213) and Surrogate-Control speak to the edge we configur
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+from aiohttp import web
 
 from cdn.tags import tag_headers
 from gateway.entry import Entry
 from gateway.keys import PUBLIC_SCOPE
+from gateway.upstream import relay_headers
 
 CACHE_STATUS = "Cache-Status"
 NAME = "tokenedge"
@@ -83,3 +86,14 @@ def bypass_status(reason: str) -> str:
 
 
 BYPASS_CACHE_CONTROL = "no-store"
+
+
+def unstored_response(status: int, upstream_headers: Mapping[str, str], body: bytes, *, collapsed: bool,
+                      detail: str | None) -> web.Response:
+    """An upstream answer relayed with its own status and body, marked as not stored (JSON and stream paths)."""
+    headers = relay_headers(upstream_headers)
+    headers[CACHE_STATUS] = miss_status(stored=False, collapsed=collapsed, detail=detail)
+    headers["Cache-Control"] = "no-store"
+    if "Content-Type" in upstream_headers:
+        headers["Content-Type"] = upstream_headers["Content-Type"]
+    return web.Response(status=status, body=body, headers=headers)

@@ -234,10 +234,5 @@ def miss_response(state: GatewayState, outcome: FillResult, *, collapsed: bool) 
         for name, value in relay_headers(upstream.headers).items():
             response.headers.setdefault(name, value)
         return response
-    headers = relay_headers(upstream.headers)
-    headers[hdr.CACHE_STATUS] = hdr.miss_status(
-        stored=False, collapsed=collapsed, detail=outcome.refusal.value if outcome.refusal else None)
-    headers["Cache-Control"] = "no-store"
-    if "Content-Type" in upstream.headers:
-        headers["Content-Type"] = upstream.headers["Content-Type"]
-    return web.Response(status=upstream.status, body=upstream.body, headers=headers)
+    return hdr.unstored_response(upstream.status, upstream.headers, upstream.body, collapsed=collapsed,
+                                 detail=outcome.refusal.value if outcome.refusal else None)

@@ -190,13 +190,8 @@ def miss_headers(head: Head, req: FillRequest, *, collapsed: bool) -> dict[str, 
 
 def passthrough(head: Head, req: FillRequest, *, collapsed: bool) -> web.Response:
     """A non-200 (or non-SSE) upstream answer, relayed with its status and body and never stored."""
-    headers = relay_headers(head.headers)
     detail = "status" if head.status != 200 else "incomplete"
-    headers[hdr.CACHE_STATUS] = hdr.miss_status(stored=False, collapsed=collapsed, detail=detail)
-    headers["Cache-Control"] = "no-store"
-    if "Content-Type" in head.headers:
-        headers["Content-Type"] = head.headers["Content-Type"]
-    return web.Response(status=head.status, body=head.body, headers=headers)
+    return hdr.unstored_response(head.status, head.headers, head.body or b"", collapsed=collapsed, detail=detail)
 
 
 def _first_token(request: web.Request) -> Callable[[], None] | None:
