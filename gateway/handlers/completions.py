@@ -22,8 +22,9 @@ from gateway.handlers.ops import handler_done
 from gateway.handlers.relay import relay
 from gateway.handlers.tenancy import tenant_credential
 from gateway.keys import PUBLIC_SCOPE, CacheKey, derive_key_from_bytes, tenant_scope
+from gateway.lookup import read_cache
 from gateway.memo import ParsedRequest
-from gateway.policy import CREDENTIAL_REFUSALS, Bypass, Freshness, Lookup, decide, freshness, satisfies
+from gateway.policy import CREDENTIAL_REFUSALS, Bypass, Lookup, decide
 from gateway.state import STATE, GatewayState
 from gateway.streaming.handler import serve_stream
 from gateway.streaming.replay import wants_usage
@@ -181,22 +182,15 @@ async def lookup_or_fill(request: web.Request, state: GatewayState, prep: Prepar
     resolved = await resolve_key(request, state, prep)
     key = resolved.key
     lap(request, "parse", key=key.key)
-    stale: Entry | None = None
-    if lookup.read:
-        found = await state.cache.get(key.key)
-        lap(request, found.tier if found is not None else ("l2" if state.cache.l2 is not None else "l1"))
-        if found is not None:
-            entry, now = found.entry, state.clock()
-            age = entry.age_s(now)
-            fresh = freshness(age_s=age, ttl_s=entry.ttl_s, stale_if_error_s=entry.stale_if_error_s)
-            if fresh is Freshness.FRESH and satisfies(age_s=age, directives=prep.directives):
-                state.metrics.served_from_cache(entry.usage, len(entry.body))
-                status, age_h = hdr.hit_status(entry, now, tier=found.tier)
-                response = entry_response(state, entry, status, age_h)
-                lap(request, "serialize")
-                return response, "hit", found.tier
-            if fresh is Freshness.STALE:
-                stale = entry
+    read = await read_cache(request, state, key.key, lookup, prep.directives)
+    if read.hit is not None:
+        entry = read.hit.entry
+        state.metrics.served_from_cache(entry.usage, len(entry.body))
+        status, age_h = hdr.hit_status(entry, read.now, tier=read.hit.tier)
+        response = entry_response(state, entry, status, age_h)
+        lap(request, "serialize")
+        return response, "hit", read.hit.tier
+    stale = read.stale
     if lookup.only_if_cached:
         raise NotCached("only-if-cached: no fresh cached answer for this request")
     fill_req = fill_request(request, state, prep, lookup, resolved)

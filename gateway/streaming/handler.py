@@ -30,7 +30,8 @@ from gateway.entry import Entry
 from gateway.errors import NotCached, UpstreamError
 from gateway.fill import FillRequest
 from gateway.keys import PUBLIC_SCOPE
-from gateway.policy import CREDENTIAL_REFUSALS, Freshness, Lookup, freshness, satisfies
+from gateway.lookup import read_cache
+from gateway.policy import CREDENTIAL_REFUSALS, Lookup
 from gateway.state import GatewayState
 from gateway.streaming.broadcast import Head, StreamFlight, stream_flights
 from gateway.streaming.replay import replay_frames
@@ -46,23 +47,14 @@ Outcome = tuple[web.StreamResponse, str, str]
 async def serve_stream(request: web.Request, state: GatewayState, req: FillRequest, lookup: Lookup,
                        directives: RequestDirectives, *, include_usage: bool) -> Outcome:
     lap(request, "parse", key=req.key.key)  # the key is known: the access log carries it, as on the JSON path
-    stale: Entry | None = None
-    if lookup.read:
-        found = await state.cache.get(req.key.key)
-        lap(request, found.tier if found is not None else ("l2" if state.cache.l2 is not None else "l1"))
-        if found is not None:
-            entry, now = found.entry, state.clock()
-            age = entry.age_s(now)
-            fresh = freshness(age_s=age, ttl_s=entry.ttl_s, stale_if_error_s=entry.stale_if_error_s)
-            if fresh is Freshness.FRESH and satisfies(age_s=age, directives=directives):
-                status, age_h = hdr.hit_status(entry, now, tier=found.tier)
-                response = await replay(request, state, entry, status, age_h, include_usage=include_usage)
-                return response, "hit", found.tier
-            if fresh is Freshness.STALE:
-                stale = entry
+    read = await read_cache(request, state, req.key.key, lookup, directives)
+    if read.hit is not None:
+        status, age_h = hdr.hit_status(read.hit.entry, read.now, tier=read.hit.tier)
+        response = await replay(request, state, read.hit.entry, status, age_h, include_usage=include_usage)
+        return response, "hit", read.hit.tier
     if lookup.only_if_cached:
         raise NotCached("only-if-cached: no fresh cached answer for this request")
-    return await stream_miss(request, state, req, stale, include_usage=include_usage)
+    return await stream_miss(request, state, req, read.stale, include_usage=include_usage)
 
 
 async def stream_miss(request: web.Request, state: GatewayState, req: FillRequest, stale: Entry | None, *,

@@ -1,0 +1,42 @@
+"""The cache read shared by the JSON and streamed paths: L1/L2 lookup, then freshness (DESIGN §4).
+
+A fresh entry the request's `max-age` accepts is a hit; an entry past its TTL but inside stale-if-error is kept
+aside, to be served only if the upstream then fails. `no-cache` (lookup.read False) skips the read entirely.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from gateway.cache_control import RequestDirectives
+from gateway.entry import Entry
+from gateway.policy import Freshness, Lookup, freshness, satisfies
+from gateway.state import GatewayState
+from gateway.tiers.tiered import Found
+from gateway.timing import lap
+
+
+@dataclass(frozen=True, slots=True)
+class CacheRead:
+    hit: Found | None  # a fresh, acceptable entry
+    stale: Entry | None  # usable only if the upstream fails
+    now: float
+
+
+async def read_cache(request: web.Request, state: GatewayState, key: str, lookup: Lookup,
+                     directives: RequestDirectives) -> CacheRead:
+    if not lookup.read:
+        return CacheRead(None, None, state.clock())
+    found = await state.cache.get(key)
+    lap(request, found.tier if found is not None else ("l2" if state.cache.l2 is not None else "l1"))
+    now = state.clock()  # after the (possibly remote) read: the age is the entry's age as served
+    if found is None:
+        return CacheRead(None, None, now)
+    entry = found.entry
+    age = entry.age_s(now)
+    fresh = freshness(age_s=age, ttl_s=entry.ttl_s, stale_if_error_s=entry.stale_if_error_s)
+    if fresh is Freshness.FRESH and satisfies(age_s=age, directives=directives):
+        return CacheRead(found, None, now)
+    return CacheRead(None, entry if fresh is Freshness.STALE else None, now)
