@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.gateway.conftest import AUTH_A, AUTH_B, CHAT, GatewayFactory
 from tests.gateway.test_redis_tier import sample
@@ -235,3 +236,26 @@ async def _items(server: MemcachedServer) -> int:
         return int((await client.stats())[b"curr_items"] or 0)
     finally:
         await client.close()
+
+
+async def test_a_server_closing_mid_command_degrades_instead_of_hanging() -> None:
+    """aiomcache alone spins on EOF in simple commands (delete, incr, set); the tier's client raises instead."""
+    from gateway.tiers.base import L2Unavailable
+    from gateway.tiers.memcached_tier import MemcachedTier
+
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readline()
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    errors: list[int] = []
+    tier = MemcachedTier([f"127.0.0.1:{port}"], timeout_s=5.0, retry_after_s=0, max_item_bytes=1 << 20,
+                         clock=lambda: 0.0, on_error=lambda: errors.append(1), on_refusal=lambda _r: None)
+    try:
+        with pytest.raises(L2Unavailable):
+            await asyncio.wait_for(tier.delete(["te1:pub:" + "0" * 64]), 10)  # a hang would fail here, not pass
+        assert errors == [1]
+    finally:
+        await tier.close()
+        server.close()
