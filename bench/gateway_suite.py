@@ -1,5 +1,5 @@
-"""Benchmark suite for the gateway (issue 8): L1 hit, L2 hit, miss and bypass, side by side with bare aiohttp and
-nginx returning the same bytes and the LiteLLM proxy with its cache (local, then Redis), at 1 and 2 workers.
+"""Benchmark suite for the gateway (issue 8): L1 hit, L2 hit (Redis, and Memcached through aiocache), miss and
+bypass, side by side with bare aiohttp and nginx returning the same bytes and the LiteLLM proxy with its cache (local, then Redis), at 1 and 2 workers.
 
 Every system gets the same request bytes and the same zero-latency upstream. `python -m bench gateway`.
 """
@@ -24,7 +24,7 @@ from bench.harness import (
     wrk,
 )
 from bench.peers import LITELLM_MASTER_KEY, bare_aiohttp, litellm_proxy, nginx_fixed
-from tests.support.services import wait_for_line
+from tests.support.services import MemcachedServer, wait_for_line
 
 BYPASS_REQUEST = REQUEST.replace(b'"temperature":0', b'"temperature":0.7')
 MISS_REQUEST = REQUEST.replace(b"What is the capital", b"__UNIQUE__ What is the capital")
@@ -52,6 +52,16 @@ def redis_server() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@contextmanager
+def memcached_server() -> Iterator[str]:
+    server = MemcachedServer()
+    server.start()
+    try:
+        yield server.server
+    finally:
+        server.kill()
 
 
 @contextmanager
@@ -84,10 +94,14 @@ def run(workers: int, args: argparse.Namespace) -> dict[str, LoadResult]:
         l1_url, l1_pids = stack.enter_context(gateway(upstream, workers, {}))
         l2_url, l2_pids = stack.enter_context(gateway(upstream, workers, {
             "TOKENEDGE_CACHE_REDIS_URL": redis_url, "TOKENEDGE_CACHE_L1_MAX_BYTES": "0"}))
+        mc_url, mc_pids = stack.enter_context(gateway(upstream, workers, {
+            "TOKENEDGE_CACHE_L2": "memcached", "TOKENEDGE_CACHE_MEMCACHED_SERVERS": stack.enter_context(
+                memcached_server()), "TOKENEDGE_CACHE_MEMCACHED_L1_MAX_AGE_S": "0"}))
         hit_body = prime(l1_url)
         targets: dict[str, Target] = {
             "gateway L1 hit": (l1_url, l1_pids, REQUEST, HEADERS),
             "gateway L2 hit (L1 off)": (l2_url, l2_pids, REQUEST, HEADERS),
+            "gateway L2 hit (Memcached, L1 off)": (mc_url, mc_pids, REQUEST, HEADERS),
             "gateway miss (unique bodies)": (l1_url, l1_pids, MISS_REQUEST, HEADERS),
             "gateway bypass (temperature 0.7)": (l1_url, l1_pids, BYPASS_REQUEST, HEADERS),
         }
@@ -124,7 +138,9 @@ def main(argv: list[str] | None = None) -> None:
                     list(results.items()), "bare aiohttp (same bytes)")
         l1, l2 = results["gateway L1 hit"], results["gateway L2 hit (L1 off)"]
         bare = results["bare aiohttp (same bytes)"]
-        summary = {"l1_vs_bare": l1.rps / bare.rps, "l2_vs_l1": l2.rps / l1.rps}
+        l2_mc = results["gateway L2 hit (Memcached, L1 off)"]
+        summary = {"l1_vs_bare": l1.rps / bare.rps, "l2_vs_l1": l2.rps / l1.rps,
+                   "l2_memcached_vs_l2_redis": l2_mc.rps / l2.rps}
         for name, result in results.items():
             if name.startswith("LiteLLM"):
                 summary[f"l1_vs_{name}"] = l1.rps / result.rps

@@ -22,8 +22,7 @@ from gateway.handlers import admin, alias, completions, ops
 from gateway.handlers.admin import CDN_PURGE
 from gateway.metrics import GatewayMetrics
 from gateway.state import STATE, GatewayState
-from gateway.tiers.memory import MemoryTier
-from gateway.tiers.redis_tier import RedisTier
+from gateway.tiers.factory import build_l1, build_l2
 from gateway.tiers.tiered import TieredCache
 from gateway.upstream import Upstream
 
@@ -83,12 +82,8 @@ def _cache_ctx(metrics: GatewayMetrics, clock: Callable[[], float], config: Gate
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         session = Upstream.make_session(config.upstream)
         upstream = Upstream(config.upstream, session)
-        l2 = None
-        if config.cache.redis_url:
-            errors = metrics.cache_errors.labels("l2")
-            l2 = RedisTier(config.cache.redis_url, timeout_s=config.cache.redis_timeout_s,
-                           retry_after_s=config.cache.redis_retry_after_s, clock=clock, on_error=errors.inc)
-        cache = TieredCache(MemoryTier(config.cache.l1_max_bytes, clock), l2, metrics)
+        l2 = build_l2(config.cache, metrics, clock)  # Redis, Memcached or none (cache.l2)
+        cache = TieredCache(build_l1(config.cache, clock), l2, metrics)
         catalog = ModelCatalog(upstream, ttl_s=config.upstream.models_ttl_s,
                                fallback_revision=config.upstream.model_revision, clock=clock)
         app[STATE] = GatewayState(config=config, metrics=metrics, clock=clock, cache=cache, upstream=upstream,

@@ -78,6 +78,12 @@ class CacheConfig:
     redis_url: str = ""  # empty: L1 only (the embedded default)
     redis_timeout_s: float = 0.25
     redis_retry_after_s: float = 1.0  # after an L2 failure, skip L2 this long before trying again
+    l2: Literal["", "redis", "memcached"] = ""  # empty: redis when redis_url is set, memcached when only servers are
+    memcached_servers: tuple[str, ...] = ()  # host:port each; keys spread over them by rendezvous hashing
+    memcached_timeout_s: float = 0.25
+    memcached_retry_after_s: float = 1.0
+    memcached_max_item_bytes: int = 1024 * 1024  # memcached's item limit (-I); bigger records are refused, counted
+    memcached_l1_max_age_s: float = 2.0  # with a Memcached L2 (no invalidation bus): L1 lifetime cap, 0 turns L1 off
     max_entry_bytes: int = 2 * 1024 * 1024
     stale_if_error_s: int = 600
     cdn_tag_headers: tuple[str, ...] = ("surrogate-key", "cache-tag", "xkey")
@@ -88,8 +94,26 @@ class CacheConfig:
                  f"cache.redis_url must be redis://, rediss:// or unix://, got {self.redis_url!r}")
         _require(self.redis_timeout_s > 0, "cache.redis_timeout_s must be > 0")
         _require(self.redis_retry_after_s >= 0, "cache.redis_retry_after_s must be >= 0")
+        _require(self.l2 != "redis" or bool(self.redis_url), "cache.l2 = 'redis' needs cache.redis_url")
+        _require(self.l2 != "memcached" or bool(self.memcached_servers),
+                 "cache.l2 = 'memcached' needs cache.memcached_servers (host:port, ...)")
+        for server in self.memcached_servers:
+            host, sep, port = server.rpartition(":")
+            _require(bool(sep and host) and port.isdigit() and 0 < int(port) < 65536,
+                     f"cache.memcached_servers entries must be host:port, got {server!r}")
+        _require(self.memcached_timeout_s > 0, "cache.memcached_timeout_s must be > 0")
+        _require(self.memcached_retry_after_s >= 0, "cache.memcached_retry_after_s must be >= 0")
+        _require(self.memcached_max_item_bytes >= 1024, "cache.memcached_max_item_bytes must be at least 1024")
+        _require(self.memcached_l1_max_age_s >= 0, "cache.memcached_l1_max_age_s must be >= 0")
         _require(self.max_entry_bytes >= 1024, "cache.max_entry_bytes must be at least 1024")
         _require(self.stale_if_error_s >= 0, "cache.stale_if_error_s must be >= 0")
+
+    @property
+    def l2_kind(self) -> Literal["", "redis", "memcached"]:
+        """The shared tier in use: `l2` when set, else redis when `redis_url` is set, else memcached when servers are."""
+        if self.l2:
+            return self.l2
+        return "redis" if self.redis_url else ("memcached" if self.memcached_servers else "")
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,6 +59,8 @@ class GatewayMetrics:
         self.cache_errors = Counter("tokenedge_cache_errors", "Cache tier failures (served degraded)",
                                     ["tier"], registry=r)
         self.cache_stores = Counter("tokenedge_cache_stores", "Entries written, by tier", ["tier"], registry=r)
+        self.cache_refusals = Counter("tokenedge_cache_store_refusals", "Entries a tier refused to store, by reason",
+                                      ["tier", "reason"], registry=r)
         self.cache_entries = Gauge("tokenedge_cache_entries", "Entries held, by tier", ["tier"],
                                    multiprocess_mode="livesum", registry=r)
         self.cache_bytes = Gauge("tokenedge_cache_bytes", "Bytes held, by tier", ["tier"],

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Installs the real services the test suite starts (Redis, Varnish, nginx, Prometheus, Chromium) when missing.
+# Installs the real services the test suite starts (Redis, Memcached, Varnish, nginx, Prometheus, Chromium) when missing.
 # Debian packages only; nothing is downloaded from anywhere else.
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
+command -v memcached >/dev/null || need+=(memcached)
 command -v varnishd >/dev/null || need+=(varnish)
 [ -e /usr/lib/x86_64-linux-gnu/varnish/vmods/libvmod_xkey.so ] || ls /usr/lib/*/varnish/vmods/libvmod_xkey.so >/dev/null 2>&1 || need+=(varnish-modules)
 command -v nginx >/dev/null || need+=(nginx)

@@ -8,7 +8,7 @@ import pytest
 
 from tests.support.fake_upstream import FakeUpstream, start_fake_upstream
 from tests.support.gateway import FakeClock
-from tests.support.services import RedisServer
+from tests.support.services import MemcachedServer, RedisServer
 
 
 @pytest.fixture(scope="session")
@@ -27,6 +27,24 @@ def redis_url(redis_server: RedisServer) -> str:
         redis_server.start()
     redis_server.flush()
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def memcached_server() -> Iterator[MemcachedServer]:
+    server = MemcachedServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+def memcached(memcached_server: MemcachedServer) -> MemcachedServer:
+    """The session's memcached, running and empty (restarted: a kill is also the fastest flush)."""
+    memcached_server.kill()
+    memcached_server.start()
+    return memcached_server
 
 
 @pytest.fixture

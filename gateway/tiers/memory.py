@@ -1,7 +1,9 @@
 """L1: an in-process, byte-bounded LRU with per-entry expiry, built on cachetools' TLRUCache.
 
 Each worker process has its own L1. Entries stay until the end of their stale-if-error window (freshness is
-decided by the policy, not here). The clock is injected so tests move time instead of sleeping.
+decided by the policy, not here), or at most `max_age_s` after they entered this L1 when that is set: the bound
+on how long another worker's purge can go unseen here when nothing invalidates L1 across workers (a Memcached
+L2 without the Redis invalidation bus). The clock is injected so tests move time instead of sleeping.
 """
 
 from __future__ import annotations
@@ -27,11 +29,16 @@ class _EvictionCountingCache(TLRUCache[str, Entry]):
 class MemoryTier:
     name = "l1"
 
-    def __init__(self, max_bytes: int, clock: Callable[[], float]) -> None:
+    def __init__(self, max_bytes: int, clock: Callable[[], float], max_age_s: float = 0.0) -> None:
         self.max_bytes = max_bytes
+        self.max_age_s = max_age_s
+
+        def ttu(_key: str, entry: Entry, now: float) -> float:
+            return min(entry.expires_at(), now + max_age_s) if max_age_s > 0 else entry.expires_at()
+
         self._cache = _EvictionCountingCache(
             maxsize=max(max_bytes, 1),
-            ttu=lambda _key, entry, _now: entry.expires_at(),
+            ttu=ttu,
             timer=clock,
             getsizeof=Entry.size_bytes,
         )

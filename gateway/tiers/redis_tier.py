@@ -3,16 +3,16 @@
 Layout: the entry under its key (`te1:{scope}:{digest}`), expiring at the end of its stale-if-error window, and one
 set per tag (`te1:tag:{tag}`) listing keys, for purge. Writes are one pipelined round trip.
 
-A Redis failure never fails a request: every operation goes through `_degrade`, which counts the error, logs at a
-bounded rate and opens a short breaker so an outage costs one timeout per `retry_after_s`, not one per request.
-The connection pool reconnects by itself once Redis is back.
+A Redis failure never fails a request: every operation goes through the shared `Breaker` (tiers/base.py), which
+counts the error, logs at a bounded rate and opens a short breaker so an outage costs one timeout per
+`retry_after_s`, not one per request. The connection pool reconnects by itself once Redis is back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
 
 import redis.asyncio as aioredis
@@ -21,15 +21,12 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from gateway.entry import Entry, decode, encode
-from gateway.ratelog import RateLimitedLog
+from gateway.tiers.base import Breaker, L2Unavailable
 
 log = logging.getLogger("tokenedge.l2")
 TAG_PREFIX = "te1:tag:"
 _T = TypeVar("_T")
-
-
-class L2Unavailable(Exception):
-    """L2 is skipped (breaker open) or the operation failed; callers treat it as a miss."""
+__all__ = ["L2Unavailable", "RedisTier"]
 
 
 class RedisTier:
@@ -44,12 +41,9 @@ class RedisTier:
             retry=Retry(NoBackoff(), 0),  # fail fast; the breaker below decides when to try again
             health_check_interval=0,
         )
-        self._timeout_s = timeout_s
-        self._retry_after_s = retry_after_s
         self._clock = clock
-        self._on_error = on_error
-        self._open_until = 0.0
-        self._log = RateLimitedLog(log, 10.0, clock)
+        self._breaker = Breaker(label="redis", errors=(RedisError,), timeout_s=timeout_s * 4,
+                                retry_after_s=retry_after_s, clock=clock, on_error=on_error, log=log)
         self._pending: dict[str, list[asyncio.Future[bytes | None]]] = {}
         self._reader: asyncio.Task[None] | None = None
 
@@ -58,23 +52,11 @@ class RedisTier:
 
     @property
     def available(self) -> bool:
-        return self._clock() >= self._open_until
+        return self._breaker.available
 
     async def _call(self, op: str, fn: Callable[[], Awaitable[_T]]) -> _T:
         """The one path through which every Redis operation runs and every Redis failure degrades."""
-        if not self.available:
-            raise L2Unavailable(f"l2 skipped for {op}: breaker open")
-        try:
-            return await asyncio.wait_for(fn(), self._timeout_s * 4)
-        except (RedisError, OSError, TimeoutError) as exc:
-            self._degrade(op, exc)
-            raise L2Unavailable(f"l2 {op} failed: {exc}") from exc
-
-    def _degrade(self, op: str, exc: BaseException) -> None:
-        self._on_error()
-        self._open_until = self._clock() + self._retry_after_s
-        self._log.warning("redis", "L2 (Redis) %s failed, serving from L1/upstream: %s: %s",
-                          op, type(exc).__name__, exc)
+        return await self._breaker.call(op, fn)
 
     async def get(self, key: str) -> Entry | None:
         """Reads are batched: lookups that arrive while a read is in flight go out together as one MGET.
@@ -90,6 +72,10 @@ class RedisTier:
             self._reader = asyncio.ensure_future(self._read_batches())
         raw = await future
         return decode(raw) if raw is not None else None
+
+    async def get_many(self, keys: Sequence[str]) -> list[Entry | None]:
+        """Concurrent gets: they leave as one batched MGET."""
+        return list(await asyncio.gather(*(self.get(key) for key in keys)))
 
     async def _read_batches(self) -> None:
         while self._pending:
@@ -108,7 +94,7 @@ class RedisTier:
                     if not future.done():
                         future.set_result(value if isinstance(value, bytes | None) else str(value).encode())
 
-    async def set(self, entry: Entry) -> None:
+    async def set(self, entry: Entry) -> bool:
         expire_ms = max(1, int((entry.expires_at() - self._clock()) * 1000))
         payload = encode(entry)
 
@@ -123,6 +109,7 @@ class RedisTier:
             await pipe.execute()
 
         await self._call("set", write)
+        return True
 
     async def delete(self, keys: Iterable[str]) -> int:
         keys = list(keys)

@@ -1,6 +1,8 @@
 """The tiered cache: read L1 then L2 (back-filling L1 on an L2 hit), write both, purge both.
 
-Every lookup is counted per tier and outcome. L2 failures arrive here as `L2Unavailable` and become misses.
+Tiers plug in through the protocols of tiers/base.py: any `LocalTier` as L1, any shared `Tier` (Redis,
+Memcached) as L2. Every lookup is counted per tier and outcome. L2 failures arrive here as `L2Unavailable` and
+become misses.
 """
 
 from __future__ import annotations
@@ -10,8 +12,7 @@ from dataclasses import dataclass
 
 from gateway.entry import Entry
 from gateway.metrics import GatewayMetrics
-from gateway.tiers.memory import MemoryTier
-from gateway.tiers.redis_tier import L2Unavailable, RedisTier
+from gateway.tiers.base import L2Unavailable, LocalTier, Tier
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +22,7 @@ class Found:
 
 
 class TieredCache:
-    def __init__(self, l1: MemoryTier, l2: RedisTier | None, metrics: GatewayMetrics) -> None:
+    def __init__(self, l1: LocalTier, l2: Tier | None, metrics: GatewayMetrics) -> None:
         self.l1 = l1
         self.l2 = l2
         self._lookups = metrics.lookups
@@ -55,8 +56,8 @@ class TieredCache:
             self._stores.labels("l1").inc()
         if self.l2 is not None:
             try:
-                await self.l2.set(entry)
-                self._stores.labels("l2").inc()
+                if await self.l2.set(entry):
+                    self._stores.labels("l2").inc()
             except L2Unavailable:
                 pass  # counted and logged by the tier; L1 still holds the entry
 

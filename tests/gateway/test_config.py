@@ -64,3 +64,30 @@ def test_missing_file_and_bad_toml_are_config_errors(tmp_path: Path) -> None:
 def test_upstream_key_is_redacted_in_repr() -> None:
     config = GatewayConfig.from_mapping({"upstream": {"api_key": "sk-secret"}})
     assert "sk-secret" not in repr(config.upstream)
+
+
+def test_l2_selects_redis_or_memcached() -> None:
+    def kind(**cache: object) -> str:
+        return GatewayConfig.from_mapping({"cache": cache}).cache.l2_kind
+
+    assert kind() == ""
+    assert kind(redis_url="redis://h:1/0") == "redis"
+    assert kind(memcached_servers=["h:11211"]) == "memcached"
+    assert kind(redis_url="redis://h:1/0", memcached_servers=["h:11211"]) == "redis"  # redis is the default
+    assert kind(redis_url="redis://h:1/0", memcached_servers=["h:11211"], l2="memcached") == "memcached"
+    env = load_config(None, {"TOKENEDGE_CACHE_L2": "memcached", "TOKENEDGE_CACHE_MEMCACHED_SERVERS": "a:1,b:2"})
+    assert env.cache.memcached_servers == ("a:1", "b:2")
+
+
+@pytest.mark.parametrize(("cache", "message"), [
+    ({"l2": "memcached"}, "cache.memcached_servers"),
+    ({"l2": "redis"}, "cache.redis_url"),
+    ({"l2": "mongo"}, "cache.l2 must be one of"),
+    ({"memcached_servers": ["no-port"]}, "host:port"),
+    ({"memcached_servers": ["h:0"]}, "host:port"),
+    ({"memcached_max_item_bytes": 10}, "memcached_max_item_bytes"),
+    ({"memcached_l1_max_age_s": -1}, "memcached_l1_max_age_s"),
+])
+def test_invalid_l2_settings_fail_naming_the_setting(cache: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        GatewayConfig.from_mapping({"cache": cache})

@@ -1,7 +1,7 @@
 """Regression guard for the hit path, by counting work rather than timing it.
 
 An L1 hit makes no upstream call, no Redis command and no JSON (de)serialization; an L2 hit costs exactly one
-Redis command. If a change makes the hit path heavier in these terms, this fails on any machine, however noisy.
+Redis command, or exactly one Memcached round trip (counted by a proxy in front of a real memcached). If a change makes the hit path heavier in these terms, this fails on any machine, however noisy.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import redis
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import RunningGateway
-from tests.support.services import RedisServer
+from tests.support.mc_proxy import CountingProxy
+from tests.support.services import MemcachedServer, RedisServer
 
 RAW = orjson.dumps(CHAT)
 HEADERS = {**AUTH_A, "Content-Type": "application/json"}
@@ -104,3 +105,30 @@ async def test_l2_hit_costs_exactly_one_redis_command(make_gateway: GatewayFacto
     # Decoding an L2 entry parses its small header; the body itself is never re-serialized.
     assert work.json_calls["dumps"] == 0
     assert work.json_calls["loads"] <= 1
+
+
+async def test_l2_hit_costs_exactly_one_memcached_round_trip(make_gateway: GatewayFactory, fake: FakeUpstream,
+                                                             memcached: MemcachedServer,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    proxy = CountingProxy(memcached.port)
+    port = await proxy.start()
+    try:
+        gw = await make_gateway(cache={"l2": "memcached", "memcached_servers": [f"127.0.0.1:{port}"],
+                                       "memcached_l1_max_age_s": 0})  # L1 off: every hit comes from Memcached
+        for _ in range(2):
+            await gw.client.post("/v1/chat/completions", data=RAW, headers=HEADERS)
+        before, upstream_before = Counter(proxy.commands), sum(fake.calls.values())
+        with counting_json(monkeypatch) as json_calls:
+            resp = await gw.client.post("/v1/chat/completions", data=RAW, headers=HEADERS)
+            await resp.read()
+        commands = proxy.commands - before
+    finally:
+        await proxy.close()
+    assert resp.headers["Cache-Status"].endswith("detail=l2")
+    assert sum(fake.calls.values()) == upstream_before
+    # One `get` carries the entry and the version counters of all its tags: the tag check costs no round trip.
+    assert sum(commands.values()) == 1
+    assert set(commands) <= {"get", "gets"}  # aiomcache's multi_get sends `gets`
+    assert proxy.keys_per_get[-1] == 1 + 4  # the entry, its tenant:/key: counters, its model:/rev: counters
+    assert json_calls["dumps"] == 0
+    assert json_calls["loads"] <= 1

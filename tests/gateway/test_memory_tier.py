@@ -55,3 +55,13 @@ def test_purge_by_key_and_tag() -> None:
     assert tier.delete(["k2", "missing"]) == 1
     assert tier.purge_tags(["model:a"]) == 2
     assert tier.entries() == 0
+
+
+def test_max_age_caps_how_long_an_entry_lives_in_l1() -> None:
+    clock = FakeClock(1_800_000_000.0)
+    tier = MemoryTier(10_000, clock, max_age_s=2.0)
+    tier.set(entry(1, ttl_s=60))
+    clock.advance(1.9)
+    assert tier.get("k1") is not None
+    clock.advance(0.2)
+    assert tier.get("k1") is None  # long before its TTL: the cap bounds cross-worker staleness

@@ -8,12 +8,7 @@ upstream calls) mean two workers answered, and hits + misses == N means no reque
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import sys
-import tempfile
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -21,50 +16,16 @@ import pytest
 from tests.gateway.conftest import AUTH_A, CHAT
 from tests.gateway.test_metrics import parse, value
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.services import free_port
+from tests.support.workers import gateway_workers
 
 N = 24
 WORKERS = 2
-REPO = Path(__file__).resolve().parents[2]
-
-
-def listening_sockets(port: int) -> int:
-    """LISTEN sockets bound to the port: one per worker with SO_REUSEPORT (Linux /proc/net/tcp)."""
-    want = f":{port:04X}"
-    count = 0
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if fields[1].endswith(want) and fields[3] == "0A":
-            count += 1
-    return count
 
 
 @pytest.fixture
 async def workers(upstream_url: str) -> AsyncIterator[str]:
-    port = free_port()
-    log = tempfile.NamedTemporaryFile(prefix="tokenedge-workers-", suffix=".log", delete=False)  # noqa: SIM115
-    env = {**os.environ, "TOKENEDGE_UPSTREAM_URL": upstream_url, "TOKENEDGE_SERVER_HOST": "127.0.0.1",
-           "TOKENEDGE_SERVER_PORT": str(port), "PROMETHEUS_MULTIPROC_DIR": tempfile.mkdtemp(prefix="te-mp-")}
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "gateway", "--workers", str(WORKERS),
-                                                cwd=REPO, env=env, stdout=log, stderr=log)
-    try:
-        for _ in range(600):  # readiness: both workers have bound the port (bounded, ~60 s)
-            if listening_sockets(port) >= WORKERS or proc.returncode is not None:
-                break
-            await asyncio.sleep(0.1)
-        if listening_sockets(port) < WORKERS:
-            raise RuntimeError(f"workers did not start:\n{Path(log.name).read_text()[-3000:]}")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 20)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-        log.close()
-        os.unlink(log.name)
+    async with gateway_workers(upstream_url, WORKERS) as url:
+        yield url
 
 
 async def test_totals_across_two_workers_equal_requests_sent(workers: str, fake: FakeUpstream) -> None:

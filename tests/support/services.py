@@ -1,14 +1,16 @@
-"""Real services for tests: a redis-server on a free loopback port, started and stopped by the test.
+"""Real services for tests: redis-server and memcached on free loopback ports, started and stopped by the test.
 
 Readiness is read from the server's own log line, not guessed with sleeps.
 """
 
 from __future__ import annotations
 
+import getpass
 import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 
@@ -68,3 +70,44 @@ class RedisServer:
         client = redis.Redis(host="127.0.0.1", port=self.port)
         client.flushall()
         client.close()
+
+
+class MemcachedServer:
+    """A throwaway memcached (the Debian package); `kill()` and `start()` simulate a crash on the same port."""
+
+    def __init__(self, max_item_bytes: int = 1024 * 1024) -> None:
+        self.binary = shutil.which("memcached")
+        if self.binary is None:
+            raise RuntimeError("memcached is not installed: run scripts/install-system.sh")
+        self.port = free_port()
+        self.max_item_bytes = max_item_bytes
+        self.proc: subprocess.Popen[str] | None = None
+
+    @property
+    def server(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        # -vv is the only level that logs readiness ("server listening"); it also logs every command, so a
+        # thread drains the pipe for the server's lifetime.
+        self.proc = subprocess.Popen(
+            [self.binary, "-l", "127.0.0.1", "-p", str(self.port), "-U", "0", "-m", "64", "-t", "2",
+             "-I", str(self.max_item_bytes), "-u", getpass.getuser(), "-vv"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        wait_for_line(self.proc, "server listening", "memcached", max_lines=5000)
+        threading.Thread(target=_drain, args=(self.proc,), daemon=True).start()
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, not a shutdown; every item is lost, as after a real memcached restart."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+    stop = kill
+
+
+def _drain(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdout is not None
+    for _ in proc.stdout:
+        pass

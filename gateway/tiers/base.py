@@ -1,0 +1,112 @@
+"""The tier seams: what `TieredCache` needs from the in-process L1 and from a shared L2 (Redis or Memcached).
+
+Two protocols, not one: L1 is read synchronously on the hottest path (an L1 hit must not pay for a coroutine),
+while a shared tier is remote and async. Both speak `Entry` and the same purge vocabulary (keys and tags).
+A shared tier never raises anything but `L2Unavailable` out of an operation: every failure goes through one
+`Breaker`, which counts it (`cache_errors_total{tier="l2"}`), logs at a bounded rate and skips the tier for
+`retry_after_s`, so an outage costs one timeout per window instead of one per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Protocol, TypeVar
+
+from gateway.entry import Entry
+from gateway.ratelog import RateLimitedLog
+
+_T = TypeVar("_T")
+
+
+class L2Unavailable(Exception):
+    """L2 is skipped (breaker open) or the operation failed; callers treat it as a miss."""
+
+
+class LocalTier(Protocol):
+    """The in-process tier (L1): synchronous, per worker."""
+
+    name: str
+
+    @property
+    def enabled(self) -> bool: ...
+
+    def get(self, key: str) -> Entry | None: ...
+
+    def set(self, entry: Entry) -> bool: ...
+
+    def delete(self, keys: Iterable[str]) -> int: ...
+
+    def purge_tags(self, tags: Iterable[str]) -> int: ...
+
+    def entries(self) -> int: ...
+
+    def bytes_used(self) -> int: ...
+
+    @property
+    def evictions(self) -> int: ...
+
+
+class Tier(Protocol):
+    """A shared tier (L2). Operations raise only `L2Unavailable`; `available` is False while the breaker is open."""
+
+    name: str
+
+    @property
+    def available(self) -> bool: ...
+
+    async def get(self, key: str) -> Entry | None: ...
+
+    async def get_many(self, keys: Sequence[str]) -> list[Entry | None]: ...
+
+    async def set(self, entry: Entry) -> bool:
+        """True when stored; False when the tier refused the entry (counted by the tier, e.g. too large)."""
+        ...
+
+    async def delete(self, keys: Iterable[str]) -> int: ...
+
+    async def purge_tags(self, tags: Iterable[str]) -> tuple[int, list[str]]:
+        """(count, keys): what was purged, and the keys when the tier can list them (else empty)."""
+        ...
+
+    async def ping(self) -> bool: ...
+
+    async def stats(self) -> tuple[int, int] | None: ...
+
+    async def close(self) -> None: ...
+
+
+class Breaker:
+    """The one degrade path of a shared tier: run an operation with a deadline, or count, log and open."""
+
+    def __init__(self, *, label: str, errors: tuple[type[BaseException], ...], timeout_s: float,
+                 retry_after_s: float, clock: Callable[[], float], on_error: Callable[[], None],
+                 log: logging.Logger) -> None:
+        self._label = label
+        self._errors: tuple[type[BaseException], ...] = (*errors, OSError, TimeoutError)
+        self._timeout_s = timeout_s
+        self._retry_after_s = retry_after_s
+        self._clock = clock
+        self._on_error = on_error
+        self._open_until = 0.0
+        self._log = RateLimitedLog(log, 10.0, clock)
+
+    @property
+    def available(self) -> bool:
+        return self._clock() >= self._open_until
+
+    async def call(self, op: str, fn: Callable[[], Awaitable[_T]]) -> _T:
+        if not self.available:
+            raise L2Unavailable(f"l2 skipped for {op}: breaker open")
+        try:
+            return await asyncio.wait_for(fn(), self._timeout_s)
+        except self._errors as exc:
+            self.trip(op, exc)
+            raise L2Unavailable(f"l2 {op} failed: {exc}") from exc
+
+    def trip(self, op: str, exc: BaseException) -> None:
+        self._on_error()
+        self._open_until = self._clock() + self._retry_after_s
+        self._log.warning(self._label, "L2 (%s) %s failed, serving from L1/upstream: %s: %s",
+                          self._label, op, type(exc).__name__, exc)
