@@ -16,9 +16,10 @@ from openai import AsyncOpenAI
 
 from backend.engine.async_engine import AsyncEngine
 from backend.engine.config import EngineConfig
+from backend.engine.errors import QueueFullError
 from backend.model.llama import _causal_attention
 from backend.server import ServedModel, ServerLimits, create_app
-from backend.server.embeddings import normalize
+from backend.server.embeddings import embed_all, normalize
 from tests.backend.tiny import byte_tokenizer, tiny_model
 
 EOS = 0
@@ -176,3 +177,34 @@ async def test_an_assistant_turn_may_have_null_content(client: TestClient) -> No
                 {"role": "user", "content": "again"}]
     resp = await client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2})
     assert resp.status == 200, await resp.text()
+
+
+class _FailingEngine:
+    """Input 0 fails once the others are waiting inside the engine; records which requests were cancelled."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.waiting = 0
+        self.all_in = asyncio.Event()
+        self.cancelled: list[str] = []
+
+    async def embed(self, prompt_ids: list[int], request_id: str) -> object:
+        self.waiting += 1
+        if self.waiting == self.count:
+            self.all_in.set()
+        if request_id.endswith("-0"):
+            await self.all_in.wait()
+            raise QueueFullError("full")
+        try:
+            await asyncio.Event().wait()  # never set: only cancellation ends it
+        except asyncio.CancelledError:
+            self.cancelled.append(request_id)
+            raise
+        raise AssertionError("unreachable")
+
+
+async def test_the_first_failing_input_cancels_the_others_in_the_engine() -> None:
+    engine = _FailingEngine(count=5)
+    with pytest.raises(QueueFullError):
+        await embed_all(engine, [[1]] * 5, "r")  # type: ignore[arg-type]
+    assert sorted(engine.cancelled) == ["r-1", "r-2", "r-3", "r-4"]
