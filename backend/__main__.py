@@ -9,8 +9,10 @@ from collections.abc import Sequence
 import torch
 from aiohttp import web
 
+from backend.attention.selector import resolve_attention
 from backend.config import BackendConfig
 from backend.loader import LoadedModel, load_model
+from backend.runtime import describe_runtime, log_runtime
 from backend.server import ServedModel, ServerLimits, create_app
 from backend.server.state import EngineFactory
 
@@ -41,12 +43,19 @@ def build_app(config: BackendConfig) -> web.Application:
         torch.set_num_threads(config.threads)
     loaded = load_model(config.model)
     max_model_len = min(config.max_model_len, loaded.config.max_position_embeddings)
+    attention = resolve_attention(
+        config.attention, config.device, config.torch_dtype, config.block_size  # type: ignore[arg-type]
+    )
+    runtime = describe_runtime(config.device, config.torch_dtype, attention)
+    log_runtime(runtime)
     served = ServedModel(
         id=config.served_model_name or loaded.name,
         revision=loaded.revision,
         tokenizer=loaded.tokenizer,
         max_model_len=max_model_len,
         created=int(time.time()),
+        hidden_size=loaded.config.hidden_size,
+        runtime=runtime,
     )
     limits = ServerLimits(
         max_n=config.max_n, default_max_tokens=config.default_max_tokens, retry_after_s=config.retry_after_s

@@ -10,28 +10,31 @@ consumer that has seen a request finish also sees its blocks back in the pool.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import cast
 
 from backend.engine.config import EngineConfig
+from backend.engine.embedding import EmbeddingOut
 from backend.engine.errors import EngineStoppedError, QueueFullError
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.outputs import EngineStats, TokenOut
 from backend.engine.sampling import SamplingParams
 from backend.model.llama import LlamaModel
 
-_Delivery = TokenOut | BaseException
+_Delivery = TokenOut | EmbeddingOut | BaseException
 
 
 @dataclass(frozen=True, slots=True)
 class _Add:
     request_id: str
     prompt_ids: tuple[int, ...]
-    params: SamplingParams
+    params: SamplingParams | None  # None: an embedding request (backend/engine/embedding.py)
     out: asyncio.Queue[_Delivery]
 
 
@@ -86,6 +89,23 @@ class AsyncEngine:
         Iterate it with `async for`; the last TokenOut has `finish_reason` set. Closing the iterator early
         (`aclose()`, break out of `async with aclosing(...)`, task cancellation) aborts the request.
         """
+        stream = self._stream(request_id, self._submit(request_id, prompt_ids, params))
+        return cast(AsyncIterator[TokenOut], stream)  # a generation request only ever gets TokenOuts
+
+    async def embed(self, prompt_ids: Seq[int], request_id: str) -> EmbeddingOut:
+        """The pooled last hidden state of the prompt, computed in the engine's batches (prefill only).
+
+        Raises like `generate` at submission; cancelling the awaiting task aborts the request.
+        """
+        stream = self._stream(request_id, self._submit(request_id, prompt_ids, None))
+        async with contextlib.aclosing(stream):
+            result = await anext(stream)
+        assert isinstance(result, EmbeddingOut)
+        return result
+
+    def _submit(
+        self, request_id: str, prompt_ids: Seq[int], params: SamplingParams | None
+    ) -> asyncio.Queue[_Delivery]:
         if self._stopped:
             raise EngineStoppedError("the engine is stopped")
         self._engine.check_prompt(prompt_ids)  # InvalidRequestError now, before any streaming starts
@@ -95,9 +115,11 @@ class AsyncEngine:
                 raise QueueFullError(f"{self.config.max_waiting} requests are already waiting")
             self._pending_adds += 1
         self._inbox.put(_Add(request_id, tuple(prompt_ids), params, out))
-        return self._stream(request_id, out)
+        return out
 
-    async def _stream(self, request_id: str, out: asyncio.Queue[_Delivery]) -> AsyncIterator[TokenOut]:
+    async def _stream(
+        self, request_id: str, out: asyncio.Queue[_Delivery]
+    ) -> AsyncGenerator[TokenOut | EmbeddingOut, None]:
         finished = False
         try:
             while True:
@@ -151,7 +173,10 @@ class AsyncEngine:
             with self._lock:
                 self._pending_adds -= 1
             try:
-                self._engine.add_request(command.request_id, command.prompt_ids, command.params)
+                if command.params is None:
+                    self._engine.add_embedding(command.request_id, command.prompt_ids)
+                else:
+                    self._engine.add_request(command.request_id, command.prompt_ids, command.params)
             except Exception as exc:
                 self._post(command.out, exc)
                 return

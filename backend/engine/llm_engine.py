@@ -12,12 +12,13 @@ import torch
 from backend.attention.selector import make_attention_backend
 from backend.engine.block_pool import BlockPool
 from backend.engine.config import EngineConfig
+from backend.engine.embedding import EmbeddingOut, EmbeddingSequence
 from backend.engine.errors import InvalidRequestError
 from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.model_runner import ModelRunner
 from backend.engine.outputs import EngineStats, StepOutput, TokenOut
 from backend.engine.sampling import SamplingParams, make_generator
-from backend.engine.scheduler import Scheduler
+from backend.engine.scheduler import ScheduledSeq, Scheduler
 from backend.engine.sequence import Sequence
 from backend.model.llama import LlamaModel
 
@@ -79,6 +80,16 @@ class LLMEngine:
         self.scheduler.add(seq)
         return seq
 
+    def add_embedding(self, request_id: str, prompt_ids: Seq[int]) -> EmbeddingSequence:
+        """Queue a prefill-only request whose result is its pooled last hidden state (one EmbeddingOut)."""
+        if request_id in self._seqs:
+            raise InvalidRequestError(f"duplicate request id {request_id!r}")
+        self.check_prompt(prompt_ids)
+        seq = EmbeddingSequence(request_id, prompt_ids)
+        self._seqs[request_id] = seq
+        self.scheduler.add(seq)
+        return seq
+
     def abort_request(self, request_id: str) -> bool:
         seq = self._seqs.pop(request_id, None)
         if seq is None:
@@ -115,6 +126,23 @@ class LLMEngine:
             )
             if reason is not None:
                 del self._seqs[seq.request_id]
+        outputs.extend(self._finish_embeddings(batch))
+        return outputs
+
+    def _finish_embeddings(self, batch: Seq[ScheduledSeq]) -> list[StepOutput]:
+        """Finish the embedding sequences whose last chunk ran this step (the runner stored their state)."""
+        outputs = []
+        for item in batch:
+            if not item.pools:
+                continue
+            seq = item.seq
+            assert isinstance(seq, EmbeddingSequence) and seq.embedding is not None
+            self.scheduler.finish(seq, "stop")  # frees its blocks; the full ones stay cached for reuse
+            del self._seqs[seq.request_id]
+            vector = seq.embedding.to("cpu")  # [hidden] fp32
+            seq.embedding = None
+            out = EmbeddingOut(vector, seq.num_prompt_tokens, seq.num_cached_tokens)
+            outputs.append(StepOutput(seq.request_id, out))
         return outputs
 
     def stats(self) -> EngineStats:

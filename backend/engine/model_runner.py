@@ -1,5 +1,8 @@
 """The model runner: turns a scheduled step into batch tensors, runs the model over the KV pool, samples.
 
+Embedding sequences (backend/engine/embedding.py) share the forward; their last chunk's final hidden state is
+stored on them instead of being sampled.
+
 The step's new tokens are flattened across sequences (prefill chunks and decodes mixed); each sequence's
 next token is sampled only when its chunk reaches the end of its tokens.
 """
@@ -13,6 +16,7 @@ import torch
 from backend.attention.backend import AttentionBackend
 from backend.attention.context import AttentionContext
 from backend.engine.block_pool import BlockPool
+from backend.engine.embedding import EmbeddingSequence
 from backend.engine.sampling import sample
 from backend.engine.scheduler import ScheduledSeq
 from backend.model.llama import LlamaModel
@@ -74,6 +78,10 @@ class ModelRunner:
 
         hidden = self.model(token_ids, positions, attend)  # [T, hidden] fp32
         ends = ctx.query_start_loc.tolist()[1:]
+        for item, end in zip(batch, ends, strict=True):
+            if item.pools:  # last-token pooling (backend/engine/embedding.py); a copy, not a view of the step
+                assert isinstance(item.seq, EmbeddingSequence)
+                item.seq.embedding = hidden[end - 1].clone()  # [hidden] fp32
         last = [end - 1 for item, end in zip(batch, ends, strict=True) if item.samples]
         rows = hidden[torch.tensor(last, dtype=torch.int64, device=self.device)]  # [N, hidden]
         return self.model.compute_logits(rows)  # [N, vocab]

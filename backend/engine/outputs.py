@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from backend.engine.embedding import EmbeddingOut
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,7 +22,7 @@ class TokenOut:
 @dataclass(frozen=True, slots=True)
 class StepOutput:
     request_id: str
-    token: TokenOut
+    token: TokenOut | EmbeddingOut  # EmbeddingOut: the one result of an embedding request
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from backend.engine.config import EngineConfig
+from backend.engine.embedding import EmbeddingSequence
 from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.sequence import FinishReason, Sequence, SequenceStatus
 
@@ -28,7 +29,14 @@ class ScheduledSeq:
     @property
     def samples(self) -> bool:
         """Whether this chunk reaches the end of the sequence, so its last logits give the next token."""
-        return self.start + self.num_new_tokens == self.seq.num_tokens
+        reaches_end = self.start + self.num_new_tokens == self.seq.num_tokens
+        return reaches_end and not isinstance(self.seq, EmbeddingSequence)
+
+    @property
+    def pools(self) -> bool:
+        """Whether this is the last chunk of an embedding sequence: its last hidden state is the result."""
+        reaches_end = self.start + self.num_new_tokens == self.seq.num_tokens
+        return reaches_end and isinstance(self.seq, EmbeddingSequence)
 
 
 class Scheduler:

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from backend.metrics import BackendMetrics
-from backend.server import binary, completions, ops
+from backend.server import binary, completions, embeddings, ops
 from backend.server.errors import error_middleware
 from backend.server.state import (
     ENGINE_FACTORY_KEY,
@@ -46,7 +46,9 @@ def create_app(
     app.cleanup_ctx.append(_engine_ctx)
     app.router.add_post("/v1/chat/completions", completions.chat_completions)
     app.router.add_post("/v1/completions", completions.completions)
+    app.router.add_post("/v1/embeddings", embeddings.embeddings)
     app.router.add_get("/v1/models", ops.list_models)
+    app.router.add_get("/v1/models/{model:.+}", ops.retrieve_model)  # ids may hold '/' (org/name)
     app.router.add_get("/v1/tokenizer", ops.tokenizer)
     binary.register(app)  # POST /v1/tokens/generate: the binary token transport
     app.router.add_get("/health", ops.health)

@@ -89,13 +89,17 @@ def _prompt_ids(req: GenerationRequest, model: ServedModel) -> list[int]:
 def check_model(req: GenerationRequest, model: ServedModel) -> None:
     """404 `model_not_found` unless the request names this model or none."""
     if req.model is not None and req.model != model.id:
-        raise ApiError(
-            404,
-            f"the model '{req.model}' does not exist",
-            type="not_found_error",
-            param="model",
-            code="model_not_found",
-        )
+        raise model_not_found(req.model)
+
+
+def model_not_found(name: str) -> ApiError:
+    return ApiError(
+        404,
+        f"the model '{name}' does not exist",
+        type="not_found_error",
+        param="model",
+        code="model_not_found",
+    )
 
 
 def check_prompt_length(num_tokens: int, model: ServedModel, param: str) -> None:

@@ -1,18 +1,33 @@
-"""Read-only endpoints: `/v1/models`, `/v1/tokenizer`, `/health`, `/metrics`."""
+"""Read-only endpoints: `/v1/models`, `/v1/models/{id}`, `/v1/tokenizer`, `/health`, `/metrics`."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from aiohttp import web
 
 from backend.metrics import CONTENT_TYPE
-from backend.server.state import METRICS_KEY, MODEL_KEY
+from backend.server import embeddings
+from backend.server.completions import model_not_found
+from backend.server.state import METRICS_KEY, MODEL_KEY, ServedModel
 
 TRANSPORTS = ("json", "binary")  # binary: backend/server/binary.py
 
 
 async def list_models(request: web.Request) -> web.Response:
-    model = request.app[MODEL_KEY]
-    entry = {
+    return web.json_response({"object": "list", "data": [_model_entry(request.app[MODEL_KEY])]})
+
+
+async def retrieve_model(request: web.Request) -> web.Response:
+    """`GET /v1/models/{id}` (`client.models.retrieve`): the model object, or OpenAI's 404."""
+    model, name = request.app[MODEL_KEY], request.match_info["model"]
+    if name != model.id:
+        raise model_not_found(name)
+    return web.json_response(_model_entry(model))
+
+
+def _model_entry(model: ServedModel) -> dict[str, Any]:
+    return {
         "id": model.id,
         "object": "model",
         "created": model.created,
@@ -22,9 +37,10 @@ async def list_models(request: web.Request) -> web.Response:
             "tokenizer": model.tokenizer.version,
             "max_model_len": model.max_model_len,
             "transports": list(TRANSPORTS),
+            "embeddings": embeddings.describe(model),
+            "runtime": dict(model.runtime),
         },
     }
-    return web.json_response({"object": "list", "data": [entry]})
 
 
 async def tokenizer(request: web.Request) -> web.Response:

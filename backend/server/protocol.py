@@ -1,14 +1,18 @@
 """OpenAI request bodies -> one typed `GenerationRequest`. Pure: validation raises `ApiError` (400),
-so handlers never see a malformed value and user input never reaches an assert."""
+so handlers never see a malformed value and user input never reaches an assert. Chat messages follow
+`gateway.chat_schema` (known roles; content required except on assistant turns), the rules the gateway
+applies before it calls or caches anything, so the two agree."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from backend.server.errors import bad_request
+from gateway.chat_schema import messages_problem
 
 Endpoint = Literal["chat", "completion"]
 MAX_STOP_STRINGS = 4
@@ -109,14 +113,11 @@ def _number(body: Mapping[str, Any], name: str, default: float, low: float, high
 
 
 def _messages(value: Any) -> tuple[dict[str, Any], ...]:
-    if not isinstance(value, list) or not value:
-        raise bad_request("'messages' must be a non-empty array", "messages")
-    out = []
-    for i, message in enumerate(value):
-        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
-            raise bad_request(f"messages[{i}] must be an object with a string 'role'", "messages")
-        out.append({**message, "content": _content(message.get("content"), i)})
-    return tuple(out)
+    problem = messages_problem(value)  # the gateway's rules too: a known role, content unless assistant
+    if problem is not None:
+        shown = json.dumps(problem.value)[:80]
+        raise bad_request(f"'{problem.param}' must be {problem.expected}, got {shown}", problem.param)
+    return tuple({**message, "content": _content(message.get("content"), i)} for i, message in enumerate(value))
 
 
 def _content(value: Any, index: int) -> str:
@@ -132,10 +133,12 @@ def _content(value: Any, index: int) -> str:
                 or part.get("type") != "text"
                 or not isinstance(part.get("text"), str)
             ):
-                raise bad_request(f"messages[{index}].content: only text parts are supported", "messages")
+                raise bad_request(f"messages[{index}].content: only text parts are supported",
+                                  f"messages[{index}].content")
             parts.append(part["text"])
         return "".join(parts)
-    raise bad_request(f"messages[{index}].content must be a string or an array of text parts", "messages")
+    raise bad_request(f"messages[{index}].content must be a string or an array of text parts",
+                      f"messages[{index}].content")
 
 
 def _prompt(value: Any) -> str | tuple[int, ...]:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aiohttp import web
 
+from backend.engine.embedding import EmbeddingOut
 from backend.engine.outputs import EngineStats
 from backend.engine.sampling_params import SamplingParams
 from backend.metrics import BackendMetrics
@@ -23,6 +24,7 @@ class Engine(Protocol):
         self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str
     ) -> AsyncIterator[Any]: ...
     def stats(self) -> EngineStats: ...
+    async def embed(self, prompt_ids: Sequence[int], request_id: str) -> EmbeddingOut: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +34,8 @@ class ServedModel:
     tokenizer: Tokenizer
     max_model_len: int
     created: int  # unix seconds, reported by /v1/models
+    hidden_size: int | None = None  # the width of its embeddings (/v1/embeddings)
+    runtime: Mapping[str, Any] = field(default_factory=dict)  # device, dtype, kernels (backend/runtime.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from backend.tokenizer import Tokenizer
 from tests.backend.tiny import byte_tokenizer as make_byte_tokenizer
 
 SCRIPT = "Hello, world! The answer is 42."
+RUNTIME = {"device": "cpu", "dtype": "float32", "threads": 1, "matmul": "MKL sgemm fp32", "attention": "sdpa"}
 EOS = 0
 
 
@@ -85,7 +86,8 @@ class FakeEngine:
 
 def make_app(engine: FakeEngine, max_model_len: int = 64) -> web.Application:
     model = ServedModel(
-        id="tiny", revision="rev-test", tokenizer=byte_tokenizer(), max_model_len=max_model_len, created=0
+        id="tiny", revision="rev-test", tokenizer=byte_tokenizer(), max_model_len=max_model_len, created=0,
+        runtime=RUNTIME,
     )
     return create_app(model, lambda: engine, ServerLimits(max_n=3, default_max_tokens=100))
 
@@ -259,6 +261,8 @@ async def test_models_reports_revision_and_tokenizer(client: TestClient) -> None
         "tokenizer": byte_tokenizer().version,
         "max_model_len": 64,
         "transports": ["json", "binary"],
+        "embeddings": {"pooling": "last", "normalization": "l2", "dimensions": None},
+        "runtime": RUNTIME,
     }
     export = await (await client.get("/v1/tokenizer")).json()
     assert export["version"] == byte_tokenizer().version and len(export["mergeable_ranks"]) == 256
