@@ -73,8 +73,9 @@ def run_workers(config: GatewayConfig) -> int:
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="tokenedge-metrics-")
     else:
-        for stale in Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]).glob("*.db"):
-            stale.unlink()
+        for pattern in ("*.db", "hotkeys_*.json"):  # a previous run's counters and dashboard tables
+            for stale in Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]).glob(pattern):
+                stale.unlink()
     ctx = multiprocessing.get_context("spawn")
     # Under `python -m gateway` this module is `__main__`, which spawn does not re-import in the child
     # (multiprocessing skips `*.__main__`), so the target must come from the importable module name.
