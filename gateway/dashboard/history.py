@@ -126,6 +126,10 @@ class History:
             if not ring or now - ring[-1][0] >= self.windows[name][1]:
                 ring.append((now, snap))
 
+    def due(self, now: float) -> bool:
+        """Whether `record` at `now` would keep anything (the finest ring's step has passed)."""
+        return any(not ring or now - ring[-1][0] >= self.windows[name][1] for name, ring in self._rings.items())
+
     def window(self, name: str, now: float, current: Snapshot) -> dict[str, Any]:
         span, step = self.windows[name]
         ring = list(self._rings[name])

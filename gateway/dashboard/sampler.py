@@ -3,7 +3,7 @@
 One snapshot at startup (the baseline every window starts from), then one per 10 s step (the finest window's), read
 from the same exposition text `/metrics` serves. `/dashboard/data` also records when a step is due, so the series
 never lag the counters by more than the live interval. In multiprocess mode the task also saves this worker's
-hot-keys table for the others (gateway.dashboard.hotkeys).
+hot-keys table for the others once a second, when it changed (gateway.dashboard.hotkeys).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from gateway.dashboard.history import WINDOWS, History, Snapshot, snapshot
+from gateway.dashboard.history import History, Snapshot, snapshot
 from gateway.dashboard.hotkeys import HotKeys
 from gateway.dashboard.summary import samples
 
 if TYPE_CHECKING:
     from gateway.state import GatewayState
 
-SAMPLE_EVERY_S = min(step for _, step in WINDOWS.values())
+TICK_S = 1.0  # the loop's period: a snapshot when a step is due, the hot-keys file when it changed
 
 
 @dataclass(slots=True)
@@ -52,8 +52,9 @@ async def sampler(app: web.Application) -> AsyncIterator[None]:
 
     async def loop() -> None:
         while True:
-            await asyncio.sleep(SAMPLE_EVERY_S)
-            sample(state)
+            await asyncio.sleep(TICK_S)
+            if state.dashboard.history.due(state.clock()):
+                sample(state)
             if shared_dir:
                 state.dashboard.hot_keys.save(shared_dir)
 
