@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(render(config, sources))
         return 0
     if args.print_url:
-        print(f"http://{config.server.host}:{config.server.port}")
+        host = config.server.host
+        print(f"http://{f'[{host}]' if ':' in host else host}:{config.server.port}")  # RFC 3986: IPv6 in brackets
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
     logging.getLogger("tokenedge.gateway").info(
