@@ -20,7 +20,8 @@ shows 0 rather than "no data" before the first event (`_zero_known_series`).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -32,6 +33,7 @@ from gateway.dashboard.cost import Price, saved_usd
 from gateway.tally import Tally
 from gateway.timing import STAGES
 
+Samples = dict[str, list[tuple[dict[str, str], float]]]
 ENTRIES = "tokenedge_cache_entries"
 BYTES = "tokenedge_cache_bytes"
 
@@ -132,11 +134,33 @@ class GatewayMetrics:
         `shared` maps a shared tier (``"l2"``) to its (entries, bytes), read once by the caller at scrape time.
         """
         self.tally.flush()
-        source: Collector = self.registry
+        return generate_latest(_WithSharedTiers(self._source(), shared or {}))
+
+    def samples(self, shared: Mapping[str, tuple[int, int]] | None = None, *, charted_only: bool = False) -> Samples:
+        """Sample name -> [(labels, value)], exactly what `render` writes (the same collectors), without the text.
+
+        `charted_only`: just the families the dashboard's history keeps (a tenth of the work in one process).
+        """
+        self.tally.flush()
+        charted = (self.requests, self.request_duration, self.ttft, self.tokens_saved, self.cost_saved)
+        source: Collector = self._source()
+        families: Iterable[Metric]
+        if charted_only and source is self.registry:
+            families = (family for collector in charted for family in collector.collect())
+        else:
+            families = _WithSharedTiers(source, shared or {}).collect()
+        out: Samples = defaultdict(list)
+        for family in families:
+            for sample in family.samples:
+                out[sample.name].append((sample.labels, sample.value))
+        return out
+
+    def _source(self) -> Collector:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             source = CollectorRegistry()
             MultiProcessCollector(source)
-        return generate_latest(_WithSharedTiers(source, shared or {}))
+            return source
+        return self.registry
 
 
 class _WithSharedTiers(Collector):

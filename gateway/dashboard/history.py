@@ -1,8 +1,8 @@
 """The dashboard's time series: cumulative snapshots of `/metrics` kept in bounded rings, one per window.
 
-Every sample is taken from the same exposition text `/metrics` serves (aggregated over workers in multiprocess
-mode), so each worker's rings hold the fleet's history and any worker can answer `/dashboard/data`; a worker started
-later simply has a shorter history. A window's chart points are the differences between consecutive snapshots,
+Every sample is taken from the same collectors `/metrics` renders (aggregated over workers in multiprocess mode),
+so each worker's rings hold the fleet's history and any worker can answer `/dashboard/data`; a worker started later
+simply has a shorter history. A window's chart points are the differences between consecutive snapshots,
 its totals the difference between the current counters and the window's first snapshot: the page, the JSON and a
 scrape of `/metrics` agree by construction.
 

@@ -1,7 +1,7 @@
 """The dashboard's per-worker state and the task that samples `/metrics` into its history.
 
 One snapshot at startup (the baseline every window starts from), then one per 10 s step (the finest window's), read
-from the same exposition text `/metrics` serves. `/dashboard/data` also records when a step is due, so the series
+from the same collectors `/metrics` renders (only the charted families, without the text round trip: a few ms). `/dashboard/data` also records when a step is due, so the series
 never lag the counters by more than the live interval. In multiprocess mode the task also saves this worker's
 hot-keys table for the others once a second, when it changed (gateway.dashboard.hotkeys).
 """
@@ -19,7 +19,6 @@ from aiohttp import web
 
 from gateway.dashboard.history import History, Snapshot, snapshot
 from gateway.dashboard.hotkeys import HotKeys
-from gateway.dashboard.summary import samples
 
 if TYPE_CHECKING:
     from gateway.state import GatewayState
@@ -33,13 +32,11 @@ class DashboardState:
     hot_keys: HotKeys = field(default_factory=HotKeys)
 
 
-def sample(state: GatewayState) -> tuple[float, Snapshot, str]:
-    """Read the counters now (all workers'), record them where a step is due; (time, snapshot, exposition text)."""
-    text = state.metrics.render().decode()
-    now = state.clock()
-    snap = snapshot(samples(text))
-    state.dashboard.history.record(now, snap)
-    return now, snap, text
+def sample(state: GatewayState) -> Snapshot:
+    """Read the charted counters now (all workers'), record them where a step is due."""
+    snap = snapshot(state.metrics.samples(charted_only=True))
+    state.dashboard.history.record(state.clock(), snap)
+    return snap
 
 
 async def sampler(app: web.Application) -> AsyncIterator[None]:

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from gateway.dashboard.history import WINDOWS, snapshot
 from gateway.dashboard.hotkeys import merged, other_workers
-from gateway.dashboard.summary import samples, summarize
+from gateway.dashboard.summary import summarize
 from gateway.errors import BadRequest, NotFound, Unauthorized
 from gateway.handlers import ops
 from gateway.handlers.tenancy import bearer_token
@@ -89,9 +89,9 @@ async def data(request: web.Request) -> web.Response:
         raise BadRequest(f"window must be one of {', '.join(WINDOWS)}, got {name!r}", param="window")
     state = request.app[STATE]
     upstream = await _upstream_health(state)
-    text = (await ops.render_metrics(state)).decode()  # the /metrics text, L2 sizes included
+    ops.update_gauges(state)
+    parsed = state.metrics.samples(await ops.shared_tier_sizes(state))  # what /metrics would render now
     now = state.clock()
-    parsed = samples(text)
     current = snapshot(parsed)
     state.dashboard.history.record(now, current)  # when a step is due: the series never lag the counters
     body = summarize(parsed, now=now, upstream=upstream)
