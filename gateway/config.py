@@ -25,14 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from cdn.purge.env import CDN_ENV_NAMES
 from gateway.canonical import Level
 
 CACHEABLE_ENDPOINTS: tuple[str, ...] = ("chat/completions", "completions", "embeddings")
 ENV_PREFIX = "TOKENEDGE_"
-# Read by other components, not by this config: the config file path, the backend, and the CDN purge clients.
-FOREIGN_ENV_NAMES: tuple[str, ...] = ("TOKENEDGE_CONFIG",)
-FOREIGN_ENV_PREFIXES: tuple[str, ...] = ("TOKENEDGE_BACKEND_", "TOKENEDGE_CDN_", "TOKENEDGE_VARNISH_",
-                                         "TOKENEDGE_FASTLY_", "TOKENEDGE_CLOUDFLARE_", "TOKENEDGE_AKAMAI_")
+# Read by other components, not by this config: the config file path, the CDN purge clients, and the backend
+# (which checks its own `TOKENEDGE_BACKEND_*`).
+FOREIGN_ENV_NAMES: tuple[str, ...] = ("TOKENEDGE_CONFIG", *CDN_ENV_NAMES)
+FOREIGN_ENV_PREFIXES: tuple[str, ...] = ("TOKENEDGE_BACKEND_",)
 _T = typing.TypeVar("_T")
 
 
@@ -268,7 +269,7 @@ def _apply_env(data: dict[str, Any], environ: Mapping[str, str]) -> dict[tuple[s
             continue
         setting = known.get(name)
         if setting is None:
-            raise ConfigError(f"unknown environment variable {name}{_did_you_mean(name, known)}"
+            raise ConfigError(f"unknown environment variable {name}{_did_you_mean(name, [*known, *CDN_ENV_NAMES])}"
                               " (TOKENEDGE_{SECTION}_{SETTING}, see configs/gateway.toml)")
         table = data
         for part in setting[:-1]:

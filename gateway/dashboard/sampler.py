@@ -1,9 +1,10 @@
 """The dashboard's per-worker state and the task that samples `/metrics` into its history.
 
 One snapshot at startup (the baseline every window starts from), then one per 10 s step (the finest window's), read
-from the same collectors `/metrics` renders (only the charted families, without the text round trip: a few ms). `/dashboard/data` also records when a step is due, so the series
-never lag the counters by more than the live interval. In multiprocess mode the task also saves this worker's
-hot-keys table for the others once a second, when it changed (gateway.dashboard.hotkeys).
+from the same collectors `/metrics` renders (only the charted families, without the text round trip: a few ms).
+`/dashboard/data` also records when a step is due, so the series never lag the counters by more than the live
+interval. In multiprocess mode the task also saves this worker's hot-keys table for the others once a second, when
+it changed (gateway.dashboard.hotkeys).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The dashboard's numbers, computed from the samples `/metrics` renders (pure, no I/O).
 
 Reading the collectors' samples (`GatewayMetrics.samples`) rather than the live objects makes the page agree with
-`/metrics` by construction, including the multiprocess aggregation over workers. Hit ratio = hit / (hit + miss + coalesced + stale), the
-requests that consulted the cache (the same expression as the Grafana dashboard); bypasses and errors are counted
-apart. This is the since-start view; `gateway.dashboard.history` adds the windows and their charts.
+`/metrics` by construction, including the multiprocess aggregation over workers. Hit ratio = hit / (hit + miss +
+coalesced + stale), the requests that consulted the cache (the same expression as the Grafana dashboard); bypasses
+and errors are counted apart. This is the since-start view; `gateway.dashboard.history` adds the windows and charts.
 """
 
 from __future__ import annotations

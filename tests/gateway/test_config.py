@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from cdn.purge.env import CDN_ENV_NAMES
 from gateway.__main__ import build_parser, check_bind, main
 from gateway.canonical import Level
 from gateway.config import (
@@ -141,6 +142,7 @@ def test_an_invalid_route_value_from_the_environment_fails_naming_it() -> None:
     ("TOKENEDGE_SEVRER_PORT", "TOKENEDGE_SERVER_PORT"),
     ("TOKENEDGE_CACHE_REDIS_URI", "TOKENEDGE_CACHE_REDIS_URL"),
     ("TOKENEDGE_ROUTES_CHAT_COMPLETION_LEVEL", "TOKENEDGE_ROUTES_CHAT_COMPLETIONS_LEVEL"),
+    ("TOKENEDGE_VARNISH_PURGE_ULR", "TOKENEDGE_VARNISH_PURGE_URL"),
 ])
 def test_a_misspelled_variable_fails_naming_the_valid_one(name: str, suggestion: str) -> None:
     with pytest.raises(ConfigError, match=f"unknown environment variable {name}; did you mean '{suggestion}'"):
@@ -218,5 +220,14 @@ def test_a_port_in_use_is_a_one_line_configuration_error(capsys: pytest.CaptureF
 
 
 def test_an_unresolvable_host_is_a_configuration_error() -> None:
-    with pytest.raises(ConfigError, match=re.escape("cannot resolve server.host/server.port no-such-host.invalid:8080")):
+    expected = "cannot resolve server.host/server.port no-such-host.invalid:8080"
+    with pytest.raises(ConfigError, match=re.escape(expected)):
         check_bind("no-such-host.invalid", 8080)
+
+
+def test_every_cdn_variable_the_purge_clients_read_is_known_to_the_config() -> None:
+    """cdn/purge/config.py reads these; a new one missing from cdn/purge/env.py would stop the gateway."""
+    source = (SHIPPED.parents[1] / "cdn" / "purge" / "config.py").read_text()
+    read = set(re.findall(r'"(TOKENEDGE_[A-Z0-9_]+[A-Z0-9])"', source))
+    read |= {f"TOKENEDGE_AKAMAI_{n}" for n in ("HOST", "CLIENT_TOKEN", "CLIENT_SECRET", "ACCESS_TOKEN")}  # in a loop
+    assert read and read <= set(CDN_ENV_NAMES)

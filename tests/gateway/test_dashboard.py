@@ -314,8 +314,8 @@ async def test_dashboard_renders_every_chart_from_the_data_in_chromium(make_gate
     grafana = {panel["title"]: [t["legendFormat"] for t in panel["targets"]]
                for panel in json.loads(DASHBOARD.read_text())["panels"]}
     for chart in charts:  # in step with Grafana: the panel of the same title plots the same series
-        names = [name for name, _ in chart["points"]]
-        assert names == grafana[chart["title"]] or (grafana[chart["title"]] == ["{{result}}"] and names == list(RESULTS))
+        names, legends = [name for name, _ in chart["points"]], grafana[chart["title"]]
+        assert names == legends or (legends == ["{{result}}"] and names == list(RESULTS))
     assert await devtools.evaluate("document.getElementById('hit-rate').textContent") == "50.0%"
     assert await devtools.evaluate("document.getElementById('bypass-error').textContent") == "2 · 2"
     text = await devtools.evaluate("document.body.innerText")

@@ -36,8 +36,8 @@ CASES: list[tuple[str, str, bytes, dict[str, str], int, str | None]] = [
     ("message not an object", "/v1/chat/completions", b'{"model":"m","messages":["hi"]}', JSON, 400, "messages[0]"),
     ("role missing", "/v1/chat/completions", b'{"model":"m","messages":[{"content":"hi"}]}', JSON, 400,
      "messages[0].role"),
-    ("unknown role", "/v1/chat/completions", b'{"model":"m","temperature":0,"messages":[{"role":"wizard","content":"hi"}]}',
-     JSON, 400, "messages[0].role"),
+    ("unknown role", "/v1/chat/completions",
+     b'{"model":"m","temperature":0,"messages":[{"role":"wizard","content":"hi"}]}', JSON, 400, "messages[0].role"),
     ("null user content", "/v1/chat/completions",
      b'{"model":"m","temperature":0,"messages":[{"role":"user","content":null}]}', JSON, 400, "messages[0].content"),
     ("null system content, streamed", "/v1/chat/completions", b'{"model":"m","temperature":0,"stream":true,'
