@@ -13,11 +13,31 @@ import logging
 import multiprocessing
 import os
 import signal
+import socket
 import sys
 import tempfile
 from pathlib import Path
 
 from gateway.config import ConfigError, GatewayConfig, load_config
+
+PROG = "tokenedge-gateway"
+_FLAGS = {"workers": "TOKENEDGE_SERVER_WORKERS", "host": "TOKENEDGE_SERVER_HOST", "port": "TOKENEDGE_SERVER_PORT"}
+
+
+def check_bind(host: str, port: int) -> None:
+    """Fail with one line, before any worker starts, when `host:port` cannot be bound (in use, unresolvable)."""
+    where = f"server.host/server.port {host}:{port}"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"cannot resolve {where}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp does: TIME_WAIT is no conflict
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {where}: {exc.strerror or exc}") from None
 
 
 def serve(config: GatewayConfig, *, reuse_port: bool) -> None:
@@ -35,9 +55,13 @@ def serve(config: GatewayConfig, *, reuse_port: bool) -> None:
             pass
     app = create_app(config, cdn=load_cdn_config_from_env(os.environ))
     # handler_cancellation: a client that disconnects cancels its handler at once (fills are shielded tasks).
-    web.run_app(app, host=config.server.host, port=config.server.port, reuse_port=reuse_port,
-                handler_cancellation=True,
-                access_log=None, print=None, handle_signals=True)
+    try:
+        web.run_app(app, host=config.server.host, port=config.server.port, reuse_port=reuse_port,
+                    handler_cancellation=True, access_log=None, print=None, handle_signals=True)
+    except OSError as exc:  # lost a race after check_bind: still one line, never a traceback
+        print(f"{PROG}: configuration error: cannot listen on {config.server.host}:{config.server.port}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 def _worker(config: GatewayConfig) -> None:
@@ -49,8 +73,9 @@ def run_workers(config: GatewayConfig) -> int:
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="tokenedge-metrics-")
     else:
-        for stale in Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]).glob("*.db"):
-            stale.unlink()
+        for pattern in ("*.db", "hotkeys_*.json"):  # a previous run's counters and dashboard tables
+            for stale in Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]).glob(pattern):
+                stale.unlink()
     ctx = multiprocessing.get_context("spawn")
     # Under `python -m gateway` this module is `__main__`, which spawn does not re-import in the child
     # (multiprocessing skips `*.__main__`), so the target must come from the importable module name.
@@ -74,22 +99,51 @@ def run_workers(config: GatewayConfig) -> int:
     return 0 if code in (0, -signal.SIGTERM) else code
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Every setting can also be set as TOKENEDGE_{SECTION}_{SETTING} (e.g. TOKENEDGE_CACHE_REDIS_URL, "
+               "TOKENEDGE_ROUTES_CHAT_COMPLETIONS_TTL_S); configs/gateway.toml lists them all. Precedence: "
+               "flags, then the environment, then the file, then the defaults.")
+    parser.add_argument("--config", default=os.environ.get("TOKENEDGE_CONFIG"), metavar="PATH",
+                        help="TOML config file (default: $TOKENEDGE_CONFIG, else the embedded defaults)")
+    parser.add_argument("--workers", type=int, help="worker processes sharing the port (overrides server.workers)")
+    parser.add_argument("--host", help="address to listen on (overrides server.host)")
+    parser.add_argument("--port", type=int, help="port to listen on (overrides server.port)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the effective config as TOML, with each value's source, and exit")
+    parser.add_argument("--print-url", action="store_true",
+                        help="print the URL the gateway would listen on (http://HOST:PORT) and exit")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tokenedge-gateway", description=__doc__)
-    parser.add_argument("--config", default=os.environ.get("TOKENEDGE_CONFIG"), help="TOML config file")
-    parser.add_argument("--workers", type=int, help="worker processes (overrides server.workers)")
-    parser.add_argument("--host")
-    parser.add_argument("--port", type=int)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     env = dict(os.environ)
-    for flag, name in (("workers", "WORKERS"), ("host", "HOST"), ("port", "PORT")):
+    flags = {name: f"--{flag}" for flag, name in _FLAGS.items() if getattr(args, flag) is not None}
+    for flag, name in _FLAGS.items():
         if getattr(args, flag) is not None:
-            env[f"TOKENEDGE_SERVER_{name}"] = str(getattr(args, flag))
+            env[name] = str(getattr(args, flag))
+    sources: dict[str, str] = {}
     try:
-        config = load_config(args.config, env)
+        config = load_config(args.config, env, sources=sources)
+        if not (args.print_config or args.print_url):
+            check_bind(config.server.host, config.server.port)
     except ConfigError as exc:
-        print(f"tokenedge-gateway: configuration error: {exc}", file=sys.stderr)
+        print(f"{PROG}: configuration error: {exc}", file=sys.stderr)
         return 2
+    if args.print_config:
+        from gateway.config_print import render
+
+        for setting, origin in sources.items():
+            name = origin.removeprefix("env ")
+            sources[setting] = f"flag {flags[name]}" if name in flags else origin
+        sys.stdout.write(render(config, sources))
+        return 0
+    if args.print_url:
+        host = config.server.host
+        print(f"http://{f'[{host}]' if ':' in host else host}:{config.server.port}")  # RFC 3986: IPv6 in brackets
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
     logging.getLogger("tokenedge.gateway").info(
         "gateway on http://%s:%d -> %s (%d worker(s), L1 %d MiB, L2 %s)", config.server.host, config.server.port,

@@ -17,6 +17,8 @@ from cdn.purge import CdnConfig, build_purge_clients, fan_out
 from gateway.catalog import ModelCatalog
 from gateway.config import GatewayConfig
 from gateway.dashboard import views as dashboard
+from gateway.dashboard.cost import parse_prices
+from gateway.dashboard.sampler import sampler as dashboard_sampler
 from gateway.errors import GatewayError, error_response
 from gateway.handlers import admin, alias, completions, ops
 from gateway.handlers.admin import CDN_PURGE
@@ -88,6 +90,7 @@ def _cache_ctx(metrics: GatewayMetrics, clock: Callable[[], float], config: Gate
                                fallback_revision=config.upstream.model_revision, clock=clock)
         app[STATE] = GatewayState(config=config, metrics=metrics, clock=clock, cache=cache, upstream=upstream,
                                   catalog=catalog)
+        metrics.prices = parse_prices(config.dashboard.prices)
         try:
             yield
         finally:
@@ -118,6 +121,7 @@ def create_app(config: GatewayConfig, *, clock: Callable[[], float] = time.time,
     app.router.add_get("/dashboard", dashboard.page)
     app.router.add_get("/dashboard/data", dashboard.data)
     app.cleanup_ctx.append(ops.gauge_refresher)  # after the cache ctx: it reads the state
+    app.cleanup_ctx.append(dashboard_sampler)  # the dashboard's history: a baseline now, then every step
     app.on_response_prepare.append(ops.on_response_prepare)  # Server-Timing and the per-request record
     app.router.add_route("*", "/v1/{tail:.*}", ops.passthrough)
     return app

@@ -2,12 +2,21 @@
 
 Config is data: every component receives its own section explicitly; nothing reads the environment later.
 Validation happens here, at startup, with messages that name the offending setting.
+
+Every setting has exactly one environment name, derived from its path: `server.port` is `TOKENEDGE_SERVER_PORT`,
+`routes."chat/completions".level` is `TOKENEDGE_ROUTES_CHAT_COMPLETIONS_LEVEL` (upper case, every run of other
+characters one `_`). The sections and fields are read from the dataclasses, so a field added here is settable from
+TOML and the environment with no other change. A `TOKENEDGE_*` variable or a TOML key that names no setting is a
+startup error naming the closest valid one, never ignored; only the other components' prefixes are left alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import enum
 import os
+import re
 import tomllib
 import types
 import typing
@@ -16,10 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from cdn.purge.env import CDN_ENV_NAMES
 from gateway.canonical import Level
 
 CACHEABLE_ENDPOINTS: tuple[str, ...] = ("chat/completions", "completions", "embeddings")
 ENV_PREFIX = "TOKENEDGE_"
+# Read by other components, not by this config: the config file path, the CDN purge clients, and the backend
+# (which checks its own `TOKENEDGE_BACKEND_*`).
+FOREIGN_ENV_NAMES: tuple[str, ...] = ("TOKENEDGE_CONFIG", *CDN_ENV_NAMES)
+FOREIGN_ENV_PREFIXES: tuple[str, ...] = ("TOKENEDGE_BACKEND_",)
 _T = typing.TypeVar("_T")
 
 
@@ -161,6 +175,23 @@ class TokensConfig:
         _require(self.burst_tokens >= 0, "tokens.burst_tokens must be >= 0")
 
 
+@dataclass(frozen=True, slots=True)
+class DashboardConfig:
+    # USD per million tokens, "MODEL=INPUT/OUTPUT" (e.g. "gpt-4o-mini=0.15/0.60"); "*" prices any other model.
+    prices: tuple[str, ...] = ()
+    top_keys: int = 20  # rows in the hot-keys table
+    show_prompts: bool = False  # the hot-keys table shows the start of each key's prompt (off: never any text)
+
+    def __post_init__(self) -> None:
+        from gateway.dashboard.cost import parse_prices
+
+        try:
+            parse_prices(self.prices)
+        except ValueError as exc:
+            raise ConfigError(f"dashboard.prices: {exc}") from None
+        _require(1 <= self.top_keys <= 1000, f"dashboard.top_keys must be 1-1000, got {self.top_keys}")
+
+
 def _default_routes() -> dict[str, RouteConfig]:
     return {endpoint: RouteConfig() for endpoint in CACHEABLE_ENDPOINTS}
 
@@ -172,34 +203,63 @@ class GatewayConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
     tokens: TokensConfig = field(default_factory=TokensConfig)
+    dashboard: DashboardConfig = field(default_factory=DashboardConfig)
     routes: Mapping[str, RouteConfig] = field(default_factory=_default_routes)
 
     def __post_init__(self) -> None:
         for endpoint in self.routes:
-            _require(endpoint in CACHEABLE_ENDPOINTS,
-                     f"routes.{endpoint!r}: cacheable routes are {', '.join(CACHEABLE_ENDPOINTS)}")
+            _require(endpoint in CACHEABLE_ENDPOINTS, f"routes.{endpoint!r}: cacheable routes are "
+                     f"{', '.join(CACHEABLE_ENDPOINTS)}{_did_you_mean(endpoint, CACHEABLE_ENDPOINTS)}")
         missing = [e for e in CACHEABLE_ENDPOINTS if e not in self.routes]
         if missing:
             object.__setattr__(self, "routes", {**self.routes, **{e: RouteConfig() for e in missing}})
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> GatewayConfig:
-        unknown = set(data) - {"server", "upstream", "cache", "stream", "tokens", "routes"}
-        _require(not unknown, f"unknown config sections: {', '.join(sorted(unknown))}")
-        routes_raw = data.get("routes", {})
+        sections = section_types()
+        for name in sorted(set(data) - set(sections) - {ROUTES}):
+            raise ConfigError(f"unknown config section [{name}]{_did_you_mean(name, [*sections, ROUTES])}")
+        routes_raw = data.get(ROUTES, {})
         _require(isinstance(routes_raw, Mapping), "routes must be a table")
-        return cls(
-            server=_build(ServerConfig, data.get("server", {}), "server"),
-            upstream=_build(UpstreamConfig, data.get("upstream", {}), "upstream"),
-            cache=_build(CacheConfig, data.get("cache", {}), "cache"),
-            stream=_build(StreamConfig, data.get("stream", {}), "stream"),
-            tokens=_build(TokensConfig, data.get("tokens", {}), "tokens"),
-            routes={name: _build(RouteConfig, raw, f"routes.{name}") for name, raw in routes_raw.items()},
-        )
+        built: dict[str, Any] = {name: _build(klass, data.get(name, {}), name) for name, klass in sections.items()}
+        routes = {name: _build(RouteConfig, raw, f"routes.{name}") for name, raw in routes_raw.items()}
+        return cls(**built, routes=routes)
 
 
-def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> GatewayConfig:
-    """TOML file (optional), then `TOKENEDGE_{SECTION}_{FIELD}` overrides, e.g. `TOKENEDGE_CACHE_REDIS_URL`."""
+ROUTES = "routes"
+
+
+def section_types() -> dict[str, type]:
+    """Section name -> its dataclass, read from `GatewayConfig` (routes, keyed by endpoint, apart)."""
+    hints = typing.get_type_hints(GatewayConfig)
+    return {f.name: hints[f.name] for f in dataclasses.fields(GatewayConfig)
+            if dataclasses.is_dataclass(hints[f.name])}
+
+
+def setting_paths() -> list[tuple[str, ...]]:
+    """Every setting: `(section, field)`, and `("routes", endpoint, field)` for each cacheable route."""
+    paths: list[tuple[str, ...]] = [(name, f.name) for name, klass in section_types().items()
+                                    for f in dataclasses.fields(klass)]
+    paths += [(ROUTES, endpoint, f.name) for endpoint in CACHEABLE_ENDPOINTS for f in dataclasses.fields(RouteConfig)]
+    return paths
+
+
+def env_name(path: tuple[str, ...]) -> str:
+    """`("routes", "chat/completions", "level")` -> `TOKENEDGE_ROUTES_CHAT_COMPLETIONS_LEVEL`."""
+    return ENV_PREFIX + re.sub(r"[^A-Z0-9]+", "_", "_".join(path).upper()).strip("_")
+
+
+def dotted(path: tuple[str, ...]) -> str:
+    return ".".join(f'"{p}"' if "/" in p else p for p in path)
+
+
+def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None, *,
+                sources: dict[str, str] | None = None) -> GatewayConfig:
+    """TOML file (optional), then `TOKENEDGE_*` overrides (module docstring); `sources` gets each setting's origin.
+
+    `sources` maps every dotted setting (`server.port`, `routes."chat/completions".level`) to `default`, the file
+    path, or `env NAME`.
+    """
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -208,34 +268,53 @@ def load_config(path: str | Path | None = None, environ: Mapping[str, str] | Non
             raise ConfigError(f"config file not found: {path}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
-    return GatewayConfig.from_mapping(_apply_env(data, os.environ if environ is None else environ))
+    env_set = _apply_env(data, os.environ if environ is None else environ)
+    config = GatewayConfig.from_mapping(data)
+    if sources is not None:
+        for setting in setting_paths():
+            origin = str(path) if setting[-1] in _parent(data, setting) else "default"
+            sources[dotted(setting)] = env_set.get(setting, origin)
+    return config
 
 
-_SECTIONS: dict[str, type] = {"server": ServerConfig, "upstream": UpstreamConfig, "cache": CacheConfig,
-                              "stream": StreamConfig, "tokens": TokensConfig}
+def _parent(data: Mapping[str, Any], setting: tuple[str, ...]) -> Mapping[str, Any]:
+    where: Any = data
+    for part in setting[:-1]:
+        where = where.get(part, {}) if isinstance(where, Mapping) else {}
+    return where if isinstance(where, Mapping) else {}
 
 
-def _apply_env(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
-    merged = {k: dict(v) if isinstance(v, Mapping) else v for k, v in data.items()}
-    for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX):
+def _apply_env(data: dict[str, Any], environ: Mapping[str, str]) -> dict[tuple[str, ...], str]:
+    """Write every `TOKENEDGE_*` setting into `data` (in place); an unknown name fails. Returns path -> source."""
+    known = {env_name(setting): setting for setting in setting_paths()}
+    applied: dict[tuple[str, ...], str] = {}
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX) or name in FOREIGN_ENV_NAMES or name.startswith(FOREIGN_ENV_PREFIXES):
             continue
-        rest = name[len(ENV_PREFIX):].lower()
-        for section, klass in _SECTIONS.items():
-            if rest.startswith(section + "_"):
-                field_name = rest[len(section) + 1:]
-                if field_name in {f.name for f in dataclasses.fields(klass)}:
-                    merged.setdefault(section, {})[field_name] = value
-                break
-    return merged
+        setting = known.get(name)
+        if setting is None:
+            raise ConfigError(f"unknown environment variable {name}{_did_you_mean(name, [*known, *CDN_ENV_NAMES])}"
+                              " (TOKENEDGE_{SECTION}_{SETTING}, see configs/gateway.toml)")
+        table = data
+        for part in setting[:-1]:
+            existing = table.get(part)
+            table[part] = table = dict(existing) if isinstance(existing, Mapping) else {}
+        table[setting[-1]] = environ[name]
+        applied[setting] = f"env {name}"
+    return applied
+
+
+def _did_you_mean(name: str, options: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(options), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _build(klass: type[_T], raw: Any, where: str) -> _T:
     _require(isinstance(raw, Mapping), f"{where} must be a table")
     hints = typing.get_type_hints(klass)
-    names = {f.name for f in dataclasses.fields(klass)}  # type: ignore[arg-type]
-    unknown = set(raw) - names
-    _require(not unknown, f"{where}: unknown settings {', '.join(sorted(unknown))}")
+    names = [f.name for f in dataclasses.fields(klass)]  # type: ignore[arg-type]
+    for unknown in sorted(set(raw) - set(names)):
+        raise ConfigError(f"{where}: unknown setting {unknown!r}{_did_you_mean(unknown, names)}")
     kwargs = {name: _coerce(value, hints[name], f"{where}.{name}") for name, value in raw.items()}
     try:
         return klass(**kwargs)
@@ -277,11 +356,12 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         if value not in typing.get_args(hint):
             raise ConfigError(f"{where} must be one of {typing.get_args(hint)}, got {value!r}")
         return value
-    if isinstance(hint, type) and issubclass(hint, Level):
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):  # e.g. routes.*.level (gateway.canonical.Level)
         try:
-            return Level(value)
+            return hint(value)
         except ValueError:
-            raise ConfigError(f"{where} must be one of {[lv.value for lv in Level]}, got {value!r}") from None
+            raise ConfigError(f"{where} must be one of {[m.value for m in hint]}, got {value!r}"
+                              f"{_did_you_mean(str(value), [str(m.value) for m in hint])}") from None
     if origin in (types.UnionType, typing.Union):
         return value
     return value

@@ -2,6 +2,7 @@
 
 A fresh entry the request's `max-age` accepts is a hit; an entry past its TTL but inside stale-if-error is kept
 aside, to be served only if the upstream then fails. `no-cache` (lookup.read False) skips the read entirely.
+Every hit is counted in the dashboard's hot-keys table here, for the JSON and the streamed path alike.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from gateway.cache_control import RequestDirectives
+from gateway.dashboard.hotkeys import PROMPT
 from gateway.entry import Entry
 from gateway.policy import Freshness, Lookup, freshness, satisfies
 from gateway.state import GatewayState
@@ -38,5 +40,6 @@ async def read_cache(request: web.Request, state: GatewayState, key: str, lookup
     age = entry.age_s(now)
     fresh = freshness(age_s=age, ttl_s=entry.ttl_s, stale_if_error_s=entry.stale_if_error_s)
     if fresh is Freshness.FRESH and satisfies(age_s=age, directives=directives):
+        state.dashboard.hot_keys.hit(entry, now, request.get(PROMPT))
         return CacheRead(found, None, now)
     return CacheRead(None, entry if fresh is Freshness.STALE else None, now)

@@ -11,12 +11,17 @@ worker refreshes on a timer, so the sum over live workers is the fleet's L1. Sha
 workers) must not be summed: it is never written to the per-process files at all, but read from Redis by the
 worker answering the scrape and added to the same `tokenedge_cache_entries{tier="l2"}` /
 `tokenedge_cache_bytes{tier="l2"}` families at render time, so it is reported exactly once.
+
+Every family the dashboard and the Grafana JSON read is exported from the first scrape: the known label sets (each
+route with each result, each tier with each lookup outcome, `cache_errors_total{tier}`, ...) start at 0, so a panel
+shows 0 rather than "no data" before the first event (`_zero_known_series`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -24,11 +29,23 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from gateway.dashboard.cost import Price, saved_usd
 from gateway.tally import Tally
+from gateway.timing import STAGES
 
+Samples = dict[str, list[tuple[dict[str, str], float]]]
 ENTRIES = "tokenedge_cache_entries"
 BYTES = "tokenedge_cache_bytes"
 
+ROUTES: tuple[str, ...] = ("chat/completions", "completions", "embeddings")  # gateway.config.CACHEABLE_ENDPOINTS
+TIERS: tuple[str, ...] = ("l1", "l2")
+LOOKUP_OUTCOMES: tuple[str, ...] = ("hit", "miss", "error")
+# One (result, reason) per result, so `sum by (result)` has every result from the first scrape; other reasons
+# appear with their first event (the reason set is open: upstream error codes, refusals).
+KNOWN_RESULTS: tuple[tuple[str, str], ...] = (("hit", "l1"), ("hit", "l2"), ("miss", "stored"),
+                                               ("coalesced", "stored"), ("stale", "error"),
+                                               ("bypass", "temperature"), ("error", "error"))
+CHARTED_LATENCY_RESULTS: tuple[str, ...] = ("hit", "miss", "coalesced", "stale")
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
@@ -71,15 +88,39 @@ class GatewayMetrics:
                                  multiprocess_mode="livemin", registry=r)
         self.tag_truncations = Counter("tokenedge_tag_header_truncations", "Tags dropped to fit CDN header limits",
                                        registry=r)
+        self.cost_saved = Counter("tokenedge_cost_saved_usd", "Estimated upstream cost of the answers served from "
+                                  "cache, in USD (dashboard.prices)", registry=r)
 
         self._stages: dict[str, Histogram] = {}
         self.tally = Tally()  # the hot path records here; flushed into the objects above (gateway/tally.py)
+        self.prices: dict[str, Price] = {}  # dashboard.prices, parsed (set by the app)
+        self._zero_known_series()
 
-    def served_from_cache(self, usage: Mapping[str, object] | None, body_bytes: int) -> None:
-        """A hit (JSON or replayed stream): the stored usage's tokens and the body's bytes were saved."""
+    def _zero_known_series(self) -> None:
+        for route in ROUTES:
+            for result, reason in KNOWN_RESULTS:
+                self.requests.labels(route, result, reason)
+            for result in CHARTED_LATENCY_RESULTS:
+                self.request_duration.labels(route, result)
+                self.ttft.labels(route, result)
+            self.upstream_duration.labels(route)
+        for tier in TIERS:
+            self.cache_errors.labels(tier)
+            self.cache_stores.labels(tier)
+            for outcome in LOOKUP_OUTCOMES:
+                self.lookups.labels(tier, outcome)
+        for stage in STAGES:
+            self.stage(stage)
+
+    def served_from_cache(self, usage: Mapping[str, object] | None, body_bytes: int, model: str = "") -> None:
+        """A hit (JSON or replayed stream): the stored usage's tokens, the body's bytes and their price were saved."""
         saved = (usage or {}).get("total_tokens")
         if isinstance(saved, int) and saved > 0:
             self.tally.inc(self.tokens_saved, (), saved)
+            if self.prices:
+                usd = saved_usd(self.prices, model, usage)
+                if usd > 0:
+                    self.tally.inc(self.cost_saved, (), usd)
         self.tally.inc(self.bytes_from_cache, (), body_bytes)
 
     def stage(self, name: str) -> Histogram:
@@ -95,11 +136,33 @@ class GatewayMetrics:
         `shared` maps a shared tier (``"l2"``) to its (entries, bytes), read once by the caller at scrape time.
         """
         self.tally.flush()
-        source: Collector = self.registry
+        return generate_latest(_WithSharedTiers(self._source(), shared or {}))
+
+    def samples(self, shared: Mapping[str, tuple[int, int]] | None = None, *, charted_only: bool = False) -> Samples:
+        """Sample name -> [(labels, value)], exactly what `render` writes (the same collectors), without the text.
+
+        `charted_only`: just the families the dashboard's history keeps (a tenth of the work in one process).
+        """
+        self.tally.flush()
+        charted = (self.requests, self.request_duration, self.ttft, self.tokens_saved, self.cost_saved)
+        source: Collector = self._source()
+        families: Iterable[Metric]
+        if charted_only and source is self.registry:
+            families = (family for collector in charted for family in collector.collect())
+        else:
+            families = _WithSharedTiers(source, shared or {}).collect()
+        out: Samples = defaultdict(list)
+        for family in families:
+            for sample in family.samples:
+                out[sample.name].append((sample.labels, sample.value))
+        return out
+
+    def _source(self) -> Collector:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             source = CollectorRegistry()
             MultiProcessCollector(source)
-        return generate_latest(_WithSharedTiers(source, shared or {}))
+            return source
+        return self.registry
 
 
 class _WithSharedTiers(Collector):

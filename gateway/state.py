@@ -10,6 +10,7 @@ from aiohttp import web
 
 from gateway.catalog import ModelCatalog
 from gateway.config import GatewayConfig
+from gateway.dashboard.sampler import DashboardState
 from gateway.memo import RequestMemo
 from gateway.metrics import GatewayMetrics
 from gateway.policy import RoutePolicy
@@ -34,6 +35,7 @@ class GatewayState:
     policies: dict[str, RoutePolicy] = field(default_factory=dict)  # per cacheable endpoint, built at startup
     stream_flights: StreamFlights = field(default_factory=lambda: _stream_flights())
     extensions: dict[str, object] = field(default_factory=dict)  # CDN purge clients, token registry, ...
+    dashboard: DashboardState = field(default_factory=DashboardState)  # history rings, hot keys (gateway.dashboard)
 
 
     def __post_init__(self) -> None:

@@ -1,7 +1,8 @@
 """Request intake for the cacheable routes: read the body within the size limit, parse it, check field types.
 
 User input never reaches an assert: every problem becomes a typed 4xx (gateway.errors) naming the field.
-Unknown fields are not rejected: they pass to the upstream and stay in the key.
+Unknown fields are not rejected: they pass to the upstream and stay in the key. Message roles and content follow
+`gateway.chat_schema`, the rules the backend shares.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from gateway.chat_schema import messages_problem
 from gateway.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 
 MAX_DEPTH = 64
@@ -117,16 +119,9 @@ def _check_common(body: Mapping[str, Any]) -> None:
 
 
 def _check_messages(messages: Any) -> None:
-    if not isinstance(messages, list) or not messages:
-        raise _fail("messages", "a non-empty list of message objects", messages)
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise _fail(f"messages[{i}]", "an object", message)
-        if not isinstance(message.get("role"), str):
-            raise _fail(f"messages[{i}].role", "a string", message.get("role"))
-        content = message.get("content")
-        if content is not None and not isinstance(content, str | list):
-            raise _fail(f"messages[{i}].content", "a string, a list of parts or null", content)
+    problem = messages_problem(messages)  # the rules the backend shares (gateway.chat_schema)
+    if problem is not None:
+        raise _fail(problem.param, problem.expected, problem.value)
 
 
 def _is_text_or_tokens(value: Any) -> bool:

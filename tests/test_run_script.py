@@ -1,5 +1,5 @@
 """`make run` (scripts/run.sh): the backend and the gateway start together, answer a miss then a hit through the
-gateway, and one Ctrl-C (SIGINT) stops both. Ports come from the environment so the test never collides."""
+gateway, print the ports they really use, and one Ctrl-C (SIGINT) stops both. Ports come from the environment so the test never collides."""
 
 from __future__ import annotations
 
@@ -44,9 +44,13 @@ async def test_run_script_serves_a_miss_then_a_hit_and_one_sigint_stops_both() -
            "TOKENEDGE_UPSTREAM_URL": f"http://127.0.0.1:{backend_port}",
            "TOKENEDGE_BACKEND_NUM_BLOCKS": "256"}
     proc = await asyncio.create_subprocess_exec("bash", str(ROOT / "scripts" / "run.sh"), cwd=ROOT, env=env,
-                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
                                                 start_new_session=True)
+    assert proc.stdout is not None
     try:
+        banner = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+        assert f"gateway http://127.0.0.1:{gateway_port} -> backend http://127.0.0.1:{backend_port}" in banner
+        drain = asyncio.create_task(proc.stdout.read())  # keep the pipe from filling up
         async with aiohttp.ClientSession() as session:
             await wait_ready(session, f"http://127.0.0.1:{backend_port}/health", proc)
             await wait_ready(session, f"http://127.0.0.1:{gateway_port}/health", proc)
@@ -62,6 +66,7 @@ async def test_run_script_serves_a_miss_then_a_hit_and_one_sigint_stops_both() -
         assert statuses[1].startswith("tokenedge; hit")
         proc.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(proc.wait(), 30) is not None
+        await drain
         assert port_is_free(backend_port) and port_is_free(gateway_port)
     finally:
         if proc.returncode is None:

@@ -1,20 +1,24 @@
-"""The dashboard's numbers, computed from the same exposition text `/metrics` serves (pure, no I/O).
+"""The dashboard's numbers, computed from the samples `/metrics` renders (pure, no I/O).
 
-Reading the rendered text rather than the live objects makes the page agree with `/metrics` by construction,
-including the multiprocess aggregation over workers. Hit ratio = `hit` requests / all requests on the cacheable
-routes (the same expression the Grafana dashboard and the Prometheus test use); stale answers are counted apart.
+Reading the collectors' samples (`GatewayMetrics.samples`) rather than the live objects makes the page agree with
+`/metrics` by construction, including the multiprocess aggregation over workers. Hit ratio = hit / (hit + miss +
+coalesced + stale), the requests that consulted the cache (the same expression as the Grafana dashboard); bypasses
+and errors are counted apart. This is the since-start view; `gateway.dashboard.history` adds the windows and charts.
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-QUANTILES = (0.5, 0.95, 0.99)
+from gateway.dashboard.history import LOOKUP_RESULTS, quantile
+
+__all__ = ["quantile", "samples", "summarize"]
+
+QUANTILES = (0.5, 0.99)
 TOP_REASONS = 8
 
 
@@ -25,25 +29,6 @@ def samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
         for s in family.samples:
             out[s.name].append((dict(s.labels), float(s.value)))
     return out
-
-
-def quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float | None:
-    """PromQL `histogram_quantile` over cumulative (upper bound, count) buckets; None without observations."""
-    ordered = sorted(buckets)
-    if not ordered or ordered[-1][1] <= 0:
-        return None
-    total = ordered[-1][1]
-    rank = q * total
-    prev_bound, prev_count = 0.0, 0.0
-    for bound, count in ordered:
-        if count >= rank:
-            if math.isinf(bound):
-                return prev_bound  # the +Inf bucket: the highest finite bound, as Prometheus does
-            if count == prev_count:
-                return bound
-            return prev_bound + (bound - prev_bound) * (rank - prev_count) / (count - prev_count)
-        prev_bound, prev_count = bound, count
-    return prev_bound
 
 
 def _sum(rows: list[tuple[dict[str, str], float]], **match: str) -> float:
@@ -67,11 +52,15 @@ def _by(rows: list[tuple[dict[str, str], float]], label: str) -> dict[str, float
     return dict(out)
 
 
-def summarize(text: str, *, now: float, upstream: Mapping[str, Any]) -> dict[str, Any]:
-    s = samples(text)
+def _hit_ratio(rows: list[tuple[dict[str, str], float]], **match: str) -> float | None:
+    looked_up = sum(_sum(rows, result=r, **match) for r in LOOKUP_RESULTS)
+    return _sum(rows, result="hit", **match) / looked_up if looked_up else None
+
+
+def summarize(s: Mapping[str, list[tuple[dict[str, str], float]]], *, now: float,
+              upstream: Mapping[str, Any]) -> dict[str, Any]:
     requests = s.get("tokenedge_requests_total", [])
     total = sum(v for _, v in requests)
-    hits = _sum(requests, result="hit")
     routes = sorted({labels["route"] for labels, _ in requests})
     reasons: dict[tuple[str, str], float] = defaultdict(float)
     for labels, value in requests:
@@ -90,12 +79,13 @@ def summarize(text: str, *, now: float, upstream: Mapping[str, Any]) -> dict[str
     return {
         "now": now,
         "requests": {"total": total, "by_result": _by(requests, "result")},
-        "hit_ratio": hits / total if total else None,
-        "by_route": {r: {"total": _sum(requests, route=r), "hit": _sum(requests, route=r, result="hit")}
-                     for r in routes},
+        "hit_ratio": _hit_ratio(requests),
+        "by_route": {r: {"total": _sum(requests, route=r), "hit": _sum(requests, route=r, result="hit"),
+                         "hit_ratio": _hit_ratio(requests, route=r)} for r in routes},
         "miss_reasons": [{"result": res, "reason": why, "count": n} for (res, why), n in top],
         "latency_s": {"hit": _latency(durations, ("hit",)), "miss": _latency(durations, ("miss", "coalesced"))},
         "tokens_saved": sum(v for _, v in s.get("tokenedge_tokens_saved_total", [])),
+        "cost_saved_usd": sum(v for _, v in s.get("tokenedge_cost_saved_usd_total", [])),
         "bytes_served_from_cache": sum(v for _, v in s.get("tokenedge_bytes_served_from_cache_total", [])),
         "lookups": dict(lookups),
         "tiers": dict(tiers),

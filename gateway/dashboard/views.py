@@ -11,18 +11,22 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import os
 import time
 from importlib import resources
 
 import orjson
 from aiohttp import web
 
+from gateway.dashboard.history import WINDOWS, snapshot
+from gateway.dashboard.hotkeys import merged, other_workers
 from gateway.dashboard.summary import summarize
-from gateway.errors import NotFound, Unauthorized
+from gateway.errors import BadRequest, NotFound, Unauthorized
 from gateway.handlers import ops
 from gateway.handlers.tenancy import bearer_token
 from gateway.state import STATE, GatewayState
 
+DEFAULT_WINDOW = "5m"
 PROBE_EVERY_S = 5.0  # upstream health is probed at most this often per worker, however many pages are open
 _PROBE = "dashboard_probe"
 _PAGE_HEADERS = {
@@ -78,10 +82,31 @@ async def _upstream_health(state: GatewayState) -> dict[str, object]:
 
 
 async def data(request: web.Request) -> web.Response:
+    """Since-start numbers, the chosen window's series and totals (`?window=5m|1h|24h`), hot keys."""
     check_access(request)
+    name = request.query.get("window", DEFAULT_WINDOW)
+    if name not in WINDOWS:
+        raise BadRequest(f"window must be one of {', '.join(WINDOWS)}, got {name!r}", param="window")
     state = request.app[STATE]
     upstream = await _upstream_health(state)
-    text = (await ops.render_metrics(state)).decode()
-    body = summarize(text, now=time.time(), upstream=upstream)
+    ops.update_gauges(state)
+    parsed = state.metrics.samples(await ops.shared_tier_sizes(state))  # what /metrics would render now
+    now = state.clock()
+    current = snapshot(parsed)
+    state.dashboard.history.record(now, current)  # when a step is due: the series never lag the counters
+    body = summarize(parsed, now=now, upstream=upstream)
+    body["window"] = state.dashboard.history.window(name, now, current)
+    body["windows"] = list(WINDOWS)
+    body["priced"] = bool(state.config.dashboard.prices)
+    body["top_keys"] = top_keys(state, now)
     return web.Response(body=orjson.dumps(body), content_type="application/json",
                         headers={"Cache-Control": "no-store"})
+
+
+def top_keys(state: GatewayState, now: float) -> list[dict[str, object]]:
+    config = state.config.dashboard
+    tables = [state.dashboard.hot_keys.rows()]
+    shared_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if shared_dir:
+        tables += other_workers(shared_dir)
+    return merged(tables, now=now, top=config.top_keys, show_prompts=config.show_prompts)

@@ -15,6 +15,7 @@ from aiohttp import web
 from gateway import headers as hdr
 from gateway.cache_control import RequestDirectives, parse_request_cache_control
 from gateway.canonical import CanonicalizationError, canonical_json, canonicalize
+from gateway.dashboard.hotkeys import PROMPT, prompt_text
 from gateway.entry import Entry
 from gateway.errors import BadRequest, GatewayError, NotCached, UpstreamError
 from gateway.fill import FillRequest, FillResult, fill
@@ -91,6 +92,8 @@ def make_handler(endpoint: str):
         result, reason = "error", "error"
         try:
             prep = await prepare(request, state, endpoint)
+            if state.config.dashboard.show_prompts:  # the operator opted in: the hot-keys table shows the text
+                request[PROMPT] = prompt_text(prep.body) or ""
             timer.lap("parse")
             match prep.decision:
                 case Bypass(reason=why):
@@ -185,7 +188,7 @@ async def lookup_or_fill(request: web.Request, state: GatewayState, prep: Prepar
     read = await read_cache(request, state, key.key, lookup, prep.directives)
     if read.hit is not None:
         entry = read.hit.entry
-        state.metrics.served_from_cache(entry.usage, len(entry.body))
+        state.metrics.served_from_cache(entry.usage, len(entry.body), entry.model)
         status, age_h = hdr.hit_status(entry, read.now, tier=read.hit.tier)
         response = entry_response(state, entry, status, age_h)
         lap(request, "serialize")
@@ -217,7 +220,7 @@ def serve_stale(state: GatewayState, entry: Entry, why: str) -> web.Response:
     status, age = hdr.stale_status(entry, state.clock(), why)
     response = entry_response(state, entry, status, age)
     response.headers["Cache-Control"] = "no-store"  # a stale answer must not be cached further downstream
-    state.metrics.served_from_cache(entry.usage, len(entry.body))
+    state.metrics.served_from_cache(entry.usage, len(entry.body), entry.model)
     return response
 
 

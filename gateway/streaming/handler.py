@@ -137,7 +137,7 @@ async def replay(request: web.Request, state: GatewayState, entry: Entry, cache_
         headers["Cache-Control"] = "no-store"  # a stale answer must not be cached further downstream
     config = state.config.stream
     frames = replay_frames(entry, include_usage=include_usage, chunk_chars=config.replay_chunk_chars)
-    state.metrics.served_from_cache(entry.usage, len(entry.body))
+    state.metrics.served_from_cache(entry.usage, len(entry.body), entry.model)
     response = web.StreamResponse(headers=headers)
     await response.prepare(request)
     on_first = _first_token(request)

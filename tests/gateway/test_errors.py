@@ -36,6 +36,15 @@ CASES: list[tuple[str, str, bytes, dict[str, str], int, str | None]] = [
     ("message not an object", "/v1/chat/completions", b'{"model":"m","messages":["hi"]}', JSON, 400, "messages[0]"),
     ("role missing", "/v1/chat/completions", b'{"model":"m","messages":[{"content":"hi"}]}', JSON, 400,
      "messages[0].role"),
+    ("unknown role", "/v1/chat/completions",
+     b'{"model":"m","temperature":0,"messages":[{"role":"wizard","content":"hi"}]}', JSON, 400, "messages[0].role"),
+    ("null user content", "/v1/chat/completions",
+     b'{"model":"m","temperature":0,"messages":[{"role":"user","content":null}]}', JSON, 400, "messages[0].content"),
+    ("null system content, streamed", "/v1/chat/completions", b'{"model":"m","temperature":0,"stream":true,'
+     b'"messages":[{"role":"system","content":null},{"role":"user","content":"hi"}]}', JSON, 400,
+     "messages[0].content"),
+    ("missing user content", "/v1/chat/completions",
+     b'{"model":"m","temperature":0.7,"messages":[{"role":"user"}]}', JSON, 400, "messages[0].content"),
     ("temperature a string", "/v1/chat/completions",
      b'{"model":"m","temperature":"0","messages":[{"role":"user","content":"hi"}]}', JSON, 400, "temperature"),
     ("temperature out of range", "/v1/chat/completions",
@@ -66,7 +75,7 @@ async def test_malformed_request_gets_a_json_4xx(make_gateway: GatewayFactory, f
     assert set(body["error"]) == {"message", "type", "param", "code"}
     assert body["error"]["message"]
     if param is not None:
-        assert body["error"]["param"] == param
+        assert body["error"]["param"] == param and param in body["error"]["message"]
     assert sum(fake.calls[k] for k in ("chat", "completions", "embeddings")) == 0
 
 

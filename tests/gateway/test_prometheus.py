@@ -94,5 +94,7 @@ async def test_promql_hit_ratio_matches_the_traffic(gw: RunningGateway, promethe
 async def test_every_grafana_expression_parses_in_prometheus(gw: RunningGateway, prometheus: str) -> None:
     async with aiohttp.ClientSession() as session:
         for expr in expressions(json.loads(DASHBOARD.read_text())):
-            answer = await query(session, prometheus, expr.replace("$__rate_interval", "1m"))
+            for variable in ("$__rate_interval", "$__interval", "$__range"):  # Grafana's interval variables
+                expr = expr.replace(variable, "1m")
+            answer = await query(session, prometheus, expr)
             assert answer["status"] == "success", (expr, answer)

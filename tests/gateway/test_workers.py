@@ -1,4 +1,4 @@
-"""`python -m gateway --workers 2`: /metrics on any worker reports the totals of both (multiprocess mode).
+"""`python -m gateway --workers 2`: /metrics and /dashboard/data on any worker report the totals of both.
 
 Proof that both workers served, without a per-process label: the same request is sent N times, one fresh
 connection each, sequentially. L1 is per process, so each worker misses it exactly once: two misses (and two
@@ -61,3 +61,15 @@ async def test_totals_across_two_workers_equal_requests_sent(workers: str, fake:
             break
         await asyncio.sleep(0.1)
     assert entries == WORKERS  # one entry in each worker's L1
+
+    # The dashboard: its window totals come from the same merged counters, its hot keys from both workers' tables
+    # (each saved once a second when it changed): poll until the other worker's table has landed.
+    data: dict[str, object] = {}
+    for _ in range(50):
+        async with aiohttp.ClientSession() as session, session.get(f"{workers}/dashboard/data") as resp:
+            data = await resp.json()
+        if data["top_keys"] and data["top_keys"][0]["hits"] == N - WORKERS:  # type: ignore[index]
+            break
+        await asyncio.sleep(0.1)
+    assert [row["hits"] for row in data["top_keys"]] == [N - WORKERS]  # type: ignore[union-attr, index]
+    assert sum(data["window"]["totals"]["requests"].values()) == N  # type: ignore[index, union-attr]
