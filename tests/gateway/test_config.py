@@ -6,15 +6,18 @@ from pathlib import Path
 
 import pytest
 
-from gateway.canonical import Level
-from gateway.config import ConfigError, GatewayConfig, load_config
+import typing
+
+from gateway.canonical import AUTO, ROUTE_LEVELS
+from gateway.config import ConfigError, GatewayConfig, RouteConfig, RouteLevel, load_config
 
 
 def test_shipped_config_loads_with_embedded_defaults() -> None:
     config = load_config(Path(__file__).parents[2] / "configs" / "gateway.toml", {})
     assert config.server.port == 8080
     assert config.cache.redis_url == ""
-    assert config.routes["chat/completions"].level is Level.STANDARD
+    assert {route.level for route in config.routes.values()} == {AUTO}
+    assert GatewayConfig().routes["completions"].level == AUTO
     assert config.routes["embeddings"].ttl_s == 86400
 
 
@@ -42,6 +45,8 @@ def test_missing_routes_get_defaults() -> None:
     ({"upstream": {"url": "ftp://x"}}, "upstream.url"),
     ({"cache": {"redis_url": "http://x"}}, "cache.redis_url"),
     ({"routes": {"chat/completions": {"level": "fuzzy"}}}, "routes.chat/completions.level"),
+    ({"routes": {"completions": {"level": "standard"}}}, "routes.completions.level: level 'standard' is now called "
+                                                         "'normalized'"),
     ({"routes": {"chat/completions": {"scope": "everyone"}}}, "scope"),
     ({"routes": {"images": {}}}, "cacheable routes are"),
     ({"bogus": {}}, "unknown config sections"),
@@ -64,3 +69,11 @@ def test_missing_file_and_bad_toml_are_config_errors(tmp_path: Path) -> None:
 def test_upstream_key_is_redacted_in_repr() -> None:
     config = GatewayConfig.from_mapping({"upstream": {"api_key": "sk-secret"}})
     assert "sk-secret" not in repr(config.upstream)
+
+
+def test_route_levels_are_the_canonicalization_levels_plus_auto() -> None:
+    assert typing.get_args(RouteLevel) == ROUTE_LEVELS == ("auto", "exact", "tokens", "normalized", "aggressive")
+    for level in ROUTE_LEVELS:
+        assert GatewayConfig.from_mapping({"routes": {"embeddings": {"level": level}}}).routes["embeddings"].level == level
+    with pytest.raises(ConfigError, match="'standard' is now called 'normalized'"):
+        RouteConfig(level="standard")  # type: ignore[arg-type]
