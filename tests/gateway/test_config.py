@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 
 import pytest
-
-import typing
 
 from gateway.canonical import AUTO, ROUTE_LEVELS
 from gateway.config import ConfigError, GatewayConfig, RouteConfig, RouteLevel, load_config

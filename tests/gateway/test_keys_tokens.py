@@ -8,6 +8,7 @@ different answer, so a wrong hit is visible.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,7 @@ def contents(draw: st.DrawFn, text: str | None = None) -> Any:
         return text
     cuts = sorted(draw(st.lists(st.integers(0, len(text)), max_size=3))) if shape == "split" else []
     bounds = [0, *cuts, len(text)]
-    return [{"type": "text", "text": text[a:b]} for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [{"type": "text", "text": text[a:b]} for a, b in itertools.pairwise(bounds)]
 
 
 @st.composite
