@@ -9,6 +9,8 @@ different answer, so a wrong hit is visible.
 from __future__ import annotations
 
 import itertools
+import json
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -279,3 +281,31 @@ async def test_without_the_token_path_auto_and_tokens_fall_back_to_exact(make: M
         assert doc["level"] == "exact" and doc["canonical"]["prompt"] == "hi"
         status, _ = await ask(gw, "completions", {"prompt": "hi"})
         assert status == "tokenedge; fwd=miss; stored; detail=exact"
+
+
+def counting(calls: Counter[str], name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def counted(*args: Any) -> Any:
+        calls[name] += 1
+        return fn(*args)
+    return counted
+
+
+async def test_repeated_bytes_hit_without_rendering_or_encoding_and_new_spellings_reuse_the_token_cache(
+        make: Make, engine: EchoEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    gw = await make()
+    body = {"model": "tiny", "temperature": 0, "messages": [{"role": "user", "content": "What is 2+2?"}]}
+    raw = json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    for _ in range(2):  # a miss that stores, then a hit that warms the request memo
+        await gw.client.post("/v1/chat/completions", data=raw, headers=headers)
+    calls: Counter[str] = Counter()
+    for name in ("encode", "encode_chat", "render_chat"):
+        monkeypatch.setattr(ModelEncoder, name, counting(calls, name, getattr(ModelEncoder, name)))
+    hit = await gw.client.post("/v1/chat/completions", data=raw, headers=headers)
+    assert hit.headers["Cache-Status"].endswith("detail=l1") and calls == Counter()
+    cache = gw.state.extensions["tokens"].cache  # type: ignore[attr-defined]
+    misses = cache.misses
+    twin = json.dumps(dict(reversed(list({**body, "temperature": 0.0, "user": "u"}.items())))).encode()
+    again = await gw.client.post("/v1/chat/completions", data=twin, headers=headers)
+    assert again.headers["Cache-Status"].startswith("tokenedge; hit") and len(engine.prompts) == 1
+    assert calls["encode_chat"] == 1 and cache.misses == misses  # rendered once; every segment's ids were cached
