@@ -44,8 +44,11 @@ def model_input(encoder: ModelEncoder, endpoint: str, body: Mapping[str, Any]) -
     """
     match endpoint:
         case "chat/completions":
+            messages = body.get("messages")
+            if not isinstance(messages, list):
+                return None
             try:
-                return list(encoder.encode_chat(body.get("messages")))
+                return list(encoder.encode_chat(messages))
             except Unrenderable:
                 return None
         case "completions":
