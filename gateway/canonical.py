@@ -1,10 +1,15 @@
 """Canonical form of an OpenAI-style request: the value a cache key is derived from (DESIGN §2).
 
-Two requests get the same canonical form only when the chosen level says they are equivalent: every rule
-removes a difference that provably cannot change the upstream's answer (`exact`, `standard`) or one the
-operator opted to ignore (`aggressive`). Everything not understood is kept, so an unknown field can only
-split keys, never merge them. Pure functions: no I/O, the input is never mutated, and `canonicalize` is
-idempotent, so a canonical form (as `/v1/cache/explain` shows it) canonicalizes to itself.
+Two requests get the same canonical form only when the chosen level says they are equivalent. `exact` removes
+JSON-level differences only (key order, number spelling, documented OpenAI defaults, the `max_tokens` alias,
+transport and bookkeeping fields); text bytes and content-part structure are never touched. `tokens` replaces the
+prompt (the rendered chat template, the completion prompt or the embeddings input) with the exact token ids the
+model receives, next to the `exact` form of every other field (`tokens_form`; the ids come from the token path).
+`normalized` and `aggressive` (opt-in, never a default) also rewrite text (NFC, zero-width removal, CRLF folding,
+trimming; then NFKC, case folding, punctuation and whitespace runs): they change the bytes the tokenizer sees, so
+they MAY serve an answer the model would not give to this exact text. Everything not understood is kept, so an
+unknown field can only split keys, never merge them. Pure functions: no I/O, the input is never mutated, and
+`canonicalize` is idempotent, so a canonical form (as `/v1/cache/explain` shows it) canonicalizes to itself.
 """
 
 from __future__ import annotations
@@ -19,15 +24,22 @@ from typing import Any, Final, assert_never
 
 import orjson
 
-CANON_VERSION: Final = 1
+CANON_VERSION: Final = 2  # 2: `exact` keeps content parts; `standard` became the opt-in `normalized`; `tokens`
 
 
 class Level(StrEnum):
-    """How much two requests may differ and still share an entry; chosen per route."""
+    """How much two requests may differ and still share an entry: the level a key was built at."""
 
     EXACT = "exact"
-    STANDARD = "standard"
+    TOKENS = "tokens"
+    NORMALIZED = "normalized"
     AGGRESSIVE = "aggressive"
+
+
+AUTO: Final = "auto"  # a route setting, never a key level: `tokens` where the model's ids are known, else `exact`
+ROUTE_LEVELS: Final = (AUTO, *(level.value for level in Level))
+TEXT_FIELDS: Final[Mapping[str, str]] = MappingProxyType(
+    {"chat/completions": "messages", "completions": "prompt", "embeddings": "input"})
 
 
 class CanonicalizationError(ValueError):
@@ -110,10 +122,13 @@ _FOLD_PASSES: Final = 4
 
 
 def canonicalize(endpoint: str, body: Mapping[str, Any], level: Level) -> dict[str, Any]:
-    """The canonical request for `endpoint` ("chat/completions", "completions" or "embeddings")."""
+    """The canonical request for `endpoint` ("chat/completions", "completions" or "embeddings").
+
+    `Level.TOKENS` needs the model's ids: build it with `tokens_form` over the `exact` form.
+    """
     if endpoint not in ENDPOINTS:
         raise ValueError(f"not a cacheable endpoint: {endpoint!r}")
-    text = _text_normalizer(Level(level))
+    text, parts = _text_normalizer(Level(level))
     request = plain_json(body)  # a validated deep copy: everything below may edit it in place
     if not isinstance(request, dict):
         raise CanonicalizationError("the request body must be a JSON object")
@@ -122,12 +137,22 @@ def canonicalize(endpoint: str, body: Mapping[str, Any], level: Level) -> dict[s
     _elide_defaults(request, _DEFAULTS[endpoint])
     match endpoint:
         case "chat/completions":
-            _chat(request, text)
+            _chat(request, text, parts)
         case "completions":
             _strings_field(request, "prompt", text)
         case "embeddings":
             _strings_field(request, "input", text)
     return request
+
+
+def tokens_form(endpoint: str, exact: Mapping[str, Any], ids: Any, tokenizer: str) -> dict[str, Any]:
+    """The `tokens` canonical form: the model's input ids and tokenizer version, beside every other field's
+    `exact` form (`exact` is `canonicalize(endpoint, body, Level.EXACT)`). Two requests get the same form iff
+    the model receives the same ids with the same parameters. The ids sit apart from the parameters, so no
+    client field can collide with them.
+    """
+    params = {name: value for name, value in exact.items() if name != TEXT_FIELDS[endpoint]}
+    return {"input": {"ids": plain_json(ids), "tokenizer": tokenizer}, "params": params}
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -203,13 +228,13 @@ def _elide_defaults(request: dict[str, Any], defaults: Mapping[str, Any]) -> Non
             del request[name]
 
 
-def _chat(request: dict[str, Any], text: TextFn | None) -> None:
+def _chat(request: dict[str, Any], text: TextFn | None, parts: bool) -> None:
     _unify_max_tokens(request)
     _elide_choice(request, items="tools", choice="tool_choice")
     _elide_choice(request, items="functions", choice="function_call")  # the legacy spelling
     messages = request.get("messages")
     if isinstance(messages, list):
-        request["messages"] = [_message(m, text) for m in messages]
+        request["messages"] = [_message(m, text, parts) for m in messages]
 
 
 def _unify_max_tokens(request: dict[str, Any]) -> None:
@@ -236,20 +261,20 @@ def _elide_choice(request: dict[str, Any], *, items: str, choice: str) -> None:
         del request[choice]
 
 
-def _message(message: Any, text: TextFn | None) -> Any:
+def _message(message: Any, text: TextFn | None, parts: bool) -> Any:
     if isinstance(message, dict) and "content" in message:
-        message["content"] = _content(message["content"], text)
+        message["content"] = _content(message["content"], text, parts)
     return message
 
 
-def _content(content: Any, text: TextFn | None) -> Any:
+def _content(content: Any, text: TextFn | None, fold_parts: bool) -> Any:
     if isinstance(content, str):
         return text(content) if text else content
     if not isinstance(content, list):
         return content
     parts = [_text_part(part, text) for part in content]
-    if len(parts) == 1 and _is_bare_text_part(parts[0]):
-        return parts[0]["text"]  # [{"type": "text", "text": "x"}] == "x"
+    if fold_parts and len(parts) == 1 and _is_bare_text_part(parts[0]):
+        return parts[0]["text"]  # [{"type": "text", "text": "x"}] == "x": templates may render them apart
     return parts
 
 
@@ -279,20 +304,25 @@ def _strings_field(request: dict[str, Any], name: str, text: TextFn | None) -> N
         request[name] = [text(item) if isinstance(item, str) else item for item in value]
 
 
-def _text_normalizer(level: Level) -> TextFn | None:
+def _text_normalizer(level: Level) -> tuple[TextFn | None, bool]:
+    """(the text rewrite, whether a lone text part folds into a string) of a level."""
     match level:
         case Level.EXACT:
-            return None
-        case Level.STANDARD:
-            return standard_text
+            return None, False
+        case Level.TOKENS:
+            raise ValueError("the tokens level is built from the model's ids: use tokens_form")
+        case Level.NORMALIZED:
+            return normalized_text, True
         case Level.AGGRESSIVE:
-            return aggressive_text
+            return aggressive_text, True
         case _:
             assert_never(level)
 
 
-def standard_text(value: str) -> str:
+def normalized_text(value: str) -> str:
     """NFC, zero-width characters removed, CRLF/CR -> LF, outer whitespace stripped; inner whitespace kept.
+
+    Opt-in only: every one of these changes the bytes the tokenizer sees, so the answer may differ.
 
     Zero-width characters go before NFC, since removing one can bring a letter and its accent together.
     """
@@ -301,7 +331,7 @@ def standard_text(value: str) -> str:
 
 
 def aggressive_text(value: str) -> str:
-    """`standard_text` plus NFKC, casefold, punctuation (Unicode P*) stripped, whitespace runs collapsed.
+    """`normalized_text` plus NFKC, casefold, punctuation (Unicode P*) stripped, whitespace runs collapsed.
 
     Repeated until stable (in practice one pass, rarely two): deleting punctuation or casefolding can leave
     a string that NFKC would change again, and the result must be idempotent.
@@ -315,6 +345,6 @@ def aggressive_text(value: str) -> str:
 
 
 def _fold_once(value: str) -> str:
-    value = unicodedata.normalize("NFKC", standard_text(value)).casefold()
+    value = unicodedata.normalize("NFKC", normalized_text(value)).casefold()
     value = "".join(ch for ch in value if not unicodedata.category(ch).startswith("P"))
     return _WHITESPACE_RUN.sub(" ", unicodedata.normalize("NFKC", value)).strip()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import enum
 import os
 import re
 import tomllib
@@ -26,9 +25,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cdn.purge.env import CDN_ENV_NAMES
-from gateway.canonical import Level
+from gateway.canonical import AUTO, ROUTE_LEVELS
 
 CACHEABLE_ENDPOINTS: tuple[str, ...] = ("chat/completions", "completions", "embeddings")
+RouteLevel = Literal["auto", "exact", "tokens", "normalized", "aggressive"]  # gateway.canonical.ROUTE_LEVELS
+# Values that used to be valid: the message says what they are called now.
+_RENAMED: dict[Any, str] = {
+    "standard": "level 'standard' is now called 'normalized' and is opt-in (it rewrites text, so it may serve an "
+                "answer the model would not give to the exact text); the safe default is 'auto'"}
 ENV_PREFIX = "TOKENEDGE_"
 # Read by other components, not by this config: the config file path, the CDN purge clients, and the backend
 # (which checks its own `TOKENEDGE_BACKEND_*`).
@@ -132,7 +136,7 @@ class CacheConfig:
 
 @dataclass(frozen=True, slots=True)
 class RouteConfig:
-    level: Level = Level.STANDARD
+    level: RouteLevel = AUTO  # auto: `tokens` where the model's tokenizer (and chat template) is known, else `exact`
     scope: Literal["tenant", "public"] = "tenant"
     ttl_s: int = 3600
     enabled: bool = True
@@ -140,6 +144,8 @@ class RouteConfig:
     allow_n_gt_1: bool = False
 
     def __post_init__(self) -> None:
+        _require(self.level in ROUTE_LEVELS, _RENAMED.get(self.level, f"route level must be one of "
+                                                           f"{', '.join(ROUTE_LEVELS)}, got {self.level!r}"))
         _require(self.scope in ("tenant", "public"), f"route scope must be 'tenant' or 'public', got {self.scope!r}")
         _require(self.ttl_s >= 1, f"route ttl_s must be >= 1, got {self.ttl_s}")
 
@@ -353,15 +359,12 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             raise ConfigError(f"{where} must be a list, got {value!r}")
         return tuple(str(i).strip() for i in items if str(i).strip())
     if origin is Literal:
+        if isinstance(value, str) and value in _RENAMED and value not in typing.get_args(hint):
+            raise ConfigError(f"{where}: {_RENAMED[value]}")
         if value not in typing.get_args(hint):
-            raise ConfigError(f"{where} must be one of {typing.get_args(hint)}, got {value!r}")
+            raise ConfigError(f"{where} must be one of {typing.get_args(hint)}, got {value!r}"
+                              f"{_did_you_mean(str(value), [str(v) for v in typing.get_args(hint)])}")
         return value
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):  # e.g. routes.*.level (gateway.canonical.Level)
-        try:
-            return hint(value)
-        except ValueError:
-            raise ConfigError(f"{where} must be one of {[m.value for m in hint]}, got {value!r}"
-                              f"{_did_you_mean(str(value), [str(m.value) for m in hint])}") from None
     if origin in (types.UnionType, typing.Union):
         return value
     return value

@@ -37,6 +37,7 @@ class FillRequest:
     headers: Mapping[str, str]
     body: bytes
     via: Any = None  # a per-request upstream seam (gateway.tokens: budgets, binary transport); None: plain
+    level: str = ""  # the canonicalization level of the key (Cache-Status detail on misses)
 
 
 def completion_facts(body: bytes) -> tuple[list[str | None], Mapping[str, Any] | None] | None:

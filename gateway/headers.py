@@ -70,14 +70,17 @@ def stale_status(entry: Entry, now: float, reason: str) -> tuple[str, str]:
     return f"{NAME}; hit; ttl={entry.ttl_s - age}; detail=stale-if-error-{reason}", str(age)
 
 
-def miss_status(*, stored: bool, collapsed: bool = False, detail: str | None = None) -> str:
+def miss_status(*, stored: bool, collapsed: bool = False, detail: str | None = None, level: str = "") -> str:
+    """RFC 9211 §2.8 `detail` (one sf-token): why it was not stored, then the key's level, dot-joined
+    (`detail=tokens`, `detail=status.exact`), so a miss always says which canonicalization level keyed it."""
     parts = [NAME, "fwd=miss"]
     if collapsed:
         parts.append("collapsed")  # RFC 9211 §2.6: the request was collapsed into another's forward
     if stored:
         parts.append("stored")
-    if detail:
-        parts.append(f"detail={detail}")
+    words = [word for word in (detail, level) if word]
+    if words:
+        parts.append(f"detail={'.'.join(words)}")
     return "; ".join(parts)
 
 
@@ -89,10 +92,10 @@ BYPASS_CACHE_CONTROL = "no-store"
 
 
 def unstored_response(status: int, upstream_headers: Mapping[str, str], body: bytes, *, collapsed: bool,
-                      detail: str | None) -> web.Response:
+                      detail: str | None, level: str = "") -> web.Response:
     """An upstream answer relayed with its own status and body, marked as not stored (JSON and stream paths)."""
     headers = relay_headers(upstream_headers)
-    headers[CACHE_STATUS] = miss_status(stored=False, collapsed=collapsed, detail=detail)
+    headers[CACHE_STATUS] = miss_status(stored=False, collapsed=collapsed, detail=detail, level=level)
     headers["Cache-Control"] = "no-store"
     if "Content-Type" in upstream_headers:
         headers["Content-Type"] = upstream_headers["Content-Type"]

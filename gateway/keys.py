@@ -1,8 +1,9 @@
 """Cache keys, tenant scope and entry tags (DESIGN §3).
 
-A key is `te1:{scope}:{digest}`. The digest covers the canonical request together with everything that can
-change the answer without changing the request: endpoint, canonicalization level and version, and the
-model revision, so a model upgrade never serves old answers. The scope keeps tenants apart: it is a hash
+A key is `te1:{scope}:{digest}`. The digest covers the canonical request (at the `tokens` level: the model's input
+ids and the tokenizer version beside the other fields) together with everything that can change the answer
+without changing the request: endpoint, the canonicalization level actually used and the spec version (so a
+spec change simply misses), and the model revision, so a model upgrade never serves old answers. The scope keeps tenants apart: it is a hash
 of the caller's credential (never the credential itself) or `pub` on public routes. Pure functions.
 """
 

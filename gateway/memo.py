@@ -1,7 +1,8 @@
 """The request memo: identical request bytes skip parsing, validation and canonicalization.
 
 Clients that repeat a question usually repeat it byte for byte, so the memo maps (endpoint, raw body) to the parsed
-body and, once a lookup needed it, the canonical bytes. It is exact (a dict lookup on the bytes themselves, so
+body and, once a lookup needed it, the canonical bytes and the level they were built at (at the `tokens` level those
+hold the prompt's token ids, so repeated bytes are not tokenized again). It is exact (a dict lookup on the bytes themselves, so
 no hash collision can alias two requests) and bounded by bytes. Correctness does not depend on it: a miss here
 only means the slow path runs.
 """
@@ -13,6 +14,7 @@ from typing import Any
 
 from cachetools import LRUCache
 
+from gateway.canonical import Level
 from gateway.keys import CacheKey
 
 MAX_MEMO_BODY_BYTES = 64 * 1024
@@ -22,8 +24,10 @@ MAX_MEMO_BODY_BYTES = 64 * 1024
 class ParsedRequest:
     body: dict[str, Any]
     size: int
-    canonical: bytes | None = None  # filled the first time a lookup derives the key
-    keys: dict[tuple[str, str], CacheKey] = field(default_factory=dict)  # (scope, revision) -> derived key
+    # tokenizer version ("" where none applies) -> (level used, canonical bytes); filled when a lookup needs them
+    canonical: dict[str, tuple[Level, bytes]] = field(default_factory=dict)
+    # (scope, revision, tokenizer version) -> (derived key, level used)
+    keys: dict[tuple[str, str, str], tuple[CacheKey, Level]] = field(default_factory=dict)
 
 
 class RequestMemo:

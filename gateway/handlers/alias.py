@@ -12,7 +12,7 @@ from aiohttp import web
 
 from gateway import headers as hdr
 from gateway.cache_control import parse_request_cache_control
-from gateway.canonical import CanonicalizationError, canonicalize
+from gateway.canonical import CanonicalizationError
 from gateway.config import CACHEABLE_ENDPOINTS
 from gateway.errors import BadRequest, NotFound
 from gateway.handlers.completions import entry_response
@@ -20,6 +20,8 @@ from gateway.handlers.tenancy import tenant_credential
 from gateway.keys import PUBLIC_SCOPE, derive_key, parse_key, tenant_scope
 from gateway.policy import Freshness, Lookup, decide, freshness
 from gateway.state import STATE
+from gateway.tokens.keyform import TOKEN_LEVELS, canonical_form, key_encoder
+from gateway.upstream import forward_headers
 from gateway.validate import parse_object, read_body, validate
 
 
@@ -53,7 +55,8 @@ async def get_alias(request: web.Request) -> web.Response:
 
 
 async def explain(request: web.Request) -> web.Response:
-    """The canonical form, key and decision for a request, without contacting the upstream."""
+    """The canonical form, the level actually used, the key and the decision for a request, without a completion
+    call (like a lookup, it may read the upstream's `/v1/models` and, at the `tokens` level, its tokenizer)."""
     state = request.app[STATE]
     doc = parse_object(await read_body(request, state.config.server.max_body_bytes))
     endpoint = doc.get("endpoint", "chat/completions")
@@ -66,17 +69,18 @@ async def explain(request: web.Request) -> web.Response:
     route = state.config.routes[endpoint]
     directives = parse_request_cache_control(request.headers.get("Cache-Control"), request.headers.get("Pragma"))
     decision = decide(endpoint, body, directives, state.policies[endpoint])
+    fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
+    revision = await state.catalog.revision(body["model"], fwd)  # `GET /v1/models` at most, as a lookup does
+    encoder = await key_encoder(state, body["model"], lambda: fwd) if route.level in TOKEN_LEVELS else None
     try:
-        canonical = canonicalize(endpoint, body, route.level)
+        level, canonical = canonical_form(route.level, endpoint, body, encoder)
     except CanonicalizationError as exc:
         raise BadRequest(str(exc)) from None
-    revision = state.catalog.cached_revision(body["model"])
     scope = PUBLIC_SCOPE if route.scope == "public" else tenant_scope(
         tenant_credential(request.headers, state.config.server.tenant_header))
-    key = derive_key(scope=scope, endpoint=endpoint, level=route.level, model_revision=revision,
-                     canonical=canonical)
+    key = derive_key(scope=scope, endpoint=endpoint, level=level, model_revision=revision, canonical=canonical)
     out = {
-        "endpoint": endpoint, "level": route.level.value, "scope": scope, "revision": revision,
+        "endpoint": endpoint, "level": level.value, "route_level": route.level, "scope": scope, "revision": revision,
         "canonical": canonical, "key": key.key,
         "decision": ({"action": "lookup", "ttl_s": decision.ttl_s, "read": decision.read}
                      if isinstance(decision, Lookup) else {"action": "bypass", "reason": decision.reason.value}),

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from gateway import headers as hdr
 from gateway.cache_control import RequestDirectives, parse_request_cache_control
-from gateway.canonical import CanonicalizationError, canonical_json, canonicalize
+from gateway.canonical import CanonicalizationError, Level, canonical_json
 from gateway.dashboard.hotkeys import PROMPT, prompt_text
 from gateway.entry import Entry
 from gateway.errors import BadRequest, GatewayError, NotCached, UpstreamError
@@ -30,6 +30,7 @@ from gateway.state import STATE, GatewayState
 from gateway.streaming.handler import serve_stream
 from gateway.streaming.replay import wants_usage
 from gateway.timing import lap, start_timer
+from gateway.tokens.keyform import TOKEN_LEVELS, canonical_form, key_encoder
 from gateway.tokens.path import check_bypass, upstream_for
 from gateway.upstream import forward_headers, relay_headers
 from gateway.validate import check_content_type, parse_object, read_body, validate
@@ -64,24 +65,38 @@ async def prepare(request: web.Request, state: GatewayState, endpoint: str) -> P
     return Prepared(endpoint, raw, parsed.body, directives, decision, parsed)
 
 
-def cache_key(request: web.Request, state: GatewayState, prep: Prepared, revision: str) -> CacheKey:
+async def cache_key(request: web.Request, state: GatewayState, prep: Prepared,
+                    revision: str) -> tuple[CacheKey, Level]:
+    """The request's key and the level it was built at (the route's level; `auto` resolved per model).
+
+    Repeated bytes find both in the request memo: no canonicalization, no tokenization, no await once the
+    model's tokenizer is loaded.
+    """
     route = state.config.routes[prep.endpoint]
     scope = PUBLIC_SCOPE if route.scope == "public" else tenant_scope(
         tenant_credential(request.headers, state.config.server.tenant_header))
+    encoder = None
+    if route.level in TOKEN_LEVELS:
+        encoder = await key_encoder(state, prep.body.get("model"), lambda: forward_headers(
+            request.headers, api_key=state.config.upstream.api_key, identity=True))
+    tokenizer = encoder.version if encoder is not None else ""
     keys = prep.parsed.keys
-    key = keys.get((scope, revision))
-    if key is not None:
-        return key
-    if prep.parsed.canonical is None:
+    known = keys.get((scope, revision, tokenizer))
+    if known is not None:
+        return known
+    built = prep.parsed.canonical.get(tokenizer)
+    if built is None:
         try:
-            prep.parsed.canonical = canonical_json(canonicalize(prep.endpoint, prep.body, route.level))
+            level, canonical = canonical_form(route.level, prep.endpoint, prep.body, encoder)
         except CanonicalizationError as exc:
             raise BadRequest(str(exc)) from None
-    key = derive_key_from_bytes(scope=scope, endpoint=prep.endpoint, level=route.level, model_revision=revision,
-                                canonical_bytes=prep.parsed.canonical)
+        built = prep.parsed.canonical[tokenizer] = (level, canonical_json(canonical))
+    level, canonical_bytes = built
+    key = derive_key_from_bytes(scope=scope, endpoint=prep.endpoint, level=level, model_revision=revision,
+                                canonical_bytes=canonical_bytes)
     if len(keys) < 16:  # a few tenants repeating the same bytes; beyond that, derive each time
-        keys[(scope, revision)] = key
-    return key
+        keys[(scope, revision, tokenizer)] = (key, level)
+    return key, level
 
 
 def make_handler(endpoint: str):
@@ -137,6 +152,7 @@ class Resolved:
     model: str
     revision: str
     key: CacheKey
+    level: Level  # the level the key was built at (Cache-Status detail on misses)
     forward: Any  # the upstream request headers when already built (a catalog refresh needed them), else None
 
 
@@ -148,7 +164,8 @@ async def resolve_key(request: web.Request, state: GatewayState, prep: Prepared)
     if revision is None:
         fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
         revision = await state.catalog.revision(model, fwd)
-    return Resolved(model, revision, cache_key(request, state, prep, revision), fwd)
+    key, level = await cache_key(request, state, prep, revision)
+    return Resolved(model, revision, key, level, fwd)
 
 
 def fill_request(request: web.Request, state: GatewayState, prep: Prepared, lookup: Lookup,
@@ -158,7 +175,8 @@ def fill_request(request: web.Request, state: GatewayState, prep: Prepared, look
     if fwd is None:
         fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
     return FillRequest(prep.endpoint, resolved.key, resolved.model, resolved.revision, lookup.ttl_s,
-                       request.path_qs, fwd, prep.raw, upstream_for(state, prep.endpoint, prep.body, request.headers))
+                       request.path_qs, fwd, prep.raw, upstream_for(state, prep.endpoint, prep.body, request.headers),
+                       level=resolved.level.value)
 
 
 async def streamed(request: web.Request, state: GatewayState, prep: Prepared,
@@ -210,7 +228,7 @@ async def lookup_or_fill(request: web.Request, state: GatewayState, prep: Prepar
         outcome, leader = await fill(state, fill_req), True
     if outcome.response.status >= 500 and stale is not None:
         return serve_stale(state, stale, f"status-{outcome.response.status}"), "stale", "status"
-    response = miss_response(state, outcome, collapsed=not leader)
+    response = miss_response(state, outcome, collapsed=not leader, level=resolved.level.value)
     lap(request, "serialize")
     return response, ("miss" if leader else "coalesced"), (
         "stored" if outcome.entry else (outcome.refusal.value if outcome.refusal else "not-stored"))
@@ -224,12 +242,13 @@ def serve_stale(state: GatewayState, entry: Entry, why: str) -> web.Response:
     return response
 
 
-def miss_response(state: GatewayState, outcome: FillResult, *, collapsed: bool) -> web.Response:
+def miss_response(state: GatewayState, outcome: FillResult, *, collapsed: bool, level: str) -> web.Response:
     upstream = outcome.response
     if outcome.entry is not None:
-        response = entry_response(state, outcome.entry, hdr.miss_status(stored=True, collapsed=collapsed), "0")
+        response = entry_response(state, outcome.entry, hdr.miss_status(stored=True, collapsed=collapsed,
+                                                                         level=level), "0")
         for name, value in relay_headers(upstream.headers).items():
             response.headers.setdefault(name, value)
         return response
     return hdr.unstored_response(upstream.status, upstream.headers, upstream.body, collapsed=collapsed,
-                                 detail=outcome.refusal.value if outcome.refusal else None)
+                                 detail=outcome.refusal.value if outcome.refusal else None, level=level)

@@ -170,7 +170,7 @@ def miss_headers(head: Head, req: FillRequest, *, collapsed: bool) -> dict[str, 
     headers = dict(relay_headers(head.headers))
     headers.update(SSE_HEADERS)
     headers.update({
-        hdr.CACHE_STATUS: hdr.miss_status(stored=False, collapsed=collapsed),
+        hdr.CACHE_STATUS: hdr.miss_status(stored=False, collapsed=collapsed, level=req.level),
         "Cache-Control": "no-cache",
         "CDN-Cache-Control": "no-store",  # a stream may still be cut: no edge keeps it (RFC 9213)
         "Surrogate-Control": "no-store",
@@ -183,7 +183,8 @@ def miss_headers(head: Head, req: FillRequest, *, collapsed: bool) -> dict[str, 
 def passthrough(head: Head, req: FillRequest, *, collapsed: bool) -> web.Response:
     """A non-200 (or non-SSE) upstream answer, relayed with its status and body and never stored."""
     detail = "status" if head.status != 200 else "incomplete"
-    return hdr.unstored_response(head.status, head.headers, head.body or b"", collapsed=collapsed, detail=detail)
+    return hdr.unstored_response(head.status, head.headers, head.body or b"", collapsed=collapsed, detail=detail,
+                                 level=req.level)
 
 
 def _first_token(request: web.Request) -> Callable[[], None] | None:

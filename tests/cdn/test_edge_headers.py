@@ -41,14 +41,14 @@ async def test_design_header_matrix_through_varnish(make_varnish: StackFactory, 
 
     # miss: stored at the gateway and at Varnish
     miss, body = await stack.post(CHAT, chat())
-    assert miss.headers["Cache-Status"] == "tokenedge; fwd=miss; stored, varnish; fwd=miss; stored"
+    assert miss.headers["Cache-Status"] == "tokenedge; fwd=miss; stored; detail=exact, varnish; fwd=miss; stored"
     assert miss.headers["Age"] == "0"
     assert_entry_headers(miss.headers, scope)
 
     # hit at Varnish: the stored object's headers, plus Varnish's hit and Age
     hit, hit_body = await stack.post(CHAT, chat())
     status = hit.headers["Cache-Status"]
-    assert status.startswith("tokenedge; fwd=miss; stored, varnish; hit; ttl=")
+    assert status.startswith("tokenedge; fwd=miss; stored; detail=exact, varnish; hit; ttl=")
     assert TTL - 2 <= int(status.rsplit("ttl=", 1)[1]) <= TTL
     assert int(hit.headers["Age"]) >= 0
     assert hit.headers["ETag"] == miss.headers["ETag"] and hit_body == body

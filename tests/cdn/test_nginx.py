@@ -51,8 +51,8 @@ async def test_repeated_post_is_an_nginx_hit_without_age(make_nginx: StackFactor
     first, body1 = await stack.post(CHAT, chat())
     second, body2 = await stack.post(CHAT, chat())
 
-    assert first.headers["Cache-Status"] == "tokenedge; fwd=miss; stored, nginx; fwd=miss"
-    assert second.headers["Cache-Status"] == "tokenedge; fwd=miss; stored, nginx; hit"
+    assert first.headers["Cache-Status"] == "tokenedge; fwd=miss; stored; detail=exact, nginx; fwd=miss"
+    assert second.headers["Cache-Status"] == "tokenedge; fwd=miss; stored; detail=exact, nginx; hit"
     assert body2 == body1
     assert "Age" not in first.headers and "Age" not in second.headers  # nginx sends no Age
     assert stack.fake.calls["chat"] == 1

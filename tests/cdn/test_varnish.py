@@ -15,7 +15,7 @@ import pytest
 from tests.cdn.conftest import AUTH_A, AUTH_B, StackFactory, chat
 
 CHAT = "/v1/chat/completions"
-STORED_AT_BOTH = "tokenedge; fwd=miss; stored, varnish; fwd=miss; stored"
+STORED_AT_BOTH = "tokenedge; fwd=miss; stored; detail=exact, varnish; fwd=miss; stored"
 
 
 async def test_repeated_deterministic_post_is_a_varnish_hit(make_varnish: StackFactory) -> None:
@@ -27,7 +27,7 @@ async def test_repeated_deterministic_post_is_a_varnish_hit(make_varnish: StackF
     assert first.status == second.status == 200
     assert first.headers["Cache-Status"] == STORED_AT_BOTH
     # The gateway's member is the one stored with the object: the gateway was not asked a second time.
-    assert second.headers["Cache-Status"].startswith("tokenedge; fwd=miss; stored, varnish; hit; ttl=")
+    assert second.headers["Cache-Status"].startswith("tokenedge; fwd=miss; stored; detail=exact, varnish; hit; ttl=")
     assert len(second.headers["X-Varnish"].split()) == 2  # this request's id and the stored object's
     assert "Age" in second.headers
     assert body2 == body1

@@ -94,7 +94,7 @@ async def test_explain_shows_the_key_without_calling_upstream(make_gateway: Gate
     assert fake.calls["chat"] == 0
     assert doc["decision"] == {"action": "lookup", "ttl_s": 3600, "read": True}
     assert "user" not in doc["canonical"]
-    assert doc["level"] == "standard"
+    assert (doc["level"], doc["route_level"]) == ("exact", "auto")  # the fake upstream has no tokenizer
     sampled = await gw.client.post("/v1/cache/explain", json={"request": {**CHAT, "temperature": 0.9}},
                                    headers=AUTH_A)
     assert (await sampled.json())["decision"] == {"action": "bypass", "reason": "temperature"}

@@ -1,4 +1,9 @@
-"""Tests for gateway/canonical.py: which requests are equivalent at each level, and the JSON bytes."""
+"""Tests for gateway/canonical.py: which requests are equivalent at each level, and the JSON bytes.
+
+`exact` (the default where the model's tokenizer is unknown) merges JSON-level differences only; every text
+rewrite is `normalized` / `aggressive` (opt-in). The `tokens` level's form is tested here as a pure function;
+its ids come from the token path (tests/gateway/test_keys_tokens.py).
+"""
 
 from __future__ import annotations
 
@@ -17,22 +22,25 @@ from gateway.canonical import (
     aggressive_text,
     canonical_json,
     canonicalize,
-    standard_text,
+    normalized_text,
+    tokens_form,
 )
 
 CHAT = "chat/completions"
+TEXT_LEVELS = [Level.EXACT, Level.NORMALIZED, Level.AGGRESSIVE]  # TOKENS is built by tokens_form
 
 
 def chat(content: Any = "Hello", **fields: Any) -> dict[str, Any]:
     return {"model": "m", "messages": [{"role": "user", "content": content}], "temperature": 0, **fields}
 
 
-def canon(body: Any, level: Level = Level.STANDARD, endpoint: str = CHAT) -> dict[str, Any]:
+def canon(body: Any, level: Level = Level.EXACT, endpoint: str = CHAT) -> dict[str, Any]:
     return canonicalize(endpoint, body, level)
 
 
 # --- equivalent requests: one canonical form ------------------------------------------------------------
 
+# JSON-level differences only: one form at every level, `exact` included.
 SAME = [
     (
         "reordered keys",
@@ -56,15 +64,6 @@ SAME = [
         {"model": "m", "messages": []},
         {"model": "m", "messages": [], "temperature": None},
     ),
-    ("trailing space", chat("Hello"), chat("Hello ")),
-    ("leading newline and tab", chat("Hello"), chat("\n\tHello")),
-    ("zero-width space", chat("Hello"), chat("Hel\u200blo")),
-    ("other zero-width chars", chat("Hello"), chat("\ufeffHe\u200cl\u200dl\u2060o")),
-    ("CRLF vs LF", chat("a\nb"), chat("a\r\nb")),
-    ("CR vs LF", chat("a\nb"), chat("a\rb")),
-    ("NFC vs NFD", chat("caf\u00e9"), chat("cafe\u0301")),
-    ("one text part vs string", chat("Hello"), chat([{"type": "text", "text": "Hello"}])),
-    ("one text part with a trailing space", chat("Hello"), chat([{"type": "text", "text": "Hello "}])),
     ("top_p 1", chat(), chat(top_p=1)),
     ("n 1", chat(), chat(n=1.0)),
     ("presence_penalty 0", chat(), chat(presence_penalty=0.0)),
@@ -93,6 +92,28 @@ SAME = [
         chat(),
         chat(user="u1", metadata={"a": "b"}, store=True, service_tier="auto", request_id="r"),
     ),
+    ("content parts reordered keys", chat([{"type": "text", "text": "a"}]), chat([{"text": "a", "type": "text"}])),
+]
+
+
+@pytest.mark.parametrize(("a", "b"), [case[1:] for case in SAME], ids=[case[0] for case in SAME])
+@pytest.mark.parametrize("level", TEXT_LEVELS)
+def test_equivalent_requests_share_a_canonical_form(a: dict[str, Any], b: dict[str, Any], level: Level) -> None:
+    assert canon(a, level) == canon(b, level)
+    assert canonical_json(canon(a, level)) == canonical_json(canon(b, level))
+
+
+# Text rewrites: they change the bytes the tokenizer sees, so only the opt-in levels merge them.
+NORMALIZED_SAME = [
+    ("trailing space", chat("Hello"), chat("Hello ")),
+    ("leading newline and tab", chat("Hello"), chat("\n\tHello")),
+    ("zero-width space", chat("Hello"), chat("Hel\u200blo")),
+    ("other zero-width chars", chat("Hello"), chat("\ufeffHe\u200cl\u200dl\u2060o")),
+    ("CRLF vs LF", chat("a\nb"), chat("a\r\nb")),
+    ("CR vs LF", chat("a\nb"), chat("a\rb")),
+    ("NFC vs NFD", chat("caf\u00e9"), chat("cafe\u0301")),
+    ("one text part vs string", chat("Hello"), chat([{"type": "text", "text": "Hello"}])),
+    ("one text part with a trailing space", chat("Hello"), chat([{"type": "text", "text": "Hello "}])),
     (
         "system and assistant text normalized",
         chat(),
@@ -101,10 +122,11 @@ SAME = [
 ]
 
 
-@pytest.mark.parametrize(("a", "b"), [case[1:] for case in SAME], ids=[case[0] for case in SAME])
-def test_equivalent_requests_share_a_canonical_form(a: dict[str, Any], b: dict[str, Any]) -> None:
-    assert canon(a) == canon(b)
-    assert canonical_json(canon(a)) == canonical_json(canon(b))
+@pytest.mark.parametrize(("a", "b"), [case[1:] for case in NORMALIZED_SAME], ids=[case[0] for case in NORMALIZED_SAME])
+def test_text_rewrites_merge_only_at_the_opt_in_levels(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert canonical_json(canon(a, Level.EXACT)) != canonical_json(canon(b, Level.EXACT))
+    for level in (Level.NORMALIZED, Level.AGGRESSIVE):
+        assert canonical_json(canon(a, level)) == canonical_json(canon(b, level))
 
 
 DIFFERENT = [
@@ -119,9 +141,9 @@ DIFFERENT = [
     ("inner whitespace kept", chat("a b"), chat("a  b")),
     ("indentation kept", chat("def f():\n    return 1"), chat("def f():\n  return 1")),
     ("blank line kept", chat("a\nb"), chat("a\n\nb")),
-    ("case kept at standard", chat("Hello"), chat("hello")),
-    ("punctuation kept at standard", chat("Hello"), chat("Hello!")),
-    ("full-width kept at standard", chat("Hello"), chat("Ｈｅｌｌｏ")),
+    ("case kept at normalized", chat("Hello"), chat("hello")),
+    ("punctuation kept at normalized", chat("Hello"), chat("Hello!")),
+    ("full-width kept at normalized", chat("Hello"), chat("Ｈｅｌｌｏ")),
     (
         "two text parts are not a string",
         chat("ab"),
@@ -145,26 +167,50 @@ DIFFERENT = [
 
 
 @pytest.mark.parametrize(("a", "b"), [case[1:] for case in DIFFERENT], ids=[case[0] for case in DIFFERENT])
-def test_different_requests_keep_different_canonical_forms(a: dict[str, Any], b: dict[str, Any]) -> None:
-    assert canonical_json(canon(a)) != canonical_json(canon(b))
+@pytest.mark.parametrize("level", [Level.EXACT, Level.NORMALIZED])
+def test_different_requests_keep_different_canonical_forms(a: dict[str, Any], b: dict[str, Any],
+                                                           level: Level) -> None:
+    assert canonical_json(canon(a, level)) != canonical_json(canon(b, level))
 
 
 def test_tool_call_arguments_and_names_are_never_normalized() -> None:
     call = {"id": "c1", "type": "function", "function": {"name": " F\u200b ", "arguments": '{"a": 1.0 }\r\n'}}
     body = chat() | {"messages": [{"role": "assistant", "content": None, "tool_calls": [call]}]}
-    for level in Level:
+    for level in TEXT_LEVELS:
         assert canon(body, level)["messages"][0]["tool_calls"] == [call]
 
 
 def test_tool_message_content_is_text() -> None:
     body = chat() | {"messages": [{"role": "tool", "tool_call_id": "c1", "content": " 42\r\n"}]}
-    assert canon(body)["messages"][0] == {"role": "tool", "tool_call_id": "c1", "content": "42"}
+    assert canon(body, Level.NORMALIZED)["messages"][0] == {"role": "tool", "tool_call_id": "c1", "content": "42"}
+    assert canon(body, Level.EXACT)["messages"][0]["content"] == " 42\r\n"
 
 
-def test_exact_does_not_touch_text() -> None:
+def test_exact_does_not_touch_text_or_content_parts() -> None:
     text = " Hel\u200blo\r\n"
     assert canon(chat(text), Level.EXACT)["messages"][0]["content"] == text
-    assert canon(chat([{"type": "text", "text": text}]), Level.EXACT)["messages"][0]["content"] == text
+    one = [{"type": "text", "text": text}]
+    assert canon(chat(one), Level.EXACT)["messages"][0]["content"] == one
+    two = [{"type": "text", "text": "Name a "}, {"type": "text", "text": "color."}]
+    assert canon(chat(two), Level.EXACT)["messages"][0]["content"] == two
+    for endpoint, field in (("completions", "prompt"), ("embeddings", "input")):
+        assert canon({field: text}, Level.EXACT, endpoint)[field] == text
+        assert canon({field: [text, "b "]}, Level.EXACT, endpoint)[field] == [text, "b "]
+
+
+def test_the_tokens_level_is_not_a_text_level() -> None:
+    with pytest.raises(ValueError, match="tokens_form"):
+        canonicalize(CHAT, chat(), Level.TOKENS)
+
+
+def test_tokens_form_keeps_every_other_field_in_its_exact_form_apart_from_the_ids() -> None:
+    body = chat(" Hi ", temperature=0.0, top_p=1, tools=[{"b": 1, "a": 2.0}], ids=[9], tokenizer="client")
+    form = tokens_form(CHAT, canon(body, Level.EXACT), [5, 6], "tok-1")
+    assert form == {"input": {"ids": [5, 6], "tokenizer": "tok-1"},
+                    "params": {"model": "m", "temperature": 0, "tools": [{"a": 2, "b": 1}], "ids": [9],
+                               "tokenizer": "client"}}
+    assert tokens_form("completions", {"prompt": "x", "echo": True}, [1], "t")["params"] == {"echo": True}
+    assert tokens_form("embeddings", {"input": ["x"], "model": "e"}, [[1]], "t")["params"] == {"model": "e"}
 
 
 def test_exact_still_normalizes_json() -> None:
@@ -194,12 +240,12 @@ def test_aggressive_keeps_words_apart() -> None:
 def test_levels_give_different_forms_only_through_text() -> None:
     body = chat("Hello, World ")
     assert canon(body, Level.EXACT)["messages"][0]["content"] == "Hello, World "
-    assert canon(body, Level.STANDARD)["messages"][0]["content"] == "Hello, World"
+    assert canon(body, Level.NORMALIZED)["messages"][0]["content"] == "Hello, World"
     assert canon(body, Level.AGGRESSIVE)["messages"][0]["content"] == "hello world"
 
 
 def test_level_may_be_passed_as_its_string_value() -> None:
-    assert canonicalize(CHAT, chat("a "), "standard") == canonicalize(CHAT, chat("a "), Level.STANDARD)  # type: ignore[arg-type]
+    assert canonicalize(CHAT, chat("a "), "normalized") == canonicalize(CHAT, chat("a "), Level.NORMALIZED)  # type: ignore[arg-type]
 
 
 PROMPTS = [
@@ -220,8 +266,8 @@ PROMPTS = [
 
 
 @pytest.mark.parametrize(("body", "expected"), [c[1:] for c in PROMPTS], ids=[c[0] for c in PROMPTS])
-def test_completions_prompt(body: dict[str, Any], expected: dict[str, Any]) -> None:
-    assert canon(body, endpoint="completions") == expected
+def test_completions_prompt_at_normalized(body: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert canon(body, Level.NORMALIZED, endpoint="completions") == expected
 
 
 EMBEDDINGS = [
@@ -243,8 +289,8 @@ EMBEDDINGS = [
 
 
 @pytest.mark.parametrize(("body", "expected"), [c[1:] for c in EMBEDDINGS], ids=[c[0] for c in EMBEDDINGS])
-def test_embeddings_input(body: dict[str, Any], expected: dict[str, Any]) -> None:
-    assert canon(body, endpoint="embeddings") == expected
+def test_embeddings_input_at_normalized(body: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert canon(body, Level.NORMALIZED, endpoint="embeddings") == expected
 
 
 def test_unknown_fields_are_kept_with_normalized_numbers() -> None:
@@ -288,7 +334,7 @@ def test_too_deep_nesting_is_a_canonicalization_error_not_a_crash() -> None:
 
 def test_unknown_endpoint_is_a_programming_error() -> None:
     with pytest.raises(ValueError, match="endpoint"):
-        canonicalize("images/generations", {}, Level.STANDARD)
+        canonicalize("images/generations", {}, Level.EXACT)
 
 
 # --- canonical_json --------------------------------------------------------------------------------------
@@ -349,7 +395,7 @@ _chat_body = st.fixed_dictionaries(
 
 
 @settings(max_examples=150, deadline=None)
-@given(body=_chat_body, level=st.sampled_from(list(Level)))
+@given(body=_chat_body, level=st.sampled_from(TEXT_LEVELS))
 def test_canonicalize_is_idempotent(body: dict[str, Any], level: Level) -> None:
     once = canonicalize(CHAT, body, level)
     assert canonicalize(CHAT, once, level) == once
@@ -362,7 +408,7 @@ def test_canonicalize_is_idempotent(body: dict[str, Any], level: Level) -> None:
 @given(
     body=st.fixed_dictionaries({"prompt": _texts | st.lists(_texts | st.integers(0, 9), max_size=3)}),
     endpoint=st.sampled_from(["completions", "embeddings"]),
-    level=st.sampled_from(list(Level)),
+    level=st.sampled_from(TEXT_LEVELS),
 )
 def test_prompt_and_input_canonicalization_is_idempotent(
     body: dict[str, Any], endpoint: str, level: Level
@@ -376,5 +422,5 @@ def test_prompt_and_input_canonicalization_is_idempotent(
 @settings(max_examples=300, deadline=None)
 @given(text=st.text(_chars, max_size=20))
 def test_text_normalizers_are_idempotent(text: str) -> None:
-    assert standard_text(standard_text(text)) == standard_text(text)
+    assert normalized_text(normalized_text(text)) == normalized_text(text)
     assert aggressive_text(aggressive_text(text)) == aggressive_text(text)

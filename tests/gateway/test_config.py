@@ -5,18 +5,21 @@ from __future__ import annotations
 import dataclasses
 import re
 import tomllib
+import typing
 from pathlib import Path
 
 import pytest
 
 from cdn.purge.env import CDN_ENV_NAMES
 from gateway.__main__ import build_parser, check_bind, main
-from gateway.canonical import Level
+from gateway.canonical import AUTO, ROUTE_LEVELS
 from gateway.config import (
     CACHEABLE_ENDPOINTS,
     ROUTES,
     ConfigError,
     GatewayConfig,
+    RouteConfig,
+    RouteLevel,
     env_name,
     load_config,
     section_types,
@@ -30,7 +33,8 @@ def test_shipped_config_loads_with_embedded_defaults() -> None:
     config = load_config(Path(__file__).parents[2] / "configs" / "gateway.toml", {})
     assert config.server.port == 8080
     assert config.cache.redis_url == ""
-    assert config.routes["chat/completions"].level is Level.STANDARD
+    assert {route.level for route in config.routes.values()} == {AUTO}
+    assert GatewayConfig().routes["completions"].level == AUTO
     assert config.routes["embeddings"].ttl_s == 86400
 
 
@@ -58,6 +62,8 @@ def test_missing_routes_get_defaults() -> None:
     ({"upstream": {"url": "ftp://x"}}, "upstream.url"),
     ({"cache": {"redis_url": "http://x"}}, "cache.redis_url"),
     ({"routes": {"chat/completions": {"level": "fuzzy"}}}, "routes.chat/completions.level"),
+    ({"routes": {"completions": {"level": "standard"}}}, "routes.completions.level: level 'standard' is now called "
+                                                         "'normalized'"),
     ({"routes": {"chat/completions": {"scope": "everyone"}}}, "scope"),
     ({"routes": {"images": {}}}, "cacheable routes are"),
     ({"bogus": {}}, "unknown config section [bogus]"),
@@ -258,3 +264,11 @@ def test_every_cdn_variable_the_purge_clients_read_is_known_to_the_config() -> N
     read = set(re.findall(r'"(TOKENEDGE_[A-Z0-9_]+[A-Z0-9])"', source))
     read |= {f"TOKENEDGE_AKAMAI_{n}" for n in ("HOST", "CLIENT_TOKEN", "CLIENT_SECRET", "ACCESS_TOKEN")}  # in a loop
     assert read and read <= set(CDN_ENV_NAMES)
+
+
+def test_route_levels_are_the_canonicalization_levels_plus_auto() -> None:
+    assert typing.get_args(RouteLevel) == ROUTE_LEVELS == ("auto", "exact", "tokens", "normalized", "aggressive")
+    for level in ROUTE_LEVELS:
+        assert GatewayConfig.from_mapping({"routes": {"embeddings": {"level": level}}}).routes["embeddings"].level == level
+    with pytest.raises(ConfigError, match="'standard' is now called 'normalized'"):
+        RouteConfig(level="standard")  # type: ignore[arg-type]

@@ -23,7 +23,7 @@ def key(
     *,
     scope: str = SCOPE,
     endpoint: str = CHAT,
-    level: Level = Level.STANDARD,
+    level: Level = Level.EXACT,
     revision: str = "rev-1",
 ) -> str:
     canonical = canonicalize(endpoint, request, level)
@@ -40,15 +40,30 @@ SHARED = [
         {"model": "m", "messages": []},
         {"model": "m", "messages": [], "temperature": 1},
     ),
-    ("trailing space", body("Hello"), body("Hello ")),
-    ("zero-width space", body("Hello"), body("Hel\u200blo")),
     ("stream flag", body(), body(stream=True)),
 ]
 
 
 @pytest.mark.parametrize(("a", "b"), [c[1:] for c in SHARED], ids=[c[0] for c in SHARED])
-def test_equivalent_requests_share_a_key_at_standard(a: dict[str, Any], b: dict[str, Any]) -> None:
+def test_equivalent_requests_share_a_key_at_exact(a: dict[str, Any], b: dict[str, Any]) -> None:
     assert key(a) == key(b)
+
+
+TEXT_REWRITES = [
+    ("trailing space", body("Hello"), body("Hello ")),
+    ("zero-width space", body("Hello"), body("Hel\u200blo")),
+    ("split content parts", body([{"type": "text", "text": "Name a "}, {"type": "text", "text": "color."}]),
+     body([{"type": "text", "text": "Name a"}, {"type": "text", "text": " color."}])),
+]
+
+
+@pytest.mark.parametrize(("a", "b"), [c[1:] for c in TEXT_REWRITES], ids=[c[0] for c in TEXT_REWRITES])
+def test_text_rewrites_split_keys_at_exact(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert key(a) != key(b)
+
+
+def test_text_rewrites_share_a_key_only_at_normalized() -> None:
+    assert key(body("Hello"), level=Level.NORMALIZED) == key(body(" Hel\u200blo\r\n"), level=Level.NORMALIZED)
 
 
 DISTINCT = [
@@ -70,7 +85,9 @@ def test_endpoint_changes_the_key() -> None:
 
 
 def test_canonicalization_level_changes_the_key() -> None:
-    keys = {key(body("hello"), level=level) for level in Level}
+    canonical = canonicalize(CHAT, body("hello"), Level.EXACT)
+    keys = {derive_key(scope=SCOPE, endpoint=CHAT, level=level, model_revision="r", canonical=canonical).key
+            for level in Level}
     assert len(keys) == len(Level)
 
 
@@ -80,19 +97,19 @@ def test_model_revision_changes_the_key() -> None:
 
 def test_scope_changes_the_key_but_not_the_digest() -> None:
     public = derive_key(
-        scope=PUBLIC_SCOPE, endpoint=CHAT, level=Level.STANDARD, model_revision="r", canonical={}
+        scope=PUBLIC_SCOPE, endpoint=CHAT, level=Level.EXACT, model_revision="r", canonical={}
     )
-    tenant = derive_key(scope=SCOPE, endpoint=CHAT, level=Level.STANDARD, model_revision="r", canonical={})
+    tenant = derive_key(scope=SCOPE, endpoint=CHAT, level=Level.EXACT, model_revision="r", canonical={})
     assert public.key != tenant.key
     assert public.digest == tenant.digest
 
 
-def test_digest_is_blake2b_256_of_the_documented_canonical_json() -> None:
+def test_digest_is_blake2b_256_of_the_documented_canonical_json_at_spec_version_2() -> None:
     derived = derive_key(
         scope="pub", endpoint=CHAT, level=Level.EXACT, model_revision="r", canonical={"b": 1.0, "a": "é"}
     )
     material = (
-        '{"endpoint":"chat/completions","level":"exact","request":{"a":"é","b":1},"revision":"r","v":1}'
+        '{"endpoint":"chat/completions","level":"exact","request":{"a":"é","b":1},"revision":"r","v":2}'
     )
     assert derived.digest == hashlib.blake2b(material.encode(), digest_size=32).hexdigest()
     assert derived.key == f"te1:pub:{derived.digest}"
@@ -215,9 +232,9 @@ def test_key_from_bytes_equals_the_canonical_json_derivation() -> None:
     from gateway.keys import derive_key_from_bytes
 
     canonical = {"model": "m", "messages": [{"role": "user", "content": "h\u00e9llo \"q\""}], "temperature": 0}
-    material = canonical_json({"v": CANON_VERSION, "endpoint": "chat/completions", "level": "standard",
+    material = canonical_json({"v": CANON_VERSION, "endpoint": "chat/completions", "level": "tokens",
                                "revision": "r\u00e9v", "request": canonical})
     expected = hashlib.blake2b(material, digest_size=32).hexdigest()
-    key = derive_key_from_bytes(scope="pub", endpoint="chat/completions", level=Level.STANDARD,
+    key = derive_key_from_bytes(scope="pub", endpoint="chat/completions", level=Level.TOKENS,
                                 model_revision="r\u00e9v", canonical_bytes=canonical_json(canonical))
     assert key.digest == expected

@@ -33,12 +33,29 @@ async def test_repeated_deterministic_request_is_a_byte_identical_hit(gw: Runnin
 
 
 async def test_equivalent_requests_share_one_entry(gw: RunningGateway, fake: FakeUpstream) -> None:
-    await post_chat(gw)
-    variant = {"messages": [{"content": "What is 2+2? \u200b", "role": "user"}], "temperature": 0.0,
-               "model": "test-model", "top_p": 1}
+    first = await post_chat(gw)
+    assert first.headers["Cache-Status"] == "tokenedge; fwd=miss; stored; detail=exact"  # no tokenizer: exact
+    variant = {"messages": [{"content": "What is 2+2?", "role": "user"}], "temperature": 0.0,
+               "model": "test-model", "top_p": 1, "user": "u"}
     resp = await post_chat(gw, variant)
     assert resp.headers["Cache-Status"].startswith("tokenedge; hit")
     assert fake.calls["chat"] == 1
+
+
+async def test_text_variants_share_an_entry_only_at_the_opt_in_normalized_level(
+        make_gateway: GatewayFactory, fake: FakeUpstream) -> None:
+    variant = {**CHAT, "messages": [{"content": "What is 2+2? \u200b", "role": "user"}]}
+    exact = await make_gateway()
+    await post_chat(exact)
+    missed = await post_chat(exact, variant)
+    assert missed.headers["Cache-Status"] == "tokenedge; fwd=miss; stored; detail=exact"
+    assert fake.calls["chat"] == 2
+    normalized = await make_gateway(routes={"chat/completions": {"level": "normalized"}})
+    first = await post_chat(normalized)
+    assert first.headers["Cache-Status"] == "tokenedge; fwd=miss; stored; detail=normalized"
+    resp = await post_chat(normalized, variant)
+    assert resp.headers["Cache-Status"].startswith("tokenedge; hit")
+    assert fake.calls["chat"] == 3
 
 
 async def test_tenants_never_share_an_entry_on_a_tenant_route(gw: RunningGateway, fake: FakeUpstream) -> None:

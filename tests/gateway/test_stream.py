@@ -67,7 +67,7 @@ async def test_streamed_miss_then_hit_replay_the_same_events(gw: RunningGateway,
     assert text_of(hit_events) == "Hello, world!"
     assert miss.headers["Content-Type"] == hit.headers["Content-Type"] == "text/event-stream"
     assert miss.headers["X-Accel-Buffering"] == hit.headers["X-Accel-Buffering"] == "no"
-    assert miss.headers["Cache-Status"] == "tokenedge; fwd=miss"
+    assert miss.headers["Cache-Status"] == "tokenedge; fwd=miss; detail=exact"
     assert miss.headers["Cache-Control"] == "no-cache"
     assert miss.headers["CDN-Cache-Control"] == miss.headers["Surrogate-Control"] == "no-store"
     assert hit.headers["Cache-Status"].startswith("tokenedge; hit; ttl=3600")

@@ -21,7 +21,7 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def chatml_byte_tokenizer() -> Tokenizer:
+def chatml_byte_tokenizer(template: str = CHATML) -> Tokenizer:
     """Bytes as tokens plus a few merges, ChatML specials and template: tiny, but shaped like SmolLM2's."""
     ranks = {bytes([b]): b for b in range(256)}
     for word in (b" t", b"he", b" the", b"  ", b"in", b"er"):
@@ -29,7 +29,7 @@ def chatml_byte_tokenizer() -> Tokenizer:
     return Tokenizer(name="chatml-bytes", pattern=GPT2, mergeable_ranks=ranks,
                      special_tokens={"<|im_start|>": len(ranks), "<|im_end|>": len(ranks) + 1},
                      vocab_size=len(ranks) + 2, bos_token_id=None, eos_token_ids=[len(ranks) + 1],
-                     chat_template=CHATML)
+                     chat_template=template)
 
 
 class EchoEngine:
