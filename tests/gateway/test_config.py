@@ -163,7 +163,7 @@ def test_routes_are_overridden_from_the_environment() -> None:
                                    "TOKENEDGE_ROUTES_COMPLETIONS_LEVEL": "exact"})
     assert config.routes["chat/completions"].ttl_s == 60
     assert config.routes["embeddings"].enabled is False and config.routes["embeddings"].ttl_s == 86400
-    assert config.routes["completions"].scope == "public" and config.routes["completions"].level.value == "exact"
+    assert config.routes["completions"].scope == "public" and config.routes["completions"].level == "exact"
 
 
 def test_an_invalid_route_value_from_the_environment_fails_naming_it() -> None:
