@@ -26,7 +26,7 @@ from gateway.tokens.encoder import ModelEncoder
 from gateway.tokens.registry import TokenizerRegistry, spec_from_export
 from gateway.tokens.render import Rendering
 from gateway.tokens.transport import request_body
-from gateway.tokens.wire import FrameReader, decode_request, frame
+from tokenedge_wire.framing import FrameReader, decode_request, frame
 
 PHRASES = (
     "You are a careful assistant for the ACME support desk. Answer only from the context below.\n"

@@ -4,22 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from gateway.catalog import ModelCatalog
 from gateway.config import GatewayConfig
-from gateway.dashboard.sampler import DashboardState
+from gateway.dashboard.dashboard_state import DashboardState
 from gateway.memo import RequestMemo
 from gateway.metrics import GatewayMetrics
 from gateway.policy import RoutePolicy
 from gateway.singleflight import SingleFlight
+from gateway.streaming.broadcast import StreamFlights
 from gateway.tiers.tiered import TieredCache
 from gateway.upstream import Upstream
-
-if TYPE_CHECKING:
-    from gateway.streaming.broadcast import StreamFlights
 
 
 @dataclass(slots=True)
@@ -33,10 +30,9 @@ class GatewayState:
     flights: SingleFlight[object] = field(default_factory=SingleFlight)
     memo: RequestMemo = field(default_factory=lambda: RequestMemo(32 * 1024 * 1024))
     policies: dict[str, RoutePolicy] = field(default_factory=dict)  # per cacheable endpoint, built at startup
-    stream_flights: StreamFlights = field(default_factory=lambda: _stream_flights())
+    stream_flights: StreamFlights = field(default_factory=StreamFlights)
     extensions: dict[str, object] = field(default_factory=dict)  # CDN purge clients, token registry, ...
     dashboard: DashboardState = field(default_factory=DashboardState)  # history rings, hot keys (gateway.dashboard)
-
 
     def __post_init__(self) -> None:
         stale_s = self.config.cache.stale_if_error_s
@@ -45,11 +41,6 @@ class GatewayState:
                 enabled=route.enabled, ttl_s=route.ttl_s, allow_seeded=route.allow_seeded,
                 allow_n_gt_1=route.allow_n_gt_1, stale_if_error_s=stale_s))
 
-
-def _stream_flights() -> StreamFlights:
-    from gateway.streaming.broadcast import StreamFlights  # broadcast imports this module for its types
-
-    return StreamFlights()
 
 
 STATE: web.AppKey[GatewayState] = web.AppKey("tokenedge_state", GatewayState)

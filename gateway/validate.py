@@ -2,7 +2,7 @@
 
 User input never reaches an assert: every problem becomes a typed 4xx (gateway.errors) naming the field.
 Unknown fields are not rejected: they pass to the upstream and stay in the key. Message roles and content follow
-`gateway.chat_schema`, the rules the backend shares.
+`tokenedge_wire.chat_schema`, the rules the backend shares.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.chat_schema import messages_problem
 from gateway.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from tokenedge_wire.chat_schema import messages_problem
 
 MAX_DEPTH = 64
 
@@ -119,7 +119,7 @@ def _check_common(body: Mapping[str, Any]) -> None:
 
 
 def _check_messages(messages: Any) -> None:
-    problem = messages_problem(messages)  # the rules the backend shares (gateway.chat_schema)
+    problem = messages_problem(messages)  # the rules the backend shares (tokenedge_wire.chat_schema)
     if problem is not None:
         raise _fail(problem.param, problem.expected, problem.value)
 

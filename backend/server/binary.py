@@ -3,7 +3,7 @@
 The gateway has already tokenized the prompt with this model's own tokenizer (it checked the version), so the
 body carries int32 ids instead of text; this handler validates them (vocabulary, lengths, framing: any bad
 body is a 400, never a crash), runs the same choices as the JSON path and streams text events back as
-length-prefixed JSON frames (gateway/tokens/wire.py). The gateway renders the OpenAI body from them.
+length-prefixed JSON frames (tokenedge_wire/framing.py). The gateway renders the OpenAI body from them.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from backend.server.errors import ApiError, bad_request, translate_engine_error
 from backend.server.generation import ChoiceEvent, Usage, run_choices
 from backend.server.protocol import parse_request
 from backend.server.state import ENGINE_KEY, LIMITS_KEY, METRICS_KEY, MODEL_KEY, ServedModel
-from gateway.tokens.wire import EVENTS_TYPE, REQUEST_TYPE, WireError, decode_request, frame
+from tokenedge_wire.framing import EVENTS_TYPE, REQUEST_TYPE, WireError, decode_request, frame
 
 PATH = "/v1/tokens/generate"
 ENDPOINTS = ("chat", "completion")

@@ -1,6 +1,6 @@
 """OpenAI request bodies -> one typed `GenerationRequest`. Pure: validation raises `ApiError` (400),
 so handlers never see a malformed value and user input never reaches an assert. Chat messages follow
-`gateway.chat_schema` (known roles; content required except on assistant turns), the rules the gateway
+`tokenedge_wire.chat_schema` (known roles; content required except on assistant turns), the rules the gateway
 applies before it calls or caches anything, so the two agree."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from backend.server.errors import bad_request
-from gateway.chat_schema import messages_problem
+from tokenedge_wire.chat_schema import messages_problem
 
 Endpoint = Literal["chat", "completion"]
 MAX_STOP_STRINGS = 4

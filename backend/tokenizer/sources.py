@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from backend.tokenizer.byte_level import ranks_from_byte_level_vocab
-from backend.tokenizer.pattern import LLAMA3, pattern_for_gguf_pre, pattern_for_hf_pre_tokenizer
 from backend.tokenizer.tokenizer import Tokenizer
+from tokenedge_wire.pattern import LLAMA3, pattern_for_gguf_pre, pattern_for_hf_pre_tokenizer
 
 # llama.cpp token types (gguf `tokenizer.ggml.token_type`).
 _GGUF_CONTROL = 3

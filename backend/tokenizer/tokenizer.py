@@ -9,13 +9,13 @@ token ids (ranks, pattern, special tokens), so a gateway can key caches on it.
 from __future__ import annotations
 
 import base64
-import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import tiktoken
 
-from backend.tokenizer.chat_template import ChatTemplate
+from tokenedge_wire.chat_template import ChatTemplate
+from tokenedge_wire.tokenizer_version import tokenizer_version
 
 EXPORT_FORMAT = "tokenedge.tiktoken.v1"
 
@@ -55,7 +55,7 @@ class Tokenizer:
         self._placeholders = frozenset(placeholder_ids)
         if any(i >= vocab_size for i in self.eos_token_ids):
             raise ValueError("eos token id outside the vocabulary")
-        self.version = _version(pattern, mergeable_ranks, special_tokens)
+        self.version = tokenizer_version(pattern, mergeable_ranks, special_tokens)
         by_id = {v: k for k, v in special_tokens.items()}
         self._chat_template = (
             None
@@ -118,15 +118,3 @@ class Tokenizer:
             if not 0 <= i < self.vocab_size or i in self._placeholders:
                 raise ValueError(f"token id {i} is outside the vocabulary")
 
-
-def _version(pattern: str, ranks: Mapping[bytes, int], special_tokens: Mapping[str, int]) -> str:
-    h = hashlib.blake2b(digest_size=16)
-    h.update(b"tokenizer.v1\0")
-    h.update(pattern.encode())
-    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
-        h.update(b"\0%d:" % rank)
-        h.update(token)
-    for text, token_id in sorted(special_tokens.items(), key=lambda kv: kv[1]):
-        h.update(b"\1%d:" % token_id)
-        h.update(text.encode())
-    return "tok-" + h.hexdigest()

@@ -13,24 +13,13 @@ import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from gateway.dashboard.history import History, Snapshot, snapshot
-from gateway.dashboard.hotkeys import HotKeys
-
-if TYPE_CHECKING:
-    from gateway.state import GatewayState
+from gateway.dashboard.history import Snapshot, snapshot
+from gateway.state import STATE, GatewayState
 
 TICK_S = 1.0  # the loop's period: a snapshot when a step is due, the hot-keys file when it changed
-
-
-@dataclass(slots=True)
-class DashboardState:
-    history: History = field(default_factory=History)
-    hot_keys: HotKeys = field(default_factory=HotKeys)
 
 
 def sample(state: GatewayState) -> Snapshot:
@@ -42,8 +31,6 @@ def sample(state: GatewayState) -> Snapshot:
 
 async def sampler(app: web.Application) -> AsyncIterator[None]:
     """cleanup_ctx (after the cache ctx): the baseline snapshot, then one per step, on this worker."""
-    from gateway.state import STATE  # the app state module imports this one for its types
-
     state = app[STATE]
     sample(state)
     shared_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")

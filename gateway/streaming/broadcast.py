@@ -21,8 +21,6 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.state import GatewayState
-
 Alive = Callable[[], bool]
 
 
@@ -182,10 +180,6 @@ class StreamFlights:
         if self._flights.get(flight.key) is flight:
             del self._flights[flight.key]
 
-
-def stream_flights(state: GatewayState) -> StreamFlights:
-    """The process's stream registry (a typed field of the app state, built with it)."""
-    return state.stream_flights
 
 
 def _retrieve(future: asyncio.Future[Head]) -> None:

@@ -33,7 +33,7 @@ from gateway.keys import PUBLIC_SCOPE
 from gateway.lookup import read_cache
 from gateway.policy import CREDENTIAL_REFUSALS, Lookup
 from gateway.state import GatewayState
-from gateway.streaming.broadcast import Head, StreamFlight, stream_flights
+from gateway.streaming.broadcast import Head, StreamFlight
 from gateway.streaming.replay import replay_frames
 from gateway.streaming.sse import HEARTBEAT_FRAME
 from gateway.streaming.tee import tee
@@ -60,7 +60,7 @@ async def serve_stream(request: web.Request, state: GatewayState, req: FillReque
 async def stream_miss(request: web.Request, state: GatewayState, req: FillRequest, stale: Entry | None, *,
                       include_usage: bool, lead: bool = False) -> Outcome:
     """Join the key's stream in flight, or start one (always, with `lead`), and pipe it to the client."""
-    flights = stream_flights(state)
+    flights = state.stream_flights
     flight = None if lead else flights.join(req.key.key, include_usage=include_usage)
     leader = flight is None
     if flight is None:

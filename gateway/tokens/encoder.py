@@ -72,7 +72,7 @@ class ModelEncoder:
         self._template: Any = None
         if spec.chat_template:
             try:
-                from backend.tokenizer.chat_template import ChatTemplate  # jinja2: only where templates exist
+                from tokenedge_wire.chat_template import ChatTemplate  # jinja2: only where templates exist
             except ImportError:
                 pass
             else:

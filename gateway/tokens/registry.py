@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hashlib
 import logging
 import os
 import tempfile
@@ -28,6 +27,7 @@ from tiktoken.model import encoding_name_for_model
 
 from gateway.errors import UpstreamError
 from gateway.upstream import Upstream
+from tokenedge_wire.tokenizer_version import tokenizer_version
 
 log = logging.getLogger("tokenedge.tokens")
 EXPORT_FORMAT = "tokenedge.tiktoken.v1"
@@ -47,20 +47,6 @@ class TokenizerSpec:
     source: str = "backend"
 
 
-def export_version(pattern: str, ranks: Mapping[bytes, int], special_tokens: Mapping[str, int]) -> str:
-    """The backend's tokenizer version hash (backend/tokenizer/tokenizer.py `_version`): the contract."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(b"tokenizer.v1\0")
-    h.update(pattern.encode())
-    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
-        h.update(b"\0%d:" % rank)
-        h.update(token)
-    for text, token_id in sorted(special_tokens.items(), key=lambda kv: kv[1]):
-        h.update(b"\1%d:" % token_id)
-        h.update(text.encode())
-    return "tok-" + h.hexdigest()
-
-
 class ExportError(ValueError):
     """A tokenizer export that is malformed or does not hash to its announced version."""
 
@@ -74,7 +60,7 @@ def spec_from_export(doc: Any) -> TokenizerSpec:
         pattern, version = str(doc["pattern"]), str(doc["version"])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ExportError(f"malformed tokenizer export: {exc}") from None
-    if export_version(pattern, ranks, specials) != version:
+    if tokenizer_version(pattern, ranks, specials) != version:
         raise ExportError(f"the export does not hash to its version {version}")
     by_id = {v: k for k, v in specials.items()}
     bos, eos = doc.get("bos_token_id"), doc.get("eos_token_ids") or []

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.tokens.wire import WireError
+from tokenedge_wire.framing import WireError
 
 JSON_CONTENT_TYPE = "application/json; charset=utf-8"
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",

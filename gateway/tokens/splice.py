@@ -20,7 +20,7 @@ from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from backend.tokenizer.pattern import GPT2, GPT2_SINGLE_DIGITS, LLAMA3
+from tokenedge_wire.pattern import GPT2, GPT2_SINGLE_DIGITS, LLAMA3
 
 CL100K = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
 CL100K_OLD = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""

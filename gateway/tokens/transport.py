@@ -21,8 +21,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from gateway.errors import UpstreamError
 from gateway.streaming.replay import wants_usage
 from gateway.tokens.render import JSON_CONTENT_TYPE, SSE_HEADERS, Rendering
-from gateway.tokens.wire import REQUEST_TYPE, FrameReader, WireError, encode_request
 from gateway.upstream import Upstream, UpstreamResponse
+from tokenedge_wire.framing import REQUEST_TYPE, FrameReader, WireError, encode_request
 
 PATH = "/v1/tokens/generate"
 BINARY_ENDPOINTS = {"chat/completions": "chat", "completions": "completion"}

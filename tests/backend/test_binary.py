@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.tokens.wire import EVENTS_TYPE, MAGIC, REQUEST_TYPE, FrameReader, encode_request
 from tests.support.token_backend import EchoEngine, backend_app, chatml_byte_tokenizer
+from tokenedge_wire.framing import EVENTS_TYPE, MAGIC, REQUEST_TYPE, FrameReader, encode_request
 
 TOKENIZER = chatml_byte_tokenizer()
 PARAMS = {"model": "tiny", "temperature": 0, "max_tokens": 8}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.tokenizer.chat_template import ChatTemplate, ChatTemplateError
+from tokenedge_wire.chat_template import ChatTemplate, ChatTemplateError
 
 CHATML = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "

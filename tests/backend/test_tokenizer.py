@@ -11,7 +11,7 @@ import tiktoken
 
 from backend.tokenizer import Tokenizer
 from backend.tokenizer.byte_level import bytes_to_unicode, ranks_from_byte_level_vocab
-from backend.tokenizer.pattern import GPT2, GPT2_SINGLE_DIGITS
+from tokenedge_wire.pattern import GPT2, GPT2_SINGLE_DIGITS
 
 DATA = Path(__file__).parent / "data"
 SPECIALS = ["<|end|>", "<|start|>"]

@@ -7,7 +7,7 @@ import torch
 from backend.model.config import LlamaConfig
 from backend.model.llama import LlamaModel
 from backend.tokenizer import Tokenizer
-from backend.tokenizer.pattern import GPT2
+from tokenedge_wire.pattern import GPT2
 
 
 def tiny_config(tie_word_embeddings: bool = True) -> LlamaConfig:

@@ -1,4 +1,4 @@
-"""The shared message rules (gateway.chat_schema): roles the model knows, content where the template needs it."""
+"""The shared message rules (tokenedge_wire.chat_schema): roles the model knows, content where the template needs it."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from gateway.chat_schema import ROLES, message_problem, messages_problem
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
+from tokenedge_wire.chat_schema import ROLES, message_problem, messages_problem
 
 
 @pytest.mark.parametrize(("message", "param"), [

@@ -13,7 +13,6 @@ import aiohttp
 import orjson
 
 from gateway.entry import Entry
-from gateway.streaming.broadcast import stream_flights
 from tests.gateway.conftest import AUTH_A, AUTH_B, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import FakeClock, RunningGateway
@@ -169,7 +168,7 @@ async def test_twenty_concurrent_streamed_misses_share_one_upstream_stream(gw: R
     assert all(seq == sequences[0] for seq in sequences)
     assert sequences[0][-1] == "[DONE]" and text_of(sequences[0]) == "Hello, world!"
     assert sum("collapsed" in r.headers["Cache-Status"] for r in followers) == 19
-    assert len(stream_flights(gw.state)) == 0
+    assert len(gw.state.stream_flights) == 0
 
 
 async def test_leader_disconnect_does_not_stop_the_followers(gw: RunningGateway, fake: FakeUpstream) -> None:
@@ -291,7 +290,7 @@ async def test_public_route_stream_follower_is_not_refused_with_the_leaders_cred
     leader = asyncio.create_task(gw.client.post("/v1/chat/completions", json=STREAM, headers=AUTH_B))
     await fake.entered.wait()
     follower = asyncio.create_task(post(gw, STREAM))
-    flight = stream_flights(gw.state).values()[0]
+    flight = gw.state.stream_flights.values()[0]
     while flight.alive() < 2:
         await asyncio.sleep(0)
     fake.gate.set()
@@ -310,7 +309,7 @@ async def test_tenant_route_stream_followers_share_the_leaders_refusal(gw: Runni
     leader = asyncio.create_task(post(gw, STREAM))
     await fake.entered.wait()
     follower = asyncio.create_task(post(gw, STREAM))
-    flight = stream_flights(gw.state).values()[0]
+    flight = gw.state.stream_flights.values()[0]
     while flight.alive() < 2:
         await asyncio.sleep(0)
     fake.gate.set()

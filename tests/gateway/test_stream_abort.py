@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 
-from gateway.streaming.broadcast import stream_flights
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.gateway.test_stream import sse, text_of
 from tests.support.fake_upstream import FakeUpstream
@@ -79,10 +78,10 @@ async def abort_everyone(gw: RunningGateway, fake: FakeUpstream) -> list[Client]
             async with progress:
                 await progress.wait_for(lambda i=i: all(c.done or c.received >= i for c in clients))
             reading = sum(not c.done for c in clients)
-            await until(lambda n=reading: sum(f.alive() for f in stream_flights(gw.state).values()) <= n)
+            await until(lambda n=reading: sum(f.alive() for f in gw.state.stream_flights.values()) <= n)
             fake.stream_gates[i].set()
         await asyncio.gather(*tasks)
-    await until(lambda: len(stream_flights(gw.state)) == 0)
+    await until(lambda: len(gw.state.stream_flights) == 0)
     return clients
 
 

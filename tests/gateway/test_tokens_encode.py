@@ -10,12 +10,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backend.tokenizer import Tokenizer
-from backend.tokenizer.pattern import GPT2, GPT2_SINGLE_DIGITS, LLAMA3
 from gateway.tokens.cache import TokenCache
 from gateway.tokens.encoder import ModelEncoder
-from gateway.tokens.registry import CL100K_VERSION, TokenizerSpec, export_version, spec_from_export
+from gateway.tokens.registry import CL100K_VERSION, TokenizerSpec, spec_from_export
 from gateway.tokens.splice import PhraseRejected, PhraseTable, check_phrase, is_anchor
 from tests.backend.test_tokenizer import tiny_tokenizer
+from tokenedge_wire.pattern import GPT2, GPT2_SINGLE_DIGITS, LLAMA3
+from tokenedge_wire.tokenizer_version import tokenizer_version
 
 # CJK, emoji (with ZWJ sequences), zero-width characters, digits, whitespace runs, punctuation, apostrophes.
 ALPHABET = st.sampled_from([*"abcXYZ 0123456789.,!?'\n\r\t-_/", "\u200b", "\u200c", "\u200d", "\u2060",
@@ -44,7 +45,7 @@ TINY = {name: backend_spec(p, (0xE4,) if name == "gpt2-drop" else ())
 
 def test_export_rebuilds_the_backend_version_and_ids() -> None:
     tok, spec = TINY["single-digits"]
-    assert spec.version == tok.version == export_version(spec.encoding._pat_str, spec.encoding._mergeable_ranks,
+    assert spec.version == tok.version == tokenizer_version(spec.encoding._pat_str, spec.encoding._mergeable_ranks,
                                                          spec.encoding._special_tokens)
     assert spec.dropped_ids == frozenset(tok.export()["dropped_ids"])
 

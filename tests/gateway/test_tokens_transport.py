@@ -12,8 +12,8 @@ import pytest
 
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.tokens.transport import BinaryCall
-from gateway.tokens.wire import FrameReader, WireError, frame
 from gateway.upstream import Upstream
+from tokenedge_wire.framing import FrameReader, WireError, frame
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -15,7 +15,7 @@ from backend.engine.outputs import EngineStats, TokenOut
 from backend.engine.sampling_params import SamplingParams
 from backend.server import ServedModel, ServerLimits, create_app
 from backend.tokenizer import Tokenizer
-from backend.tokenizer.pattern import GPT2
+from tokenedge_wire.pattern import GPT2
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

@@ -1,0 +1,77 @@
+"""The package layering, checked from the source: gateway and backend never import each other (what they share
+lives in tokenedge_wire), and no module imports itself back through others, lazily or not."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+PACKAGES = ("gateway", "backend", "cdn", "tokenedge_wire")
+
+
+def _modules() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[str]:
+    """Every project module `name` imports, at module level or inside a function (a lazy import is still an edge)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                yield target
+
+
+def _graph() -> dict[str, set[str]]:
+    known = _modules()
+    return {name: set(_imports(name, path, known)) for name, path in known.items()}
+
+
+def test_gateway_and_backend_never_import_each_other() -> None:
+    crossings = sorted((a, b) for a, targets in _graph().items() for b in targets
+                       if {a.split(".")[0], b.split(".")[0]} == {"gateway", "backend"}
+                       or (a.startswith("tokenedge_wire") and not b.startswith("tokenedge_wire")))
+    assert not crossings, crossings
+
+
+def test_no_module_imports_itself_back() -> None:
+    graph = _graph()
+    # a package's __init__ re-exporting its children is not a cycle of behaviour: drop parent -> child edges
+    edges = {a: {b for b in targets if not b.startswith(a + ".")} for a, targets in graph.items()}
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt):], nxt])
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [])
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
