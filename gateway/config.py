@@ -94,8 +94,9 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         _require(self.l1_max_bytes >= 0, "cache.l1_max_bytes must be >= 0")
-        _require(self.redis_url == "" or self.redis_url.startswith(("redis://", "rediss://", "unix://")),
-                 f"cache.redis_url must be redis://, rediss:// or unix://, got {self.redis_url!r}")
+        _require(self.redis_url == "" or self.redis_url.startswith(
+            ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")),
+                 f"cache.redis_url must be redis://, rediss://, unix:// or redis+cluster://, got {self.redis_url!r}")
         _require(self.redis_timeout_s > 0, "cache.redis_timeout_s must be > 0")
         _require(self.redis_retry_after_s >= 0, "cache.redis_retry_after_s must be >= 0")
         _require(self.l2 != "redis" or bool(self.redis_url), "cache.l2 = 'redis' needs cache.redis_url")

@@ -35,6 +35,7 @@ from redis.exceptions import RedisError
 
 from gateway.entry import Entry
 from gateway.state import STATE
+from gateway.tiers.redis_cluster import cluster_client, is_cluster_url, subscriber_clients
 
 log = logging.getLogger("tokenedge.lease")
 LEASE_PREFIX = "te1:lease:"
@@ -203,11 +204,14 @@ class Leases:
             if not future.done():
                 future.set_result(stored)
 
-    async def listen(self, pubsub_client: aioredis.Redis) -> None:
-        """The subscription, re-established after any error; while it is down, waits fall back to PTTL polling."""
+    async def listen(self, clients: list[aioredis.Redis]) -> None:
+        """The subscription, re-established after any error (on the next node given); meanwhile waits poll PTTL."""
+        attempt = 0
         while True:
+            client = clients[attempt % len(clients)]
+            attempt += 1
             try:
-                async with pubsub_client.pubsub() as pubsub:
+                async with client.pubsub() as pubsub:
                     await pubsub.subscribe(CHANNEL)
                     self.subscribed.set()
                     async for message in pubsub.listen():
@@ -216,7 +220,7 @@ class Leases:
             except (RedisError, OSError) as exc:
                 self.subscribed.clear()
                 log.warning("lease channel lost (%s); waits poll until it is back", exc)
-                await asyncio.sleep(self._settings.ttl_s)
+                await asyncio.sleep(self._settings.ttl_s / max(1, len(clients)))
 
 
 def leases_of(state: object) -> Leases | None:
@@ -232,14 +236,15 @@ async def lease_ctx(app: web.Application) -> AsyncIterator[None]:
     if config.l2_kind != "redis" or not config.lease_enabled:
         yield
         return
-    client = aioredis.Redis.from_url(config.redis_url, socket_timeout=config.redis_timeout_s,
-                                     socket_connect_timeout=config.redis_timeout_s)
-    subscriber = aioredis.Redis.from_url(config.redis_url, socket_connect_timeout=config.redis_timeout_s)
+    url, timeout_s = config.redis_url, config.redis_timeout_s
+    client: aioredis.Redis = cluster_client(url, timeout_s=timeout_s) if is_cluster_url(  # type: ignore[assignment]
+        url) else aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    subscribers = subscriber_clients(url, timeout_s=timeout_s)
     counter = Counter("tokenedge_lease", "Cross-replica lease outcomes on L2 misses", ["outcome"],
                       registry=state.metrics.registry)
     leases = Leases(client, LeaseSettings(ttl_s=config.lease_ttl_s, max_wait_s=config.lease_max_wait_s,
                                           timeout_s=config.redis_timeout_s * 4), counter, state.clock)
-    listener = asyncio.ensure_future(leases.listen(subscriber))
+    listener = asyncio.ensure_future(leases.listen(subscribers))
     state.extensions[EXTENSION] = leases
     try:
         yield
@@ -249,4 +254,5 @@ async def lease_ctx(app: web.Application) -> AsyncIterator[None]:
         with contextlib.suppress(asyncio.CancelledError):
             await listener
         await client.aclose()
-        await subscriber.aclose()
+        for subscriber in subscribers:
+            await subscriber.aclose()

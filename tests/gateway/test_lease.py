@@ -124,7 +124,7 @@ async def nothing() -> None:
 async def test_release_is_token_checked_and_not_stored_sends_waiters_upstream(redis_url: str) -> None:
     client = aioredis.Redis.from_url(redis_url)
     leases = make_leases(client)
-    listener = asyncio.ensure_future(leases.listen(aioredis.Redis.from_url(redis_url)))
+    listener = asyncio.ensure_future(leases.listen([aioredis.Redis.from_url(redis_url)]))
     try:
         await leases.subscribed.wait()
         held = await leases.acquire_or_wait("k1", nothing)
