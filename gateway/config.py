@@ -97,6 +97,10 @@ class CacheConfig:
         _require(self.redis_url == "" or self.redis_url.startswith(
             ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")),
                  f"cache.redis_url must be redis://, rediss://, unix:// or redis+cluster://, got {self.redis_url!r}")
+        if self.redis_url.startswith(("redis+cluster://", "rediss+cluster://")):
+            nodes = self.redis_url.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1].split(",")
+            _require(all(n.rpartition(":")[0] and n.rpartition(":")[2].isdigit() for n in nodes),
+                     f"cache.redis_url: cluster nodes must be host:port[,host:port...], got {self.redis_url!r}")
         _require(self.redis_timeout_s > 0, "cache.redis_timeout_s must be > 0")
         _require(self.redis_retry_after_s >= 0, "cache.redis_retry_after_s must be >= 0")
         _require(self.l2 != "redis" or bool(self.redis_url), "cache.l2 = 'redis' needs cache.redis_url")

@@ -142,3 +142,27 @@ async def test_release_is_token_checked_and_not_stored_sends_waiters_upstream(re
     finally:
         listener.cancel()
         await client.aclose()
+
+
+async def test_a_waiter_goes_upstream_itself_after_max_wait_while_a_live_holder_renews(redis_url: str) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    holder = make_leases(client, ttl_s=0.3)
+    waiter = make_leases(client, ttl_s=0.3, max_wait_s=1.0)
+    try:
+        held = await holder.acquire_or_wait("k2", nothing)
+        assert isinstance(held, Lease)
+        started = time.monotonic()
+        assert await waiter.acquire_or_wait("k2", nothing) is None  # gave up waiting: goes upstream unleased
+        assert time.monotonic() - started >= 1.0  # it did wait out max-wait: the renewed lease never lapsed
+        assert await client.exists(LEASE_PREFIX + "k2") == 1  # renewed past three TTLs by the live holder
+        await held.release(stored=False)
+    finally:
+        await client.aclose()
+
+
+def test_cluster_urls_are_validated() -> None:
+    from gateway.config import CacheConfig, ConfigError
+
+    assert CacheConfig(redis_url="redis+cluster://10.0.0.1:6379,10.0.0.2:6380").redis_url
+    with pytest.raises(ConfigError, match="host:port"):
+        CacheConfig(redis_url="redis+cluster://10.0.0.1")
