@@ -82,6 +82,10 @@ class Lease:
         self._token = token
         self._renewer = asyncio.ensure_future(owner.renew_loop(key, token))
 
+    def abandon(self) -> None:
+        """Stop renewing without releasing (no await possible): the lease expires within its TTL."""
+        self._renewer.cancel()
+
     async def release(self, *, stored: bool) -> None:
         self._renewer.cancel()
         await self._owner.release(self.key, self._token, stored=stored)
@@ -138,7 +142,11 @@ class Leases:
 
     async def _acquired(self, key: str, token: str, read: Reader, started: float) -> Entry | Lease:
         lease = Lease(self, key, token)
-        entry = await self._fresh(read, started)  # a holder may have stored and released just before we asked
+        try:
+            entry = await self._fresh(read, started)  # a holder may have stored and released just before we asked
+        except BaseException:
+            lease.abandon()  # cancelled here: stop renewing, so the lease lapses within one TTL
+            raise
         if entry is not None:
             await lease.release(stored=True)
             self.count("entry")

@@ -12,6 +12,8 @@ generation. With `lease_streams = false` streamed misses skip the lease: each re
 
 from __future__ import annotations
 
+import logging
+
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.entry import Entry
@@ -24,6 +26,7 @@ from gateway.streaming.tee import tee
 from gateway.tiers.base import L2Unavailable
 from gateway.upstream import UpstreamResponse
 
+log = logging.getLogger("tokenedge.lease")
 REPLAYED = "lease-replay"  # the flight outcome (metrics reason) when another replica's entry was replayed
 
 
@@ -82,7 +85,11 @@ async def leased_tee(state: GatewayState, flight: StreamFlight, req: FillRequest
     if leases is None or not state.config.cache.lease_streams:
         await tee(state, flight, req)
         return
-    got: Entry | Lease | None = await leases.acquire_or_wait(req.key.key, _reader(state, req.key.key))
+    try:
+        got: Entry | Lease | None = await leases.acquire_or_wait(req.key.key, _reader(state, req.key.key))
+    except Exception:  # a lease bug must not leave the flight's subscribers waiting for a head: stream unleased
+        log.exception("lease acquisition failed for %s; streaming without a lease", req.key.key)
+        got = None
     if isinstance(got, Entry):
         _replay_into(state, flight, got)
         return
