@@ -17,7 +17,9 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter
 
 from gateway.lease import LEASE_PREFIX, Lease, Leases, LeaseSettings
+from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
+from tests.support.gateway import RunningGateway
 from tests.support.replicas import replicas
 
 LEASE_TTL_S = 1.0
@@ -166,3 +168,46 @@ def test_cluster_urls_are_validated() -> None:
     assert CacheConfig(redis_url="redis+cluster://10.0.0.1:6379,10.0.0.2:6380").redis_url
     with pytest.raises(ConfigError, match="host:port"):
         CacheConfig(redis_url="redis+cluster://10.0.0.1")
+
+
+async def parked(gw: RunningGateway) -> None:
+    """Bounded wait until this in-process gateway reports a lease wait."""
+    for _ in range(500):
+        if any(s.labels.get("outcome") == "wait" and s.value >= 1
+               for m in gw.state.metrics.registry.collect() for s in m.samples if s.name == "tokenedge_lease_total"):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the gateway never waited on the lease")
+
+
+async def test_an_uncacheable_answer_is_not_shared_across_replicas(make_gateway: GatewayFactory, fake: FakeUpstream,
+                                                                   redis_url: str) -> None:
+    fake.gate, fake.status = asyncio.Event(), 500
+    one = await make_gateway(cache={"redis_url": redis_url})
+    two = await make_gateway(cache={"redis_url": redis_url})
+    first = asyncio.ensure_future(one.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A))
+    await fake.entered.wait()
+    second = asyncio.ensure_future(two.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A))
+    await parked(two)
+    fake.gate.set()
+    a, b = await asyncio.gather(first, second)
+    assert (a.status, b.status) == (500, 500)
+    assert fake.calls["chat"] == 2  # the waiter asked for itself: an error is never handed to another replica
+
+
+async def test_lease_streams_off_lets_each_replica_stream_from_the_upstream(make_gateway: GatewayFactory,
+                                                                           fake: FakeUpstream, redis_url: str) -> None:
+    fake.gate = asyncio.Event()
+    cache = {"redis_url": redis_url, "lease_streams": False}
+    one, two = await make_gateway(cache=cache), await make_gateway(cache=cache)
+    body = {**CHAT, "stream": True}
+    first = asyncio.ensure_future(one.client.post("/v1/chat/completions", json=body, headers=AUTH_A))
+    await fake.entered.wait()
+    fake.entered.clear()
+    second = asyncio.ensure_future(two.client.post("/v1/chat/completions", json=body, headers=AUTH_A))
+    await asyncio.wait_for(fake.entered.wait(), 10)  # the second replica reached the upstream, no lease wait
+    fake.gate.set()
+    a, b = await asyncio.gather(first, second)
+    assert (a.status, b.status) == (200, 200)
+    assert (await a.read()).endswith(b"data: [DONE]\n\n") and (await b.read()).endswith(b"data: [DONE]\n\n")
+    assert fake.calls["chat"] == 2
