@@ -11,6 +11,7 @@ SCENARIOS = {
     "e2e": "bench.e2e",
     "backend": "bench.backend_vs_hf",
     "token_path": "bench.token_path",
+    "leases": "bench.leases",
 }
 
 
