@@ -12,6 +12,7 @@ SCENARIOS = {
     "backend": "bench.backend_vs_hf",
     "token_path": "bench.token_path",
     "key_levels": "bench.key_levels",
+    "leases": "bench.leases",
 }
 
 

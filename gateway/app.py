@@ -22,6 +22,7 @@ from gateway.dashboard.sampler import sampler as dashboard_sampler
 from gateway.errors import GatewayError, error_response
 from gateway.handlers import admin, alias, completions, ops
 from gateway.handlers.admin import CDN_PURGE
+from gateway.lease import lease_ctx
 from gateway.metrics import GatewayMetrics
 from gateway.state import STATE, GatewayState
 from gateway.tiers.factory import build_l1, build_l2
@@ -106,6 +107,7 @@ def create_app(config: GatewayConfig, *, clock: Callable[[], float] = time.time,
     """The gateway app; `cdn` lists the CDNs that `/admin/purge` fans out to (none by default)."""
     app = web.Application(middlewares=[error_middleware], client_max_size=config.server.max_body_bytes)
     app.cleanup_ctx.append(_cache_ctx(metrics or GatewayMetrics(), clock, config))
+    app.cleanup_ctx.append(lease_ctx)  # cross-replica leases on L2 misses (Redis L2 only)
     if cdn is not None and cdn.enabled:
         app.cleanup_ctx.append(_cdn_ctx(cdn))
     app.router.add_post("/v1/chat/completions", completions.make_handler("chat/completions"))

@@ -105,11 +105,20 @@ class CacheConfig:
     max_entry_bytes: int = 2 * 1024 * 1024
     stale_if_error_s: int = 600
     cdn_tag_headers: tuple[str, ...] = ("surrogate-key", "cache-tag", "xkey")
+    lease_enabled: bool = True  # with a Redis L2: one replica fills a missed key, the others wait (gateway/lease.py)
+    lease_ttl_s: float = 2.0  # renewed while the holder lives; a dead holder delays the others at most this long
+    lease_max_wait_s: float = 30.0  # a waiter past this goes upstream itself
+    lease_streams: bool = True  # streamed misses wait for another replica's stored entry and replay it
 
     def __post_init__(self) -> None:
         _require(self.l1_max_bytes >= 0, "cache.l1_max_bytes must be >= 0")
-        _require(self.redis_url == "" or self.redis_url.startswith(("redis://", "rediss://", "unix://")),
-                 f"cache.redis_url must be redis://, rediss:// or unix://, got {self.redis_url!r}")
+        _require(self.redis_url == "" or self.redis_url.startswith(
+            ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")),
+                 f"cache.redis_url must be redis://, rediss://, unix:// or redis+cluster://, got {self.redis_url!r}")
+        if self.redis_url.startswith(("redis+cluster://", "rediss+cluster://")):
+            nodes = self.redis_url.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1].split(",")
+            _require(all(n.rpartition(":")[0] and n.rpartition(":")[2].isdigit() for n in nodes),
+                     f"cache.redis_url: cluster nodes must be host:port[,host:port...], got {self.redis_url!r}")
         _require(self.redis_timeout_s > 0, "cache.redis_timeout_s must be > 0")
         _require(self.redis_retry_after_s >= 0, "cache.redis_retry_after_s must be >= 0")
         _require(self.l2 != "redis" or bool(self.redis_url), "cache.l2 = 'redis' needs cache.redis_url")
@@ -125,6 +134,8 @@ class CacheConfig:
         _require(self.memcached_l1_max_age_s >= 0, "cache.memcached_l1_max_age_s must be >= 0")
         _require(self.max_entry_bytes >= 1024, "cache.max_entry_bytes must be at least 1024")
         _require(self.stale_if_error_s >= 0, "cache.stale_if_error_s must be >= 0")
+        _require(self.lease_ttl_s >= 0.05, "cache.lease_ttl_s must be >= 0.05")
+        _require(self.lease_max_wait_s >= 0, "cache.lease_max_wait_s must be >= 0")
 
     @property
     def l2_kind(self) -> Literal["", "redis", "memcached"]:

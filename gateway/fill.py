@@ -24,6 +24,7 @@ class FillResult:
     response: UpstreamResponse
     entry: Entry | None
     refusal: Reason | None
+    collapsed: bool = False  # the entry another replica stored under its lease (gateway/lease_fill.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from gateway.handlers.ops import handler_done
 from gateway.handlers.relay import relay
 from gateway.handlers.tenancy import tenant_credential
 from gateway.keys import PUBLIC_SCOPE, CacheKey, derive_key_from_bytes, tenant_scope
+from gateway.lease_fill import leased_fill
 from gateway.lookup import read_cache
 from gateway.memo import ParsedRequest
 from gateway.policy import CREDENTIAL_REFUSALS, Bypass, Lookup, decide
@@ -216,13 +217,14 @@ async def lookup_or_fill(request: web.Request, state: GatewayState, prep: Prepar
         raise NotCached("only-if-cached: no fresh cached answer for this request")
     fill_req = fill_request(request, state, prep, lookup, resolved)
     try:
-        outcome, leader = await state.flights.do(key.key, lambda: fill(state, fill_req))
+        outcome, leader = await state.flights.do(key.key, lambda: leased_fill(state, fill_req))
         lap(request, "upstream")
     except UpstreamError as exc:
         if stale is None:
             raise
         return serve_stale(state, stale, exc.code or "error"), "stale", exc.code or "error"
     assert isinstance(outcome, FillResult)
+    leader = leader and not outcome.collapsed  # another replica's fill (cross-replica lease): coalesced here
     if not leader and key.scope == PUBLIC_SCOPE and outcome.response.status in CREDENTIAL_REFUSALS:
         # On a public route a follower may be another tenant: the leader's credential was refused, not this one.
         outcome, leader = await fill(state, fill_req), True

@@ -30,13 +30,13 @@ from gateway.entry import Entry
 from gateway.errors import NotCached, UpstreamError
 from gateway.fill import FillRequest
 from gateway.keys import PUBLIC_SCOPE
+from gateway.lease_fill import leased_tee
 from gateway.lookup import read_cache
 from gateway.policy import CREDENTIAL_REFUSALS, Lookup
 from gateway.state import GatewayState
 from gateway.streaming.broadcast import Head, StreamFlight
 from gateway.streaming.replay import replay_frames
 from gateway.streaming.sse import HEARTBEAT_FRAME
-from gateway.streaming.tee import tee
 from gateway.timing import lap, timer_of
 from gateway.upstream import relay_headers
 
@@ -68,7 +68,7 @@ async def stream_miss(request: web.Request, state: GatewayState, req: FillReques
         flight = flights.start(req.key.key, include_usage=include_usage,
                                complete_abandoned=config.complete_abandoned_streams,
                                abandoned_max_s=config.abandoned_stream_max_s,
-                               producer=lambda f: tee(state, f, req))
+                               producer=lambda f: leased_tee(state, f, req))
     result = "miss" if leader else "coalesced"
     sub = flight.subscribe(lambda: request.transport is not None and not request.transport.is_closing())
     try:

@@ -33,8 +33,8 @@ class RedisTier:
     name = "l2"
 
     def __init__(self, url: str, *, timeout_s: float, retry_after_s: float, clock: Callable[[], float],
-                 on_error: Callable[[], None]) -> None:
-        self._client = aioredis.Redis.from_url(
+                 on_error: Callable[[], None], client: aioredis.Redis | None = None) -> None:
+        self._client = client if client is not None else aioredis.Redis.from_url(
             url,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
@@ -82,7 +82,7 @@ class RedisTier:
             batch, self._pending = self._pending, {}
             keys = list(batch)
             try:
-                values = await self._call("get", lambda keys=keys: self._client.mget(keys))  # type: ignore[misc]
+                values = await self._call("get", lambda keys=keys: self._mget(keys))  # type: ignore[misc]
             except L2Unavailable as exc:
                 for futures in batch.values():
                     for future in futures:
@@ -93,6 +93,9 @@ class RedisTier:
                 for future in batch[key]:
                     if not future.done():
                         future.set_result(value if isinstance(value, bytes | None) else str(value).encode())
+
+    async def _mget(self, keys: list[str]) -> list[bytes | None]:
+        return list(await self._client.mget(keys))
 
     async def set(self, entry: Entry) -> bool:
         expire_ms = max(1, int((entry.expires_at() - self._clock()) * 1000))

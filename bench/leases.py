@@ -1,0 +1,119 @@
+"""`python -m bench leases`: cross-replica coalescing, leases on vs off, in the same run.
+
+Two gateway replicas (processes) share one redis-server; the upstream is an in-process fake that takes
+`GENERATION_S` per completion (a stand-in for a model) and counts calls. Two measurements per mode:
+- herd: ROUNDS distinct prompts, each sent as FANOUT concurrent identical requests split over the replicas:
+  upstream calls per prompt and the request latency p50/p99;
+- solo: SOLO sequential unique misses on one replica: the latency a lease adds to an uncontended miss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Sequence
+
+import aiohttp
+import orjson
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from tests.support.replicas import replicas
+from tests.support.services import RedisServer
+
+GENERATION_S = 0.2
+ROUNDS, FANOUT, SOLO = 20, 10, 40
+HEADERS = {"Authorization": "Bearer bench", "Content-Type": "application/json"}
+
+
+class SlowUpstream:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        return app
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model",
+                                                              "tokenedge": {"revision": "r1"}}]})
+
+    async def chat(self, request: web.Request) -> web.Response:
+        self.calls += 1
+        n = self.calls
+        await asyncio.sleep(GENERATION_S)  # the model generating
+        return web.json_response({"id": f"c{n}", "object": "chat.completion", "created": 1, "model": "m",
+                                  "choices": [{"index": 0, "message": {"role": "assistant", "content": f"#{n}"},
+                                               "finish_reason": "stop"}],
+                                  "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}})
+
+
+def body(text: str) -> bytes:
+    return orjson.dumps({"model": "m", "temperature": 0, "messages": [{"role": "user", "content": text}]})
+
+
+async def timed_post(session: aiohttp.ClientSession, url: str, data: bytes) -> float:
+    started = time.perf_counter()
+    async with session.post(url + "/v1/chat/completions", data=data, headers=HEADERS) as resp:
+        await resp.read()
+        assert resp.status == 200, resp.status
+    return time.perf_counter() - started
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+async def run_mode(upstream_url: str, redis: RedisServer, fake: SlowUpstream, *, leases: bool,
+                   tag: str) -> dict[str, float]:
+    redis.flush()
+    env = {"TOKENEDGE_CACHE_REDIS_URL": redis.url, "TOKENEDGE_CACHE_LEASE_ENABLED": "true" if leases else "false"}
+    async with replicas(upstream_url, 2, env) as (a, b), aiohttp.ClientSession() as session:
+        await timed_post(session, a.url, body(f"{tag} warm a"))  # catalogs and pools warm
+        await timed_post(session, b.url, body(f"{tag} warm b"))
+        fake.calls = 0
+        herd: list[float] = []
+        for r in range(ROUNDS):
+            data = body(f"{tag} herd {r}")
+            herd += await asyncio.gather(*(timed_post(session, (a, b)[i % 2].url, data) for i in range(FANOUT)))
+        herd_calls = fake.calls
+        solo = [await timed_post(session, a.url, body(f"{tag} solo {i}")) for i in range(SOLO)]
+    return {"calls_per_prompt": herd_calls / ROUNDS, "herd_p50_ms": pct(herd, 0.5), "herd_p99_ms": pct(herd, 0.99),
+            "solo_p50_ms": pct(solo, 0.5), "solo_overhead_ms": statistics.median(solo) * 1000 - GENERATION_S * 1000}
+
+
+async def bench() -> None:
+    redis = RedisServer()
+    redis.start()
+    fake = SlowUpstream()
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        url = str(server.make_url("")).rstrip("/")
+        rows = []
+        for attempt in range(2):  # alternated, twice: drift on a shared machine hits both modes alike
+            for leases in (False, True):
+                row = await run_mode(url, redis, fake, leases=leases, tag=f"{leases}-{attempt}")
+                rows.append((f"leases {'on' if leases else 'off'} (run {attempt + 1})", row))
+    finally:
+        await server.close()
+        redis.stop()
+    print(f"\nleases: 2 replicas, one Redis, upstream {GENERATION_S * 1000:.0f} ms per completion; "
+          f"herd = {ROUNDS} prompts x {FANOUT} concurrent identical requests; solo = {SOLO} sequential unique misses")
+    print("| mode | upstream calls per prompt | herd p50 ms | herd p99 ms | solo miss p50 ms | solo overhead ms |")
+    print("|---|---|---|---|---|---|")
+    for name, row in rows:
+        print(f"| {name} | {row['calls_per_prompt']:.2f} | {row['herd_p50_ms']:.1f} | {row['herd_p99_ms']:.1f} | "
+              f"{row['solo_p50_ms']:.1f} | {row['solo_overhead_ms']:.1f} |")
+
+
+def main(argv: Sequence[str] = ()) -> None:
+    asyncio.run(bench())
+
+
+if __name__ == "__main__":
+    main()

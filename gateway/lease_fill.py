@@ -1,0 +1,114 @@
+"""Leases around the two fill paths: the JSON fill (`gateway.fill`) and the stream tee (`gateway.streaming.tee`).
+
+Both run once per local flight, so only a flight's leader ever asks Redis for the lease (gateway/lease.py). Without
+leases (no Redis L2, `cache.lease_enabled = false`, or a Redis error) they are the plain fill and tee.
+
+Streams (`cache.lease_streams`): a replica that finds the lease held waits for the holder's stored entry and replays
+it as SSE to its own subscribers. Trade-off: those clients see their first token only when the holder's whole
+generation is stored (time to first token becomes the full generation time) in exchange for no second upstream
+generation. With `lease_streams = false` streamed misses skip the lease: each replica streams from the upstream
+(one call per replica, first tokens at upstream speed) while JSON misses still coalesce across replicas.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from gateway.entry import Entry
+from gateway.fill import FillRequest, FillResult, fill
+from gateway.lease import Lease, Leases, leases_of
+from gateway.state import GatewayState
+from gateway.streaming.broadcast import Frame, Head, StreamFlight
+from gateway.streaming.replay import replay_frames
+from gateway.streaming.tee import tee
+from gateway.tiers.base import L2Unavailable
+from gateway.upstream import UpstreamResponse
+
+log = logging.getLogger("tokenedge.lease")
+REPLAYED = "lease-replay"  # the flight outcome (metrics reason) when another replica's entry was replayed
+
+
+def _leases(state: GatewayState) -> Leases | None:
+    """The lease client, unless there is none or the L2 breaker is open (then Redis is skipped, leases too)."""
+    leases = leases_of(state)
+    l2 = state.cache.l2
+    return leases if leases is not None and l2 is not None and l2.available else None
+
+
+def _reader(state: GatewayState, key: str):
+    async def read() -> Entry | None:
+        """L2 only (the lookup already missed L1), uncounted in cache_lookups: lease reads are not lookups."""
+        l2 = state.cache.l2
+        if l2 is None:
+            return None
+        try:
+            entry = await l2.get(key)
+        except L2Unavailable:
+            return None
+        if entry is None or entry.key != key:
+            return None
+        state.cache.l1.set(entry)
+        return entry
+
+    return read
+
+
+def _shared_response(entry: Entry) -> UpstreamResponse:
+    headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json"})
+    return UpstreamResponse(200, CIMultiDictProxy(headers), entry.body)
+
+
+async def leased_fill(state: GatewayState, req: FillRequest) -> FillResult:
+    """`fill`, or the entry another replica stored under its lease (marked `collapsed`)."""
+    leases = _leases(state)
+    if leases is None:
+        return await fill(state, req)
+    got = await leases.acquire_or_wait(req.key.key, _reader(state, req.key.key))
+    if isinstance(got, Entry):
+        return FillResult(_shared_response(got), got, None, collapsed=True)
+    if got is None:
+        return await fill(state, req)
+    stored = False
+    try:
+        result = await fill(state, req)
+        stored = result.entry is not None
+        return result
+    finally:
+        await got.release(stored=stored)
+
+
+async def leased_tee(state: GatewayState, flight: StreamFlight, req: FillRequest) -> None:
+    """`tee`, or another replica's stored entry replayed into the flight (`cache.lease_streams`)."""
+    leases = _leases(state)
+    if leases is None or not state.config.cache.lease_streams:
+        await tee(state, flight, req)
+        return
+    try:
+        got: Entry | Lease | None = await leases.acquire_or_wait(req.key.key, _reader(state, req.key.key))
+    except Exception:  # a lease bug must not leave the flight's subscribers waiting for a head: stream unleased
+        log.exception("lease acquisition failed for %s; streaming without a lease", req.key.key)
+        got = None
+    if isinstance(got, Entry):
+        _replay_into(state, flight, got)
+        return
+    if got is None:
+        await tee(state, flight, req)
+        return
+    try:
+        await tee(state, flight, req)
+    finally:
+        await got.release(stored=flight.outcome == "stored")
+
+
+def _replay_into(state: GatewayState, flight: StreamFlight, entry: Entry) -> None:
+    """The whole entry as the flight's frames: subscribers that did not ask for usage skip the usage frame."""
+    chunk_chars = state.config.stream.replay_chunk_chars
+    with_usage = replay_frames(entry, include_usage=flight.key[1], chunk_chars=chunk_chars)
+    plain = set(replay_frames(entry, include_usage=False, chunk_chars=chunk_chars))
+    flight.head.set_result(Head(200, CIMultiDictProxy(CIMultiDict({"Content-Type": "text/event-stream"}))))
+    cap = state.config.cache.max_entry_bytes * 2
+    for frame in with_usage[:-1]:
+        flight.publish(Frame(frame, usage_only=frame not in plain), cap_bytes=cap)
+    flight.finish(with_usage[-1], REPLAYED)
