@@ -21,10 +21,9 @@ from gateway.config import ConfigError, GatewayConfig, load_config
 
 
 def serve(config: GatewayConfig, *, reuse_port: bool) -> None:
-    from aiohttp import web
-
     from cdn.purge import load_cdn_config_from_env
     from gateway.app import create_app
+    from gateway.edge import serve as serve_edge
 
     if config.server.uvloop:
         try:
@@ -34,10 +33,9 @@ def serve(config: GatewayConfig, *, reuse_port: bool) -> None:
         except ImportError:
             pass
     app = create_app(config, cdn=load_cdn_config_from_env(os.environ))
-    # handler_cancellation: a client that disconnects cancels its handler at once (fills are shielded tasks).
-    web.run_app(app, host=config.server.host, port=config.server.port, reuse_port=reuse_port,
-                handler_cancellation=True,
-                access_log=None, print=None, handle_signals=True)
+    # handler_cancellation (set by serve_edge): a client that disconnects cancels its handler at once (fills are
+    # shielded tasks). The edge adds read deadlines and the connection cap (gateway.edge).
+    serve_edge(app, host=config.server.host, port=config.server.port, reuse_port=reuse_port)
 
 
 def _worker(config: GatewayConfig) -> None:
