@@ -92,6 +92,10 @@ class UpstreamConfig:
         _require(self.read_timeout_s > 0, "upstream.read_timeout_s must be > 0")
         _require(self.models_ttl_s >= 0, "upstream.models_ttl_s must be >= 0")
         _require(self.max_connections >= 1, "upstream.max_connections must be >= 1")
+        for route in self.relay_routes:
+            _require(bool(route) and not route.startswith("/") and "**" not in route.split("/")[:-1]
+                     and all(s and s not in (".", "..") and not set(s) & set("\\;%?#") for s in route.split("/")),
+                     f"upstream.relay_routes: {route!r} must be a path under /v1/ like 'files' or 'files/*'")
 
     def __repr__(self) -> str:
         return f"UpstreamConfig(url={self.url!r}, api_key={'***' if self.api_key else ''!r})"

@@ -36,6 +36,9 @@ KNOWN_ROUTES: Final = (
 
 
 def route_matches(pattern: str, segments: list[str]) -> bool:
+    """`*` matches one non-empty segment, a trailing `**` one or more; anything else matches itself."""
+    if "" in segments:
+        return False  # a trailing slash names no route
     parts = pattern.split("/")
     if parts[-1] == "**":
         head = parts[:-1]
