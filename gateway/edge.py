@@ -104,6 +104,10 @@ class EdgeRequestHandler(RequestHandler):
         """Close as soon as the answer is written: no lingering read of a body that is not coming."""
         self._lingering_time = 0.0
 
+    def credit(self, seconds: float) -> None:
+        self.last_rx += seconds
+        self.head_started += seconds
+
     def expired(self, now: float) -> bool:
         config = self.edge.config
         return self.phase == HEAD and (now - self.last_rx > config.header_read_timeout_s
@@ -143,6 +147,7 @@ class EdgeServer(web.Server):
         self.metrics = metrics
         self.live: set[EdgeRequestHandler] = set()
         self._sweeper: asyncio.TimerHandle | None = None
+        self._due = 0.0
         self._interval = min(SWEEP_MAX_S, config.header_read_timeout_s / 4, config.header_total_s / 4)
 
     def __call__(self) -> RequestHandler:
@@ -153,14 +158,24 @@ class EdgeServer(web.Server):
 
     def ensure_sweeping(self) -> None:
         if self._sweeper is None:
-            self._sweeper = self._loop.call_later(self._interval, self.sweep)
+            self._due = self._loop.time() + self._interval
+            self._sweeper = self._loop.call_at(self._due, self.sweep)
 
     def sweep(self, now: float | None = None) -> None:
-        """Close every connection whose head is overdue (`now`: the loop's time unless a test passes one)."""
+        """Close every connection whose head is overdue (`now`: the loop's time unless a test passes one).
+
+        A sweep that fires late found the event loop stalled (GC, CPU contention): bytes that arrived meanwhile are
+        not read yet, so the stall is credited to every connection, never blamed on the client.
+        """
         if self._sweeper is not None:
             self._sweeper.cancel()  # a no-op when this is the timer firing; a test's call keeps one chain
         self._sweeper = None
-        now = self._loop.time() if now is None else now
+        if now is None:
+            now = self._loop.time()
+            stall = now - self._due - self._interval
+            if stall > 0:
+                for conn in self.live:
+                    conn.credit(stall)
         for conn in [c for c in self.live if c.expired(now)]:
             self.live.discard(conn)
             conn.close_slow()

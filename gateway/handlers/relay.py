@@ -18,7 +18,7 @@ from typing import Final
 import aiohttp
 from aiohttp import web
 
-from gateway.errors import BadRequest, NotFound
+from gateway.errors import BadRequest, MethodNotAllowed, NotFound
 from gateway.paths import check_path, origin_path
 from gateway.state import STATE, GatewayState
 from gateway.upstream import forward_headers, relay_headers, translate
@@ -33,6 +33,8 @@ KNOWN_ROUTES: Final = (
     "audio/speech", "audio/transcriptions", "audio/translations", "images/generations", "images/edits",
     "images/variations",
 )
+
+RELAYED_METHODS: Final = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")  # never TRACE, CONNECT, ...
 
 
 def route_matches(pattern: str, segments: list[str]) -> bool:
@@ -66,6 +68,8 @@ async def path_guard(request: web.Request, handler: Handler) -> web.StreamRespon
 
 def upstream_target(request: web.Request, state: GatewayState) -> str:
     """The path and query to send upstream, or an error: never a path outside `/v1/` or an unlisted route."""
+    if request.method not in RELAYED_METHODS:
+        raise MethodNotAllowed(f"{request.method} is not relayed", headers={"Allow": ", ".join(RELAYED_METHODS)})
     path = request.rel_url.raw_path
     refusal = check_path(path)
     if refusal is not None:

@@ -57,7 +57,9 @@ async def exchange(port: int, data: bytes, *, timeout_s: float = 30.0, host: str
     return parse_responses(raw)
 
 
-def parse_responses(raw: bytes) -> list[RawResponse]:
+def parse_responses(raw: bytes, *, head_request: bool = False) -> list[RawResponse]:
+    """Every response in `raw`; `head_request`: the first answers a HEAD (no body, whatever its framing says,
+    unless the server could not parse the request and so answers a HEAD it never saw, with a body)."""
     out: list[RawResponse] = []
     while raw:
         head, sep, rest = raw.partition(b"\r\n\r\n")
@@ -66,7 +68,11 @@ def parse_responses(raw: bytes) -> list[RawResponse]:
         lines = head.decode("latin-1").split("\r\n")
         status = int(lines[0].split(" ", 2)[1])
         headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-        if headers.get("transfer-encoding", "").lower() == "chunked":
+        bodiless_head = head_request and not out and (not rest or rest.startswith(b"HTTP/"))  # a parse error
+        if bodiless_head or 100 <= status < 200 or status in (204, 304):  # answers a HEAD it never saw with a body
+            body = b""
+            raw = rest
+        elif headers.get("transfer-encoding", "").lower() == "chunked":
             body, raw = _dechunk(rest)
         elif "content-length" in headers:
             size = int(headers["content-length"])
