@@ -124,3 +124,11 @@ async def test_upstream_failures_name_no_address(make_gateway: GatewayFactory) -
     assert resp.status == 502
     assert "127.0.0.1" not in text and ":9" not in text and "Errno" not in text
     assert resp.headers["Content-Type"].startswith("application/json")
+
+
+@pytest.mark.parametrize("route", ["/files", "../admin", "a/**/b", "a//b", "a;b", "%2e%2e"])
+def test_malformed_relay_routes_fail_at_startup(route: str) -> None:
+    from gateway.config import ConfigError, GatewayConfig
+
+    with pytest.raises(ConfigError, match="relay_routes"):
+        GatewayConfig.from_mapping({"upstream": {"relay_routes": [route]}})

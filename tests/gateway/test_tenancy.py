@@ -208,3 +208,16 @@ async def test_replicas_agree_on_a_secret_created_in_redis(make_gateway: Gateway
     assert len(keys) == 1
     assert redis.Redis.from_url(redis_url).get(SECRET_KEY) is not None
     assert not any((tmp_path / f"r{i}").exists() for i in range(3))  # no file when Redis holds it
+
+
+@pytest.mark.parametrize(("server", "needle"), [
+    ({"tenant_header": "X-Tenant"}, "tenant_trusted_cidrs"),
+    ({"tenant_header": "X-Tenant", "tenant_trusted_cidrs": ["10.0.0.0/33"]}, "not an address or CIDR"),
+    ({"header_read_timeout_s": 0}, "header_read_timeout_s"),
+    ({"max_connections": 0}, "max_connections"),
+])
+def test_unsafe_or_malformed_tenancy_settings_fail_at_startup(server: dict[str, Any], needle: str) -> None:
+    from gateway.config import ConfigError, GatewayConfig
+
+    with pytest.raises(ConfigError, match=needle):
+        GatewayConfig.from_mapping({"server": server})
