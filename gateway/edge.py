@@ -130,10 +130,11 @@ class EdgeRequestHandler(RequestHandler):
             response = error_response(status, "internal gateway error", type_="internal_error",
                                       code="internal_error")
         else:
-            log.debug("protocol error %d from a client: %s", status, (message or repr(exc)).splitlines()[0])
-            text = (message or "bad request").strip().splitlines()[0][:200] if message else "malformed HTTP request"
-            response = error_response(status if status < 500 else 400, f"malformed HTTP request: {text}",
-                                      type_="invalid_request_error", code="bad_http_request")
+            first_line = (message or "").strip().splitlines()[:1]
+            log.debug("protocol error %d from a client: %s", status, first_line or type(exc).__name__)
+            text = "malformed HTTP request" + (f": {first_line[0][:200]}" if first_line else "")
+            response = error_response(status if status < 500 else 400, text, type_="invalid_request_error",
+                                      code="bad_http_request")
         response.force_close()
         return response
 

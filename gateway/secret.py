@@ -46,7 +46,7 @@ async def _from_redis(url: str, timeout_s: float) -> bytes:
         await client.aclose()
     if not value:
         raise RedisError("scope secret vanished right after SET NX")
-    return bytes(value)
+    return value.encode() if isinstance(value, str) else bytes(value)
 
 
 def file_secret(state_dir: Path) -> bytes:
