@@ -7,7 +7,8 @@ callers share entries only when the upstream would see the same credentials: `Au
 hash the same bytes). The key is the deployment's secret (`gateway.secret`), so a scope reveals nothing about a
 credential and every replica computes the same scope. A request with none of these parts is `anon`: all such
 callers share one scope, which is right only when they are indeed the same caller to the upstream;
-`server.refuse_anonymous` makes them a 401 instead.
+`server.refuse_anonymous` makes them a 401 instead. A bounded per-process memo maps the raw credential values to
+their scope (in memory only, like the request itself; never logged or persisted) so a hit pays one dict lookup.
 
 Trusted tenant header: `server.tenant_header` names the tenant only on requests from a trusted proxy (a peer in
 `server.tenant_trusted_cidrs`, or a request carrying `X-Tokenedge-Proxy-Secret` equal to
@@ -24,7 +25,7 @@ import hashlib
 import hmac
 import ipaddress
 from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from aiohttp import web
@@ -43,6 +44,7 @@ FORWARDING_PREFIX: Final = "x-forwarded-"
 TENANCY: Final = "tenancy"
 _SCOPE_MEMO: Final = web.RequestKey("tokenedge_scope", str)
 _PERSON: Final = b"te-scope"
+MEMO_ENTRIES: Final = 4096  # distinct credential sets remembered per process (cleared when full)
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -54,6 +56,7 @@ class Tenancy:
     trusted: tuple[Network, ...]
     proxy_secret: str
     refuse_anonymous: bool
+    _memo: dict[tuple[tuple[str, ...], ...], str] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_config(cls, server: ServerConfig, secret: bytes) -> Tenancy:
@@ -84,12 +87,24 @@ class Tenancy:
             if not value:
                 raise Unauthorized(f"the trusted proxy sent no {self.tenant_header} header")
             return self._hash(((b"tenant", value.encode("utf-8", "surrogateescape")),))
+        getall = getattr(headers, "getall", None)
+        if getall is not None:  # the hot path: a memo keyed by the raw values (same hash, no re-encoding)
+            raw = tuple(tuple(getall(name, ())) for name in self.credential_headers)
+            scope = self._memo.get(raw)
+            if scope is None:
+                scope = self._credential_scope(headers)
+                if len(self._memo) >= MEMO_ENTRIES:
+                    self._memo.clear()
+                self._memo[raw] = scope
+        else:
+            scope = self._credential_scope(headers)
+        if scope == ANONYMOUS_SCOPE and self.refuse_anonymous:
+            raise Unauthorized("a credential is required (Authorization, api-key or x-api-key)")
+        return scope
+
+    def _credential_scope(self, headers: Mapping[str, str]) -> str:
         parts = tuple(credential_parts(headers, self.credential_headers))
-        if not parts:
-            if self.refuse_anonymous:
-                raise Unauthorized("a credential is required (Authorization, api-key or x-api-key)")
-            return ANONYMOUS_SCOPE
-        return self._hash(parts)
+        return self._hash(parts) if parts else ANONYMOUS_SCOPE
 
     def _hash(self, parts: Iterable[tuple[bytes, bytes]]) -> str:
         digest = hashlib.blake2b(key=self.secret, digest_size=8, person=_PERSON)

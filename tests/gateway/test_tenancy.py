@@ -221,3 +221,18 @@ def test_unsafe_or_malformed_tenancy_settings_fail_at_startup(server: dict[str, 
 
     with pytest.raises(ConfigError, match=needle):
         GatewayConfig.from_mapping({"server": server})
+
+
+def test_the_scope_memo_never_mixes_credential_sets() -> None:
+    from gateway.config import ServerConfig
+    from gateway.handlers.tenancy import MEMO_ENTRIES, Tenancy
+
+    tenancy = Tenancy.from_config(ServerConfig(credential_headers=("X-Team",)), b"secret")
+    one = CIMultiDict([("Authorization", "Bearer a"), ("X-Team", "red")])
+    two = CIMultiDict([("Authorization", "Bearer a"), ("X-Team", "red"), ("X-Team", "blue")])
+    scopes = [tenancy.scope(h, None) for h in (one, two, one, CIMultiDict(one))]
+    for i in range(MEMO_ENTRIES + 5):  # past the bound: the memo is cleared, never wrong
+        tenancy.scope(CIMultiDict({"x-api-key": f"k{i}"}), None)
+    assert scopes[0] != scopes[1] and scopes[0] == scopes[2] == scopes[3]
+    assert tenancy.scope(one, None) == scopes[0]
+    assert tenancy.scope(CIMultiDict({"x-team": "red"}), None) != tenancy.scope(CIMultiDict({"x-team": "blue"}), None)
