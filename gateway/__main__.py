@@ -41,10 +41,9 @@ def check_bind(host: str, port: int) -> None:
 
 
 def serve(config: GatewayConfig, *, reuse_port: bool) -> None:
-    from aiohttp import web
-
     from cdn.purge import load_cdn_config_from_env
     from gateway.app import create_app
+    from gateway.edge import serve as serve_edge
 
     if config.server.uvloop:
         try:
@@ -54,10 +53,10 @@ def serve(config: GatewayConfig, *, reuse_port: bool) -> None:
         except ImportError:
             pass
     app = create_app(config, cdn=load_cdn_config_from_env(os.environ))
-    # handler_cancellation: a client that disconnects cancels its handler at once (fills are shielded tasks).
+    # handler_cancellation (set by serve_edge): a client that disconnects cancels its handler at once (fills are
+    # shielded tasks). The edge adds read deadlines and the connection cap (gateway.edge).
     try:
-        web.run_app(app, host=config.server.host, port=config.server.port, reuse_port=reuse_port,
-                    handler_cancellation=True, access_log=None, print=None, handle_signals=True)
+        serve_edge(app, host=config.server.host, port=config.server.port, reuse_port=reuse_port)
     except OSError as exc:  # lost a race after check_bind: still one line, never a traceback
         print(f"{PROG}: configuration error: cannot listen on {config.server.host}:{config.server.port}: "
               f"{exc.strerror or exc}", file=sys.stderr)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -19,8 +20,9 @@ from gateway.config import GatewayConfig
 from gateway.dashboard import views as dashboard
 from gateway.dashboard.cost import parse_prices
 from gateway.dashboard.sampler import sampler as dashboard_sampler
+from gateway.edge import edge_middleware
 from gateway.errors import GatewayError, error_response
-from gateway.handlers import admin, alias, completions, ops
+from gateway.handlers import admin, alias, completions, ops, relay, tenancy
 from gateway.handlers.admin import CDN_PURGE
 from gateway.lease import lease_ctx
 from gateway.metrics import GatewayMetrics
@@ -46,6 +48,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if exc.status < 400:
             raise
         return _http_error(exc)
+    except (ConnectionResetError, asyncio.CancelledError) as exc:  # the client left: not a gateway error
+        log.debug("client went away during %s %s", request.method, request.path)
+        if isinstance(exc, asyncio.CancelledError):
+            raise
+        gone = web.Response(status=499)
+        gone.force_close()
+        return gone  # never written: aiohttp notes the reset at debug level
     except Exception:  # the one place a gateway bug is caught: logged in full, rendered as JSON
         log.exception("unhandled error on %s %s", request.method, request.path)
         return error_response(500, "internal gateway error; the request was not cached",
@@ -105,9 +114,11 @@ def _cache_ctx(metrics: GatewayMetrics, clock: Callable[[], float], config: Gate
 def create_app(config: GatewayConfig, *, clock: Callable[[], float] = time.time,
                metrics: GatewayMetrics | None = None, cdn: CdnConfig | None = None) -> web.Application:
     """The gateway app; `cdn` lists the CDNs that `/admin/purge` fans out to (none by default)."""
-    app = web.Application(middlewares=[error_middleware], client_max_size=config.server.max_body_bytes)
+    app = web.Application(middlewares=[error_middleware, relay.path_guard, edge_middleware],
+                          client_max_size=config.server.max_body_bytes)
     app.cleanup_ctx.append(_cache_ctx(metrics or GatewayMetrics(), clock, config))
     app.cleanup_ctx.append(lease_ctx)  # cross-replica leases on L2 misses (Redis L2 only)
+    app.cleanup_ctx.append(tenancy.tenancy_ctx)  # the scope secret (config, Redis or the state file)
     if cdn is not None and cdn.enabled:
         app.cleanup_ctx.append(_cdn_ctx(cdn))
     app.router.add_post("/v1/chat/completions", completions.make_handler("chat/completions"))
@@ -125,5 +136,5 @@ def create_app(config: GatewayConfig, *, clock: Callable[[], float] = time.time,
     app.cleanup_ctx.append(ops.gauge_refresher)  # after the cache ctx: it reads the state
     app.cleanup_ctx.append(dashboard_sampler)  # the dashboard's history: a baseline now, then every step
     app.on_response_prepare.append(ops.on_response_prepare)  # Server-Timing and the per-request record
-    app.router.add_route("*", "/v1/{tail:.*}", ops.passthrough)
+    app.router.add_route("*", "/v1/{tail:.*}", relay.passthrough)  # known or listed routes only
     return app

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import os
 import re
 import tomllib
@@ -57,22 +58,46 @@ class ServerConfig:
     workers: int = 1
     max_body_bytes: int = 4 * 1024 * 1024
     admin_token: str = ""  # empty: admin endpoints are disabled (404), never open
-    tenant_header: str = ""  # when set, this header (not the bearer token) names the tenant
+    tenant_header: str = ""  # when set, names the tenant on requests from a trusted proxy (below) only
+    tenant_trusted_cidrs: tuple[str, ...] = ()  # proxies whose tenant_header is honoured
+    tenant_proxy_secret: str = ""  # or: requests carrying X-Tokenedge-Proxy-Secret with this value
+    credential_headers: tuple[str, ...] = ()  # extra headers that identify the caller upstream (in the scope)
+    refuse_anonymous: bool = False  # 401 for cacheable requests with no credential instead of the shared `anon`
+    scope_secret: str = ""  # keys tenant scopes; empty: created once (Redis SET NX, else state_dir/scope_secret)
+    state_dir: str = ".tokenedge"
     uvloop: bool = True
     dashboard_public_on_loopback: bool = True
+    metrics_require_token: bool = False  # /metrics like /dashboard: admin token unless direct loopback
     access_log_sample_rate: float = 0.0
+    header_read_timeout_s: float = 5.0  # per read while a request's head is arriving
+    header_total_s: float = 10.0  # the whole head
+    body_read_timeout_s: float = 10.0  # per read while a request body is arriving
+    body_total_s: float = 60.0  # the whole body
+    max_connections: int = 4096  # per process; connections beyond are closed at once
 
     def __post_init__(self) -> None:
         _require(0 < self.port < 65536, f"server.port must be 1-65535, got {self.port}")
         _require(1 <= self.workers <= 256, f"server.workers must be 1-256, got {self.workers}")
         _require(self.max_body_bytes >= 1024, "server.max_body_bytes must be at least 1024")
         _require(0.0 <= self.access_log_sample_rate <= 1.0, "server.access_log_sample_rate must be in [0, 1]")
+        _require(not self.tenant_header or bool(self.tenant_trusted_cidrs or self.tenant_proxy_secret),
+                 "server.tenant_header needs server.tenant_trusted_cidrs or server.tenant_proxy_secret: "
+                 "a tenant header from an untrusted client is ignored")
+        for cidr in self.tenant_trusted_cidrs:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError:
+                raise ConfigError(f"server.tenant_trusted_cidrs: {cidr!r} is not an address or CIDR") from None
+        for name in ("header_read_timeout_s", "header_total_s", "body_read_timeout_s", "body_total_s"):
+            _require(getattr(self, name) > 0, f"server.{name} must be > 0")
+        _require(self.max_connections >= 1, "server.max_connections must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)
 class UpstreamConfig:
     url: str = "http://127.0.0.1:8000"
     api_key: str = ""  # when set, injected upstream instead of forwarding the client's Authorization
+    relay_routes: tuple[str, ...] = ()  # extra /v1/ paths relayed untouched ("files", "files/*", "batches/**")
     connect_timeout_s: float = 2.0
     read_timeout_s: float = 120.0  # per socket read (sock_read), never a total: long generations are not cut
     model_revision: str = ""  # used when the upstream's /v1/models reports none
@@ -85,6 +110,10 @@ class UpstreamConfig:
         _require(self.read_timeout_s > 0, "upstream.read_timeout_s must be > 0")
         _require(self.models_ttl_s >= 0, "upstream.models_ttl_s must be >= 0")
         _require(self.max_connections >= 1, "upstream.max_connections must be >= 1")
+        for route in self.relay_routes:
+            _require(bool(route) and not route.startswith("/") and "**" not in route.split("/")[:-1]
+                     and all(s and s not in (".", "..") and not set(s) & set("\\;%?#") for s in route.split("/")),
+                     f"upstream.relay_routes: {route!r} must be a path under /v1/ like 'files' or 'files/*'")
 
     def __repr__(self) -> str:
         return f"UpstreamConfig(url={self.url!r}, api_key={'***' if self.api_key else ''!r})"

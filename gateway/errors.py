@@ -5,6 +5,7 @@
     │   └── ContextTooLong            400 context_length_exceeded
     ├── Unauthorized                  401 authentication_error
     ├── NotFound                      404 not_found_error
+    ├── MethodNotAllowed              405 invalid_request_error (Allow)
     ├── PayloadTooLarge               413 invalid_request_error
     ├── UnsupportedMediaType          415 invalid_request_error
     ├── RateLimited                   429 rate_limit_error (Retry-After)
@@ -62,6 +63,12 @@ class Unauthorized(GatewayError):
 class NotFound(GatewayError):
     status = 404
     type = "not_found_error"
+
+
+class MethodNotAllowed(GatewayError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
 
 
 class PayloadTooLarge(GatewayError):

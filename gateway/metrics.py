@@ -86,6 +86,8 @@ class GatewayMetrics:
                                      ["tier"], multiprocess_mode="livesum", registry=r)
         self.upstream_up = Gauge("tokenedge_upstream_up", "1 when the last upstream contact succeeded",
                                  multiprocess_mode="livemin", registry=r)
+        self.slow_clients = Counter("tokenedge_slow_clients", "Connections closed at the edge: a request head or "
+                                    "body too slow, or over the connection cap", ["phase"], registry=r)
         self.tag_truncations = Counter("tokenedge_tag_header_truncations", "Tags dropped to fit CDN header limits",
                                        registry=r)
         self.cost_saved = Counter("tokenedge_cost_saved_usd", "Estimated upstream cost of the answers served from "

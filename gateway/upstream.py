@@ -8,6 +8,7 @@ cacheable requests ask the upstream for `identity` encoding so their bodies can 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ HOP_BY_HOP = frozenset({
     "trailer", "transfer-encoding", "upgrade", "host", "content-length",
 })
 # Request fields the gateway consumes itself.
-GATEWAY_ONLY = frozenset({"cache-control", "pragma", "x-tokenedge-debug", "if-none-match"})
+GATEWAY_ONLY = frozenset({"cache-control", "pragma", "x-tokenedge-debug", "if-none-match", "x-tokenedge-proxy-secret"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +104,13 @@ class Upstream:
 
 def translate(exc: BaseException) -> UpstreamError:
     """Map aiohttp's exception tree onto ours, once, at the boundary."""
+    # Messages reach clients: they name the failure, never an address, port or path (aiohttp's texts do).
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return UpstreamUnavailable(f"upstream unavailable: {exc.os_error or exc}")
+        errno = getattr(exc.os_error, "errno", None)
+        detail = os.strerror(errno).lower() if isinstance(errno, int) and errno > 0 else type(exc).__name__
+        return UpstreamUnavailable(f"upstream unavailable: {detail}")
     if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
         return UpstreamTimeout("upstream timed out")
     if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
         return UpstreamError(f"upstream closed the connection early: {type(exc).__name__}")
-    return UpstreamError(f"upstream error: {type(exc).__name__}: {exc}")
+    return UpstreamError(f"upstream error: {type(exc).__name__}")

@@ -16,7 +16,11 @@ function cache_key(r) {
     h.update('te-nginx-1\n' + method + '\n' + (r.headersIn.Host || '') + '\n' + uri + '\n');
     // Public alias keys (te1:pub:...) are served by the gateway to anyone; everything else is per tenant.
     if (!(method === 'GET' && uri.startsWith('/v1/cache/te1:pub:'))) {
-        h.update('auth:' + (r.headersIn.Authorization || '') + '\n');
+        // Every credential part the gateway scopes by, so two callers the upstream tells apart never share.
+        var parts = ['Authorization', 'api-key', 'x-api-key', 'OpenAI-Organization', 'OpenAI-Project'];
+        for (var i = 0; i < parts.length; i++) {
+            h.update(parts[i] + ':' + (r.headersIn[parts[i]] || '') + '\n');
+        }
         var tenant = r.variables.tokenedge_tenant_header;
         if (tenant) {
             h.update('tenant:' + tenant + '\n');

@@ -119,10 +119,15 @@ sub vcl_hash {
     } else {
         hash_data(server.ip);
     }
-    # The tenant credential: the gateway scopes entries by it, so the edge must too. Public alias keys are
-    # served by the gateway to anyone and are shared.
+    # Every credential part: the gateway scopes entries by all of them (Authorization of any scheme, api-key,
+    # x-api-key, OpenAI-Organization, OpenAI-Project), so the edge must too. Public alias keys are served by the
+    # gateway to anyone and are shared.
     if (req.url !~ "^/v1/cache/te1:pub:") {
         hash_data("authorization:" + req.http.Authorization);
+        hash_data("api-key:" + req.http.api-key);
+        hash_data("x-api-key:" + req.http.x-api-key);
+        hash_data("openai-organization:" + req.http.OpenAI-Organization);
+        hash_data("openai-project:" + req.http.OpenAI-Project);
 {{tenant_hash}}
     }
     if (req.http.X-TE-Method == "POST") {

@@ -1,16 +1,16 @@
 """`GET /dashboard` and `GET /dashboard/data`: read-only, and guarded the same way.
 
-Access: open to loopback clients when `server.dashboard_public_on_loopback` (the default), but only to direct
-ones: a request that carries proxy headers (`Forwarded`, `X-Forwarded-For`, `Via`) came through a proxy or CDN on
-the same host, which makes every client look local, so it needs the token too. Otherwise the admin token, as a bearer
-header or as `?token=` (the page moves it into a header and strips it from the address bar). With no admin token
-configured, the dashboard is loopback-only and answers 404 elsewhere, like the admin endpoints.
+Access (`gateway.handlers.tenancy.require_operator`): open to loopback clients when
+`server.dashboard_public_on_loopback` (the default), but only to direct ones: a request that carries any forwarding
+header (`Forwarded`, `X-Forwarded-*`, `Via`, `X-Real-IP`, `True-Client-IP`, `CF-Connecting-IP`, `Fastly-Client-IP`,
+`X-Client-IP`) came through a proxy or CDN, which may make every client look local, so it needs the token too.
+Otherwise the admin token, as a bearer header or as `?token=` (the page moves it into a header and strips it from
+the address bar). With no admin token configured, the dashboard is loopback-only and answers 404 elsewhere, like
+the admin endpoints.
 """
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
 import os
 import time
 from importlib import resources
@@ -21,9 +21,9 @@ from aiohttp import web
 from gateway.dashboard.history import WINDOWS, snapshot
 from gateway.dashboard.hotkeys import merged, other_workers
 from gateway.dashboard.summary import summarize
-from gateway.errors import BadRequest, NotFound, Unauthorized
+from gateway.errors import BadRequest
 from gateway.handlers import ops
-from gateway.handlers.tenancy import bearer_token
+from gateway.handlers.tenancy import require_operator
 from gateway.state import STATE, GatewayState
 
 DEFAULT_WINDOW = "5m"
@@ -39,29 +39,8 @@ _PAGE_HEADERS = {
 }
 
 
-def _is_loopback(remote: str | None) -> bool:
-    try:
-        return remote is not None and ipaddress.ip_address(remote).is_loopback
-    except ValueError:
-        return False
-
-
-_PROXY_HEADERS = ("Forwarded", "X-Forwarded-For", "Via")
-
-
-def _is_direct_local(request: web.Request) -> bool:
-    return _is_loopback(request.remote) and not any(name in request.headers for name in _PROXY_HEADERS)
-
-
 def check_access(request: web.Request) -> None:
-    server = request.app[STATE].config.server
-    if server.dashboard_public_on_loopback and _is_direct_local(request):
-        return
-    if not server.admin_token:
-        raise NotFound("the dashboard is served on loopback only: no admin token is configured")
-    token = bearer_token(request.headers) or request.query.get("token", "")
-    if not (token and hmac.compare_digest(token.encode(), server.admin_token.encode())):
-        raise Unauthorized("the dashboard needs the admin token")
+    require_operator(request, "the dashboard")
 
 
 async def page(request: web.Request) -> web.Response:

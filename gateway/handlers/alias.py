@@ -16,8 +16,8 @@ from gateway.canonical import CanonicalizationError
 from gateway.config import CACHEABLE_ENDPOINTS
 from gateway.errors import BadRequest, NotFound
 from gateway.handlers.completions import entry_response
-from gateway.handlers.tenancy import tenant_credential
-from gateway.keys import PUBLIC_SCOPE, derive_key, parse_key, tenant_scope
+from gateway.handlers.tenancy import scope_of
+from gateway.keys import PUBLIC_SCOPE, derive_key, parse_key
 from gateway.policy import Freshness, Lookup, decide, freshness
 from gateway.state import STATE
 from gateway.tokens.keyform import TOKEN_LEVELS, canonical_form, key_encoder
@@ -36,10 +36,8 @@ async def get_alias(request: web.Request) -> web.Response:
     parsed = parse_key(request.match_info["key"])
     if parsed is None:
         raise NotFound("no such cache entry")
-    if parsed.scope != PUBLIC_SCOPE:
-        credential = tenant_credential(request.headers, state.config.server.tenant_header)
-        if tenant_scope(credential) != parsed.scope:
-            raise NotFound("no such cache entry")
+    if parsed.scope != PUBLIC_SCOPE and scope_of(request) != parsed.scope:
+        raise NotFound("no such cache entry")
     found = await state.cache.get(parsed.key)
     now = state.clock()
     if found is None or freshness(age_s=found.entry.age_s(now), ttl_s=found.entry.ttl_s,
@@ -76,8 +74,7 @@ async def explain(request: web.Request) -> web.Response:
         level, canonical = canonical_form(route.level, endpoint, body, encoder)
     except CanonicalizationError as exc:
         raise BadRequest(str(exc)) from None
-    scope = PUBLIC_SCOPE if route.scope == "public" else tenant_scope(
-        tenant_credential(request.headers, state.config.server.tenant_header))
+    scope = PUBLIC_SCOPE if route.scope == "public" else scope_of(request)
     key = derive_key(scope=scope, endpoint=endpoint, level=level, model_revision=revision, canonical=canonical)
     out = {
         "endpoint": endpoint, "level": level.value, "route_level": route.level, "scope": scope, "revision": revision,

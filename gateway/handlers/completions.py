@@ -6,6 +6,7 @@ The upstream always receives the client's own bytes; only the key is built from 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any, assert_never
@@ -21,8 +22,8 @@ from gateway.errors import BadRequest, GatewayError, NotCached, UpstreamError
 from gateway.fill import FillRequest, FillResult, fill
 from gateway.handlers.ops import handler_done
 from gateway.handlers.relay import relay
-from gateway.handlers.tenancy import tenant_credential
-from gateway.keys import PUBLIC_SCOPE, CacheKey, derive_key_from_bytes, tenant_scope
+from gateway.handlers.tenancy import scope_of
+from gateway.keys import PUBLIC_SCOPE, CacheKey, derive_key_from_bytes
 from gateway.lease_fill import leased_fill
 from gateway.lookup import read_cache
 from gateway.memo import ParsedRequest
@@ -74,8 +75,7 @@ async def cache_key(request: web.Request, state: GatewayState, prep: Prepared,
     model's tokenizer is loaded.
     """
     route = state.config.routes[prep.endpoint]
-    scope = PUBLIC_SCOPE if route.scope == "public" else tenant_scope(
-        tenant_credential(request.headers, state.config.server.tenant_header))
+    scope = PUBLIC_SCOPE if route.scope == "public" else scope_of(request)
     encoder = None
     if route.level in TOKEN_LEVELS:
         encoder = await key_encoder(state, prep.body.get("model"), lambda: forward_headers(
@@ -131,6 +131,9 @@ def make_handler(endpoint: str):
         except GatewayError:
             result = "error"
             raise
+        except (ConnectionResetError, asyncio.CancelledError):
+            result, reason = "client_gone", "client_gone"  # the client left: counted, never an error
+            raise
         finally:
             tally = state.metrics.tally
             tally.inc(state.metrics.requests, (endpoint, result, reason))
@@ -142,7 +145,7 @@ def make_handler(endpoint: str):
 
 async def bypass(request: web.Request, state: GatewayState, prep: Prepared, reason: str) -> web.StreamResponse:
     fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=False)
-    await check_bypass(state, prep.endpoint, prep.body, request.headers, fwd)  # context length, token budget
+    await check_bypass(state, prep.endpoint, prep.body, scope_of(request), fwd)  # context length, token budget
     return await relay(request, state, method="POST", path_qs=request.path_qs, headers=fwd, body=prep.raw,
                        extra_headers={hdr.CACHE_STATUS: hdr.bypass_status(reason),
                                       "Cache-Control": hdr.BYPASS_CACHE_CONTROL})
@@ -176,7 +179,7 @@ def fill_request(request: web.Request, state: GatewayState, prep: Prepared, look
     if fwd is None:
         fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
     return FillRequest(prep.endpoint, resolved.key, resolved.model, resolved.revision, lookup.ttl_s,
-                       request.path_qs, fwd, prep.raw, upstream_for(state, prep.endpoint, prep.body, request.headers),
+                       request.path_qs, fwd, prep.raw, upstream_for(state, prep.endpoint, prep.body, scope_of(request)),
                        level=resolved.level.value)
 
 

@@ -1,4 +1,4 @@
-"""Liveness, readiness, metrics and the other `/v1/*` paths (relayed untouched, never cached).
+"""Liveness, readiness, metrics and `/v1/models`.
 
 Also the two observability hooks the app installs: the per-worker gauge refresher (so L1 gauges stay current in
 every worker, not only the one scraped) and the response-prepare signal that sends `Server-Timing` to admin
@@ -17,9 +17,7 @@ from aiohttp import web
 
 from gateway import accesslog
 from gateway.errors import UpstreamError
-from gateway.handlers.relay import relay
-from gateway.handlers.tenancy import is_admin, tenant_credential
-from gateway.keys import tenant_scope
+from gateway.handlers.tenancy import is_admin, require_operator, scope_of
 from gateway.state import STATE, GatewayState
 from gateway.timing import StageTimer, timer_of
 from gateway.upstream import forward_headers, relay_headers
@@ -100,6 +98,8 @@ async def render_metrics(state: GatewayState) -> bytes:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    if request.app[STATE].config.server.metrics_require_token:
+        require_operator(request, "/metrics")
     body = await render_metrics(request.app[STATE])
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
@@ -139,17 +139,10 @@ async def on_response_prepare(request: web.Request, response: web.StreamResponse
 async def models(request: web.Request) -> web.Response:
     state = request.app[STATE]
     fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
-    scope = tenant_scope(tenant_credential(request.headers, state.config.server.tenant_header))
+    scope = scope_of(request)
     resp = await state.catalog.models_response(scope, fwd)
     headers = relay_headers(resp.headers)
     headers["Content-Type"] = resp.headers.get("Content-Type", "application/json")
     headers["Cache-Control"] = "private, max-age=0"
     return web.Response(status=resp.status, body=resp.body, headers=headers)
 
-
-async def passthrough(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE]
-    body = await request.read() if request.can_read_body else None
-    fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=False)
-    return await relay(request, state, method=request.method, path_qs=request.path_qs, headers=fwd, body=body,
-                       extra_headers={"Cache-Control": "no-store"})

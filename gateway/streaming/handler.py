@@ -93,7 +93,7 @@ async def stream_miss(request: web.Request, state: GatewayState, req: FillReques
             await pipe(state, flight, response, include_usage=include_usage, on_first=_first_token(request))
             await response.write_eof()
         except ConnectionResetError:
-            return response, result, "client-gone"  # the flight goes on for the others (or is abandoned)
+            return response, "client_gone", result  # the flight goes on for the others (or is abandoned)
         return response, result, flight.outcome
     finally:
         flight.unsubscribe(sub)

@@ -25,8 +25,6 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from gateway.catalog import ModelCatalog, ModelInfo
 from gateway.config import TokensConfig
 from gateway.errors import ContextTooLong, GatewayError, RateLimited, error_body
-from gateway.handlers.tenancy import tenant_credential
-from gateway.keys import tenant_scope
 from gateway.metrics import GatewayMetrics
 from gateway.state import GatewayState
 from gateway.tokens.cache import TokenCache
@@ -55,9 +53,8 @@ def _max_tokens(body: Mapping[str, Any]) -> int:
 
 class TokenPath:
     def __init__(self, config: TokensConfig, upstream: Upstream, catalog: ModelCatalog, metrics: GatewayMetrics,
-                 clock: Any, tenant_header: str = "") -> None:
+                 clock: Any) -> None:
         self.config = config
-        self.tenant_header = tenant_header
         self.upstream = upstream
         self.catalog = catalog
         self.metrics = metrics
@@ -85,12 +82,10 @@ class TokenPath:
             spec = None
         return None if spec is None else self.encoder(spec)
 
-    def tenant(self, client_headers: Mapping[str, str]) -> str:
-        return tenant_scope(tenant_credential(client_headers, self.tenant_header))
-
     async def plan(self, endpoint: str, body: Mapping[str, Any], headers: Mapping[str, str],
-                   client_headers: Mapping[str, str]) -> Plan:
-        """Count the prompt and enforce the budgets; raises ContextTooLong or RateLimited."""
+                   tenant: str) -> Plan:
+        """Count the prompt and enforce the budgets (`tenant`: the request's scope); raises ContextTooLong or
+        RateLimited."""
         model = body.get("model")
         if endpoint not in BINARY_ENDPOINTS or not isinstance(model, str):
             return Plan()
@@ -115,7 +110,7 @@ class TokenPath:
             raise ContextTooLong(f"This model's maximum context length is {limit} tokens; the prompt has {count} "
                                  f"tokens and max_tokens asks for {wanted} more.", param="max_tokens")
         if self.limiter is not None:
-            admission = self.limiter.admit(self.tenant(client_headers), count + wanted)
+            admission = self.limiter.admit(tenant, count + wanted)
             if not admission.allowed:
                 raise RateLimited(f"token rate limit reached: this request needs {count + wanted} tokens, "
                                   f"{admission.remaining} are left this minute", headers={
@@ -146,15 +141,15 @@ class TokenUpstream:
     """The per-request upstream seam handed to a fill: counts on first use, then binary or JSON."""
 
     def __init__(self, path: TokenPath, endpoint: str, body: Mapping[str, Any],
-                 client_headers: Mapping[str, str]) -> None:
+                 tenant: str) -> None:
         self._path = path
         self._endpoint = endpoint
         self._body = body
-        self._client_headers = client_headers
+        self._tenant = tenant
 
     async def _plan(self, headers: Mapping[str, str]) -> Plan | UpstreamResponse:
         try:
-            return await self._path.plan(self._endpoint, self._body, headers, self._client_headers)
+            return await self._path.plan(self._endpoint, self._body, headers, self._tenant)
         except GatewayError as exc:  # answered here: the upstream is never contacted
             return UpstreamResponse(exc.status, CIMultiDictProxy(CIMultiDict(
                 {"Content-Type": "application/json", **exc.headers})), error_body(
@@ -220,24 +215,23 @@ def token_path(state: GatewayState) -> TokenPath | None:
         if not state.config.tokens.enabled:
             return None
         path = state.extensions[TOKEN_PATH] = TokenPath(state.config.tokens, state.upstream, state.catalog,
-                                                        state.metrics, state.clock,
-                                                        state.config.server.tenant_header)
+                                                        state.metrics, state.clock)
     assert isinstance(path, TokenPath)
     return path
 
 
 def upstream_for(state: GatewayState, endpoint: str, body: Mapping[str, Any],
-                 client_headers: Mapping[str, str]) -> TokenUpstream | None:
+                 tenant: str) -> TokenUpstream | None:
     """The seam for a fill (None: the plain upstream); nothing is counted until the fill goes upstream."""
     path = token_path(state)
     if path is None or endpoint not in BINARY_ENDPOINTS:
         return None
-    return TokenUpstream(path, endpoint, body, client_headers)
+    return TokenUpstream(path, endpoint, body, tenant)
 
 
 async def check_bypass(state: GatewayState, endpoint: str, body: Mapping[str, Any],
-                       client_headers: Mapping[str, str], upstream_headers: Mapping[str, str]) -> None:
+                       tenant: str, upstream_headers: Mapping[str, str]) -> None:
     """Budgets for a bypassed request (relayed as JSON): raises ContextTooLong or RateLimited."""
     path = token_path(state)
     if path is not None:
-        await path.plan(endpoint, body, upstream_headers, client_headers)
+        await path.plan(endpoint, body, upstream_headers, tenant)

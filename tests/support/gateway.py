@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from cdn.purge import CdnConfig
 from gateway.app import create_app
 from gateway.config import GatewayConfig
+from gateway.edge import EdgeTestServer
 from gateway.state import STATE, GatewayState
 
 
@@ -36,7 +37,7 @@ def gateway_config(upstream_url: str, **sections: dict[str, Any]) -> GatewayConf
 @dataclass
 class RunningGateway:
     client: TestClient
-    server: TestServer
+    server: EdgeTestServer
 
     @property
     def state(self) -> GatewayState:
@@ -53,7 +54,7 @@ class RunningGateway:
 async def start_gateway(config: GatewayConfig, clock: FakeClock | None = None,
                         cdn: CdnConfig | None = None) -> RunningGateway:
     app = create_app(config, clock=clock or FakeClock(), cdn=cdn)
-    server = TestServer(app, host="127.0.0.1", handler_cancellation=True)
+    server = EdgeTestServer(app, host="127.0.0.1", handler_cancellation=True)
     client = TestClient(server)
     await client.start_server()
     return RunningGateway(client, server)

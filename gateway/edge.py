@@ -1,0 +1,286 @@
+"""The gateway's HTTP edge: read deadlines, a connection cap, and quiet, JSON-only protocol errors.
+
+aiohttp has no deadline for a request's head or body: a client that sends a few bytes, or a Content-Length and
+then too few bytes, holds its connection (and a handler) for as long as it likes. Here:
+
+- Head: from a request's first byte (or the connection's start) until aiohttp hands the parsed request to the app,
+  each read must come within `server.header_read_timeout_s` and the whole head within `server.header_total_s`. A
+  per-process sweep (`EdgeServer`) closes offenders with a 408 JSON answer.
+- Body: the app's `body_deadline` middleware reads the whole body before any handler runs, each read within
+  `server.body_read_timeout_s` and all of it within `server.body_total_s` (and within `max_body_bytes`).
+- At most `server.max_connections` open connections per process; more are closed at once.
+
+Each close is counted in `tokenedge_slow_clients_total{phase}` (header, body, capacity) and logged at debug level,
+never as an error: slow clients are the Internet, not a gateway fault. aiohttp's own parser errors (bad
+Content-Length, bad Transfer-Encoding, bad method, oversized head) answer OpenAI-style JSON 400s, and a client that
+left is debug-logged without a traceback.
+
+`EdgeRunner` replaces aiohttp's `AppRunner` (the only seam that chooses the protocol class); `serve` replaces
+`web.run_app` for `python -m gateway`, and the tests' `start_gateway` uses the same runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, Final
+
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from aiohttp.web_protocol import RequestHandler
+
+from gateway.config import ServerConfig
+from gateway.errors import GatewayError, PayloadTooLarge, error_body, error_response
+from gateway.metrics import GatewayMetrics
+from gateway.state import STATE
+
+log = logging.getLogger("tokenedge.edge")
+IDLE, HEAD, HANDLING = 0, 1, 2
+SWEEP_MAX_S: Final = 0.5
+_TIMEOUT_BODY = error_body("the request was not received in time", type_="invalid_request_error",
+                           code="request_timeout")
+_TIMEOUT_RESPONSE = (b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                     b"Content-Length: " + str(len(_TIMEOUT_BODY)).encode() + b"\r\n\r\n" + _TIMEOUT_BODY)
+
+
+class SlowClient(GatewayError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
+class EdgeRequestHandler(RequestHandler):
+    """aiohttp's protocol plus the head deadline and the connection cap (state read by `EdgeServer.sweep`)."""
+
+    def __init__(self, manager: EdgeServer, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self.edge = manager
+        self.phase = HEAD
+        self.head_started = self.last_rx = 0.0
+        self.rx_while_handling = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        edge = self.edge
+        if len(edge.live) >= edge.config.max_connections:
+            edge.count("capacity")
+            self.force_close()
+            return
+        self.head_started = self.last_rx = self._loop.time()
+        edge.live.add(self)
+        edge.ensure_sweeping()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.edge.live.discard(self)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if not data:  # aiohttp re-enters with b"" to resume parsing: not a read
+            super().data_received(data)
+            return
+        now = self._loop.time()
+        if self.phase == IDLE:
+            self.phase, self.head_started = HEAD, now
+        elif self.phase == HANDLING and not self.rx_while_handling:
+            # Bytes after this request's body is complete are a pipelined head: its clock starts when this request
+            # ends. (Bytes that complete the body and start a head in one read go unnoticed: keepalive caps them.)
+            current = self._current_request
+            self.rx_while_handling = current is None or current.content.is_eof()
+        self.last_rx = now
+        super().data_received(data)
+
+    def request_started(self) -> None:
+        self.phase, self.rx_while_handling = HANDLING, False
+
+    def request_finished(self) -> None:
+        now = self._loop.time()
+        if self.rx_while_handling:
+            self.phase, self.head_started, self.last_rx = HEAD, now, now
+        else:
+            self.phase = IDLE
+
+    def drop_after_response(self) -> None:
+        """Close as soon as the answer is written: no lingering read of a body that is not coming."""
+        self._lingering_time = 0.0
+
+    def credit(self, seconds: float) -> None:
+        self.last_rx += seconds
+        self.head_started += seconds
+
+    def expired(self, now: float) -> bool:
+        config = self.edge.config
+        return self.phase == HEAD and (now - self.last_rx > config.header_read_timeout_s
+                                       or now - self.head_started > config.header_total_s)
+
+    def close_slow(self) -> None:
+        self.edge.count("header")
+        log.debug("closed a connection whose request head was too slow")
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(_TIMEOUT_RESPONSE)
+        self.force_close()
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        """aiohttp's parser errors and last-resort failures: JSON, and a traceback only for a real 500."""
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already started")
+        if status >= 500 and not isinstance(exc, ConnectionError):
+            self.logger.exception("error handling a request", exc_info=exc)
+            response = error_response(status, "internal gateway error", type_="internal_error",
+                                      code="internal_error")
+        else:
+            first_line = (message or "").strip().splitlines()[:1]
+            log.debug("protocol error %d from a client: %s", status, first_line or type(exc).__name__)
+            text = "malformed HTTP request" + (f": {first_line[0][:200]}" if first_line else "")
+            response = error_response(status if status < 500 else 400, text, type_="invalid_request_error",
+                                      code="bad_http_request")
+        response.force_close()
+        return response
+
+
+class EdgeServer(web.Server):
+    """aiohttp's low-level server, making `EdgeRequestHandler`s and sweeping them for expired heads."""
+
+    def __init__(self, *args: Any, config: ServerConfig, metrics: GatewayMetrics, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.config = config
+        self.metrics = metrics
+        self.live: set[EdgeRequestHandler] = set()
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._due = 0.0
+        self._interval = min(SWEEP_MAX_S, config.header_read_timeout_s / 4, config.header_total_s / 4)
+
+    def __call__(self) -> RequestHandler:
+        return EdgeRequestHandler(self, loop=self._loop, **self._kwargs)
+
+    def count(self, phase: str) -> None:
+        self.metrics.slow_clients.labels(phase).inc()
+
+    def ensure_sweeping(self) -> None:
+        if self._sweeper is None:
+            self._due = self._loop.time() + self._interval
+            self._sweeper = self._loop.call_at(self._due, self.sweep)
+
+    def sweep(self, now: float | None = None) -> None:
+        """Close every connection whose head is overdue (`now`: the loop's time unless a test passes one).
+
+        A sweep that fires late found the event loop stalled (GC, CPU contention): bytes that arrived meanwhile are
+        not read yet, so the stall is credited to every connection, never blamed on the client.
+        """
+        if self._sweeper is not None:
+            self._sweeper.cancel()  # a no-op when this is the timer firing; a test's call keeps one chain
+        self._sweeper = None
+        if now is None:
+            now = self._loop.time()
+            stall = now - self._due - self._interval
+            if stall > 0:
+                for conn in self.live:
+                    conn.credit(stall)
+        for conn in [c for c in self.live if c.expired(now)]:
+            self.live.discard(conn)
+            conn.close_slow()
+        if self.live:
+            self.ensure_sweeping()
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        await super().shutdown(timeout)
+
+
+class EdgeRunner(web.AppRunner):
+    """`web.AppRunner` serving through `EdgeServer` (the app's startup has run: its config and metrics exist)."""
+
+    async def _make_server(self) -> web.Server:
+        app = self.app
+        app._set_loop(asyncio.get_running_loop())
+        app.on_startup.freeze()
+        await app.startup()
+        app.freeze()
+        state = app[STATE]
+        kwargs = dict(self._kwargs)
+        kwargs.setdefault("keepalive_timeout", 75.0)
+        kwargs["debug"] = app._debug
+        kwargs.update(app._handler_args or {})
+        return EdgeServer(app._handle, request_factory=app._make_request, loop=asyncio.get_running_loop(),
+                          config=state.config.server, metrics=state.metrics, **kwargs)
+
+
+class EdgeTestServer(TestServer):
+    """aiohttp's TestServer on the gateway's own runner, so tests exercise the same edge as production."""
+
+    async def _make_runner(self, **kwargs: Any) -> web.BaseRunner:
+        return EdgeRunner(self.app, **kwargs)
+
+
+@web.middleware
+async def edge_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Marks the head as received (no more head deadline), then reads the body under its deadlines."""
+    protocol = request.protocol
+    edge = protocol if isinstance(protocol, EdgeRequestHandler) else None
+    if edge is not None:
+        edge.request_started()
+    try:
+        if request.body_exists:
+            try:
+                await read_body_within_deadlines(request)
+            except SlowClient as exc:
+                if edge is not None:
+                    edge.drop_after_response()
+                response = exc.to_response()
+                response.force_close()
+                return response
+        return await handler(request)
+    finally:
+        if edge is not None:
+            edge.request_finished()
+
+
+async def read_body_within_deadlines(request: web.Request) -> None:
+    """Read the whole body now; `request.read()` then returns it (aiohttp caches a read body in `_read_bytes`)."""
+    state = request.app[STATE]
+    server = state.config.server
+    declared = request.content_length
+    if declared is not None and declared > server.max_body_bytes:
+        raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {server.max_body_bytes} bytes")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + server.body_total_s
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        wait_s = min(server.body_read_timeout_s, deadline - loop.time())
+        try:
+            if wait_s <= 0:
+                raise TimeoutError
+            async with asyncio.timeout(wait_s):
+                chunk = await request.content.readany()
+        except TimeoutError:
+            state.metrics.slow_clients.labels("body").inc()
+            log.debug("closed a connection whose request body was too slow")
+            raise SlowClient("the request body was not received in time") from None
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > server.max_body_bytes:
+            raise PayloadTooLarge(f"request body exceeds the limit of {server.max_body_bytes} bytes")
+        chunks.append(chunk)
+    request._read_bytes = b"".join(chunks)
+
+
+def serve(app: web.Application, *, host: str, port: int, reuse_port: bool) -> None:
+    """`web.run_app` on `EdgeRunner`: serve until SIGINT/SIGTERM, then clean up."""
+
+    async def main() -> None:
+        runner = EdgeRunner(app, handle_signals=True, access_log=None, handler_cancellation=True)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port, reuse_port=reuse_port).start()
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    with contextlib.suppress(web.GracefulExit, KeyboardInterrupt):
+        asyncio.run(main())
+
