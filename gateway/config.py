@@ -60,6 +60,7 @@ class UpstreamConfig:
     model_revision: str = ""  # used when the upstream's /v1/models reports none
     models_ttl_s: float = 30.0
     max_connections: int = 256
+    revision_push: bool = True  # follow the upstream's revision stream (GET /tokenedge/revisions) when offered
 
     def __post_init__(self) -> None:
         _require(self.url.startswith(("http://", "https://")), f"upstream.url must be http(s)://..., got {self.url!r}")
@@ -78,6 +79,7 @@ class CacheConfig:
     redis_url: str = ""  # empty: L1 only (the embedded default)
     redis_timeout_s: float = 0.25
     redis_retry_after_s: float = 1.0  # after an L2 failure, skip L2 this long before trying again
+    bus_ping_interval_s: float = 1.0  # idle invalidation subscription pings Redis this often; 3 unanswered: L1 off
     max_entry_bytes: int = 2 * 1024 * 1024
     stale_if_error_s: int = 600
     cdn_tag_headers: tuple[str, ...] = ("surrogate-key", "cache-tag", "xkey")
@@ -88,6 +90,7 @@ class CacheConfig:
                  f"cache.redis_url must be redis://, rediss:// or unix://, got {self.redis_url!r}")
         _require(self.redis_timeout_s > 0, "cache.redis_timeout_s must be > 0")
         _require(self.redis_retry_after_s >= 0, "cache.redis_retry_after_s must be >= 0")
+        _require(self.bus_ping_interval_s > 0, "cache.bus_ping_interval_s must be > 0")
         _require(self.max_entry_bytes >= 1024, "cache.max_entry_bytes must be at least 1024")
         _require(self.stale_if_error_s >= 0, "cache.stale_if_error_s must be >= 0")
 

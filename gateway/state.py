@@ -18,6 +18,7 @@ from gateway.tiers.tiered import TieredCache
 from gateway.upstream import Upstream
 
 if TYPE_CHECKING:
+    from gateway.coherence.coherence import Coherence
     from gateway.streaming.broadcast import StreamFlights
 
 
@@ -34,6 +35,7 @@ class GatewayState:
     policies: dict[str, RoutePolicy] = field(default_factory=dict)  # per cacheable endpoint, built at startup
     stream_flights: StreamFlights = field(default_factory=lambda: _stream_flights())
     extensions: dict[str, object] = field(default_factory=dict)  # CDN purge clients, token registry, ...
+    coherence: Coherence | None = None  # the invalidation bus end of this process (gateway.coherence)
 
 
     def __post_init__(self) -> None:
