@@ -15,11 +15,17 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-import orjson
-
 from gateway.catalog import ModelCatalog
 from gateway.coherence.bus import Bus, BusUnavailable
-from gateway.coherence.message import Invalidation, decode, encode, process_origin
+from gateway.coherence.message import (
+    ACK_PREFIX,
+    Invalidation,
+    decode,
+    decode_ack,
+    encode,
+    encode_ack,
+    process_origin,
+)
 from gateway.tiers.memory import MemoryTier
 
 log = logging.getLogger("tokenedge.coherence")
@@ -34,6 +40,9 @@ class Coherence:
         self.origin = process_origin()
         self._clock = clock
         self._tasks: set[asyncio.Task[None]] = set()
+        self._acks: dict[str, tuple[set[str], asyncio.Event, int]] = {}  # purge id -> (ackers, all in, wanted)
+        self.subscribed = False
+        self.state_changed = asyncio.Event()  # set (and replaced) on every up/down: tests wait on it
         self.applied = 0  # messages from other processes applied here
         catalog.listener = self._revision_learned
 
@@ -52,11 +61,27 @@ class Coherence:
     # Receiver: called by the bus.
     def up(self) -> None:
         self.l1.resume()
+        self._set_subscribed(True)
 
     def down(self) -> None:
         self.l1.suspend()
+        self._set_subscribed(False)
+
+    def _set_subscribed(self, subscribed: bool) -> None:
+        if subscribed != self.subscribed:
+            self.subscribed = subscribed
+            self.state_changed.set()
+            self.state_changed = asyncio.Event()
+
+    async def wait_subscribed(self, subscribed: bool) -> None:
+        while self.subscribed != subscribed:
+            await self.state_changed.wait()
+        self.state_changed = asyncio.Event()  # set (and replaced) on every up/down: tests wait on it
 
     def message(self, raw: bytes) -> None:
+        if raw.startswith(ACK_PREFIX):
+            self._ack_received(raw)
+            return
         msg = decode(raw)
         if msg is None:
             log.error("unreadable invalidation (%d bytes): emptying L1", len(raw))
@@ -67,8 +92,17 @@ class Coherence:
         self.apply(msg)
         self.applied += 1
         if self.bus is not None:
-            ack = orjson.dumps({"id": msg.id, "by": self.origin, "lag_s": self._clock() - msg.sent_at})
-            self._spawn(self.bus.ack(ack))
+            self._spawn(self.bus.ack(encode_ack(msg.id, self.origin, self._clock() - msg.sent_at)))
+
+    def _ack_received(self, raw: bytes) -> None:
+        ack = decode_ack(raw)
+        waiting = self._acks.get(ack[0]) if ack is not None else None
+        if ack is None or waiting is None:
+            return
+        ackers, done, wanted = waiting
+        ackers.add(ack[1])
+        if len(ackers) >= wanted:
+            done.set()
 
     def apply(self, msg: Invalidation) -> None:
         if msg.keys:
@@ -80,15 +114,32 @@ class Coherence:
             self._drop_other_revisions(msg.model, msg.revision)
 
     # Publishing.
-    async def publish_purge(self, keys: tuple[str, ...], tags: tuple[str, ...]) -> int | str:
-        """After L2 and this L1 are purged: tell every other process. Receivers, or "error"."""
+    async def publish_purge(self, keys: tuple[str, ...], tags: tuple[str, ...], *,
+                            ack_timeout_s: float) -> int | str:
+        """After L2 and this L1 are purged: tell every other process and wait (bounded) until each subscribed
+        one confirms it applied the purge. The number of processes that confirmed, or "error"."""
         if self.bus is None:
             return 0
+        msg = Invalidation.purge(self.origin, self._clock(), keys, tags)
+        ackers: set[str] = set()
+        done = asyncio.Event()
+        self._acks[msg.id] = (ackers, done, 1 << 30)  # registered before publishing: no ack can be missed
         try:
-            return await self.bus.publish(encode(Invalidation.purge(self.origin, self._clock(), keys, tags)))
+            reached = await self.bus.publish(encode(msg))
+            wanted = reached - (1 if self.subscribed and self.bus.name == "redis" else 0)  # Redis counts us
+            self._acks[msg.id] = (ackers, done, wanted)
+            if len(ackers) < wanted:
+                try:
+                    await asyncio.wait_for(done.wait(), ack_timeout_s)
+                except TimeoutError:
+                    log.warning("purge %s: %d of %d processes confirmed within %.1f s",
+                                msg.id, len(ackers), wanted, ack_timeout_s)
+            return len(ackers)
         except BusUnavailable as exc:
             log.error("purge not published, other processes may keep the entries: %s", exc)
             return "error"
+        finally:
+            del self._acks[msg.id]
 
     def _revision_learned(self, model: str, old: str | None, new: str) -> None:
         log.info("model %r: revision %s -> %s", model, old, new)

@@ -59,6 +59,13 @@ class LocalBus:
         finally:
             receiver.down()
 
+    async def ack(self, raw: bytes) -> None:
+        """Acks travel the same relay (the publisher waits for them)."""
+        try:
+            await self.publish(raw)
+        except BusUnavailable as exc:
+            log.warning("ack not sent: %s", exc)
+
     async def publish(self, raw: bytes) -> int:
         if self._writer is None or self._writer.is_closing() or self._task is None or self._task.done():
             raise BusUnavailable("the worker bus is closed")
@@ -68,9 +75,6 @@ class LocalBus:
         except ConnectionError as exc:
             raise BusUnavailable(f"the worker bus failed: {exc}") from exc
         return self._peers
-
-    async def ack(self, raw: bytes) -> None:
-        """No observer listens on the local bus."""
 
     async def close(self) -> None:
         if self._task is not None:

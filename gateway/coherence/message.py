@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 WIRE_VERSION = 1
+ACK_PREFIX = b'{"ack":'  # acks share the local relay with invalidations; this prefix tells them apart
 _serial = itertools.count(1)
 
 
@@ -76,3 +77,19 @@ def decode(raw: bytes) -> Invalidation | None:
     if model is not None and not (isinstance(model, str) and isinstance(revision, str)):
         return None
     return Invalidation(origin, msg_id, float(sent_at), keys=keys, tags=tags, model=model, revision=revision)
+
+
+def encode_ack(msg_id: str, by: str, lag_s: float) -> bytes:
+    """`by` applied message `msg_id`, `lag_s` after it was sent (wall clocks: across hosts, only indicative)."""
+    return orjson.dumps({"ack": msg_id, "by": by, "lag_s": lag_s})
+
+
+def decode_ack(raw: bytes) -> tuple[str, str] | None:
+    """(message id, acking process), or None."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("ack"), str) or not isinstance(doc.get("by"), str):
+        return None
+    return doc["ack"], doc["by"]

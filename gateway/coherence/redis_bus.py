@@ -79,7 +79,7 @@ class RedisBus:
         while True:
             pubsub = self._sub.pubsub()
             try:
-                await asyncio.wait_for(pubsub.subscribe(CHANNEL), self._timeout_s * 4)
+                await asyncio.wait_for(pubsub.subscribe(CHANNEL, ACK_CHANNEL), self._timeout_s * 4)
                 await self._confirmed(pubsub)
                 receiver.up()
                 self._subscribed.set()
@@ -96,12 +96,15 @@ class RedisBus:
             backoff_s = min(backoff_s * 2, _MAX_BACKOFF_S)
 
     async def _confirmed(self, pubsub: aioredis.client.PubSub) -> None:
-        """Wait for the SUBSCRIBE reply: only from then on is every published message delivered to us."""
+        """Wait for both SUBSCRIBE replies: only from then on is every published message delivered to us."""
         deadline = self._clock() + self._timeout_s * 4
+        confirmed = 0
         while self._clock() < deadline:
             msg = await pubsub.get_message(timeout=self._timeout_s)
             if msg is not None and msg.get("type") == "subscribe":
-                return
+                confirmed += 1
+                if confirmed == 2:
+                    return
         raise TimeoutError("no SUBSCRIBE confirmation")
 
     async def _listen(self, pubsub: aioredis.client.PubSub, receiver: Receiver) -> None:

@@ -1,7 +1,8 @@
 """Admin endpoints: purge by key or tag across L1, L2, every other process's L1 and the configured CDNs (DESIGN §6).
 
 Tags are named as stored (`model:my model`) or as a tag header spells them (`model:my%20model`); both reach the
-entry. The result counts per tier; `bus` is how many other processes received the purge (or "error").
+entry. The result counts per tier; `bus` is how many other processes confirmed they applied the purge before
+the answer (bounded wait; "error" when the bus was unreachable).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ async def purge(request: web.Request) -> web.Response:
     tags = purge_tag_forms(tags)
     result: dict[str, Any] = dict(await state.cache.purge(keys, tags))  # L2, then this process's L1
     if state.coherence is not None and state.coherence.bus is not None:
-        result["bus"] = await state.coherence.publish_purge(tuple(keys), tuple(tags))  # every other L1
+        result["bus"] = await state.coherence.publish_purge(  # every other L1; waits for their confirmations
+            tuple(keys), tuple(tags), ack_timeout_s=state.config.cache.redis_timeout_s * 4)
     cdn_purge = state.extensions.get(CDN_PURGE)
     if cdn_purge is not None:
         # Each CDN client turns a key into its `key:{digest}` tag itself; one CDN's failure is reported, not fatal.
