@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from gateway.sizing import held, json_held
+from gateway.sizing import compact, held, json_held
 
 ENTRY_FORMAT = 1
 _MAGIC = b"TE"
@@ -38,6 +38,12 @@ class Entry:
     tags: tuple[str, ...]
     usage: Mapping[str, Any] | None = None
     stream_chunks: tuple[bytes, ...] | None = None  # the upstream's `data:` payloads, in order, without [DONE]
+
+    def __post_init__(self) -> None:
+        # Kept for the entry's lifetime, counted by `size_bytes`: exact-size objects only (see gateway.sizing).
+        object.__setattr__(self, "body", compact(self.body))
+        if self.stream_chunks is not None:
+            object.__setattr__(self, "stream_chunks", tuple(compact(chunk) for chunk in self.stream_chunks))
 
     def age_s(self, now: float) -> float:
         return max(0.0, now - self.created_at)

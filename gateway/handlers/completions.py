@@ -54,7 +54,7 @@ async def prepare(request: web.Request, state: GatewayState, endpoint: str) -> P
     if parsed is None:  # first sight of these exact bytes: parse and validate them
         body = parse_object(raw)
         validate(endpoint, body)
-        parsed = ParsedRequest(body, size=len(raw) * 4 + 512)
+        parsed = ParsedRequest(endpoint, body)
         state.memo.put(endpoint, raw, parsed)
     cache_control, pragma = request.headers.get("Cache-Control"), request.headers.get("Pragma")
     directives = NO_DIRECTIVES if cache_control is None and pragma is None else parse_request_cache_control(
@@ -67,19 +67,18 @@ def cache_key(request: web.Request, state: GatewayState, prep: Prepared, revisio
     route = state.config.routes[prep.endpoint]
     scope = PUBLIC_SCOPE if route.scope == "public" else tenant_scope(
         tenant_credential(request.headers, state.config.server.tenant_header))
-    keys = prep.parsed.keys
-    key = keys.get((scope, revision))
-    if key is not None:
-        return key
-    if prep.parsed.canonical is None:
+    parsed = prep.parsed
+    if parsed.key is not None and parsed.key.scope == scope and parsed.key_revision == revision:
+        return parsed.key
+    if parsed.canonical is None:
         try:
-            prep.parsed.canonical = canonical_json(canonicalize(prep.endpoint, prep.body, route.level))
+            state.memo.set_canonical(parsed, canonical_json(canonicalize(prep.endpoint, prep.body, route.level)))
         except CanonicalizationError as exc:
             raise BadRequest(str(exc)) from None
+    assert parsed.canonical is not None
     key = derive_key_from_bytes(scope=scope, endpoint=prep.endpoint, level=route.level, model_revision=revision,
-                                canonical_bytes=prep.parsed.canonical)
-    if len(keys) < 16:  # a few tenants repeating the same bytes; beyond that, derive each time
-        keys[(scope, revision)] = key
+                                canonical_bytes=parsed.canonical)
+    state.memo.set_key(parsed, key, revision)  # the last (tenant, revision) seen for these bytes
     return key
 
 

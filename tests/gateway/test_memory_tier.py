@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import gc
+import hashlib
+import tracemalloc
+from collections.abc import Callable
+
+import orjson
+
 from gateway.entry import Entry, make_etag
+from gateway.keys import entry_tags
 from gateway.tiers.memory import MemoryTier
 from tests.support.gateway import FakeClock
 
@@ -55,3 +63,83 @@ def test_purge_by_key_and_tag() -> None:
     assert tier.delete(["k2", "missing"]) == 1
     assert tier.purge_tags(["model:a"]) == 2
     assert tier.entries() == 0
+
+
+def realistic(i: int) -> Entry:
+    """An entry as a fill builds it: per-request strings, an orjson body, usage parsed from it."""
+    request = orjson.loads(orjson.dumps({"model": "test-model", "n": i}))
+    digest = hashlib.blake2b(str(i).encode(), digest_size=32).hexdigest()
+    body = orjson.dumps({"id": f"chatcmpl-{i}", "object": "chat.completion", "created": 1_800_000_000 + i,
+                         "model": "test-model", "choices": [{"index": 0, "message": {
+                             "role": "assistant", "content": f"answer {i} " * (i % 40)}, "finish_reason": "stop"}],
+                         "usage": {"prompt_tokens": 12, "completion_tokens": 300 + i % 99, "total_tokens": 400}})
+    model = request["model"]
+    return Entry(key=f"te1:pub:{digest}", endpoint="chat/completions", body=body, model=model,
+                 revision=orjson.loads(b'"rev-1"'), created_at=1_800_000_000.0 + i, ttl_s=3600,
+                 stale_if_error_s=600, etag=make_etag(body),
+                 tags=entry_tags(model=model, revision="rev-1", scope="pub", digest=digest),
+                 usage=orjson.loads(body)["usage"])
+
+
+def traced_growth(fill: Callable[[], object]) -> tuple[int, object]:
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        kept = fill()
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - before, kept
+    finally:
+        tracemalloc.stop()
+
+
+def test_the_budget_counts_what_the_entries_really_hold() -> None:
+    def fill() -> MemoryTier:
+        tier = MemoryTier(1 << 40, FakeClock())
+        for i in range(5_000):
+            tier.set(realistic(i))
+        return tier
+
+    traced, tier = traced_growth(fill)
+    assert isinstance(tier, MemoryTier)
+    # Never less than tracemalloc sees; more only by allocator rounding and strings shared behind our back.
+    assert traced <= tier.bytes_used() <= 1.4 * traced, (traced, tier.bytes_used())
+
+
+def test_bodies_are_exact_size_copies() -> None:
+    body = orjson.dumps({"content": "x" * 700})  # orjson keeps its growth buffer behind a 700-byte answer
+
+    def fill() -> Entry:
+        return Entry(key="k", endpoint="chat/completions", body=body, model="m", revision="r", created_at=0.0,
+                     ttl_s=1, stale_if_error_s=0, etag="e", tags=())
+
+    traced, stored = traced_growth(fill)
+    assert isinstance(stored, Entry) and stored.body == body
+    assert traced < len(body) + 400  # the copy, not orjson's buffer
+
+
+def test_short_soak_stays_within_the_budget() -> None:
+    """Many more unique entries than fit: memory held stays at the budget (the long run is bench/soak.py)."""
+    budget = 1 << 20
+
+    def fill() -> MemoryTier:
+        tier = MemoryTier(budget, FakeClock())
+        for i in range(8_000):
+            tier.set(entry(i, 600, tags=(f"key:{i:064x}",)))
+        return tier
+
+    traced, tier = traced_growth(fill)
+    assert isinstance(tier, MemoryTier) and tier.evictions > 0
+    assert tier.bytes_used() <= budget
+    assert traced <= budget * 1.15
+
+
+def test_suspended_tier_is_empty_and_stores_nothing_until_resumed() -> None:
+    tier = MemoryTier(100_000, FakeClock())
+    tier.set(entry(1))
+    generation = tier.generation
+    tier.suspend()
+    assert tier.get("k1") is None and tier.set(entry(2)) is False and tier.entries() == 0
+    tier.resume()
+    assert tier.set(entry(3, ttl_s=60), generation=generation) is False  # a read begun before the purge
+    assert tier.set(entry(3)) is True and tier.get("k3") is not None
