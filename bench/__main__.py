@@ -11,6 +11,8 @@ SCENARIOS = {
     "e2e": "bench.e2e",
     "backend": "bench.backend_vs_hf",
     "token_path": "bench.token_path",
+    "coherence": "bench.coherence",
+    "soak": "bench.soak",
 }
 
 
