@@ -89,6 +89,7 @@ class ModelCatalog:
         self._models = {**self._models, model: dataclasses.replace(info, revision=revision) if info
                         else ModelInfo(revision=revision)}
         self._responses.clear()  # a cached /v1/models body would still name the old revision
+        self._fetched_at = None  # the rest of the model's details (tokenizer, ...) may have changed: ask once
         if notify and self.listener is not None:
             self.listener(model, info.revision if info else None, revision)
         return True
@@ -113,7 +114,7 @@ class ModelCatalog:
 
     def fresh_revision(self, model: str) -> str | None:
         """The revision when the catalog is fresh (the hot path: no await, no headers); None means ask."""
-        if self.push_live:
+        if self.push_live and self._fetched_at is not None:
             return self.cached_revision(model)
         if self.push_seen or self._fetched_at is None or self._clock() - self._fetched_at >= self._ttl_s:
             return None
