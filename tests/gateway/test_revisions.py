@@ -115,3 +115,38 @@ async def test_an_answer_naming_a_new_revision_updates_the_catalog(
     status, answer = await ask(gw)  # the first request after the gateway learned it misses
     assert status.startswith("tokenedge; fwd=miss; stored") and answer != old
     assert (await ask(gw))[0].endswith("detail=l1")
+
+
+def backend_app(revision: str) -> web.Application:
+    from backend.server import ServedModel, ServerLimits, create_app
+    from tests.backend.test_server import FakeEngine, byte_tokenizer
+
+    model = ServedModel(id="tiny", revision=revision, tokenizer=byte_tokenizer(), max_model_len=256, created=0)
+    return create_app(model, FakeEngine, ServerLimits(default_max_tokens=16))
+
+
+async def test_a_restarted_backend_with_a_new_revision_is_never_answered_from_old_entries(
+        make_gateway: GatewayFactory) -> None:
+    """The real backend app, stopped and started again on the same port with another revision."""
+    first = TestServer(backend_app("rev-A"), host="127.0.0.1")
+    await first.start_server()
+    port = first.port
+    gw = await make_gateway(f"http://127.0.0.1:{port}", upstream=HOUR, tokens={"enabled": False})
+    body = {"model": "tiny", "temperature": 0, "messages": [{"role": "user", "content": "hi"}]}
+    await until(lambda: gw.state.catalog.push_live)
+    before = await gw.client.post("/v1/chat/completions", json=body, headers=AUTH_A)
+    assert (await gw.client.post("/v1/chat/completions", json=body, headers=AUTH_A)).headers[
+        "Cache-Status"].endswith("detail=l1")
+    await first.close()
+    second = TestServer(backend_app("rev-B"), host="127.0.0.1", port=port)
+    await second.start_server()
+    try:
+        statuses = []
+        for _ in range(4):  # from the first request on: the new revision's key
+            resp = await gw.client.post("/v1/chat/completions", json=body, headers=AUTH_A)
+            assert resp.status == 200 and resp.headers["X-Cache-Key"] != before.headers["X-Cache-Key"]
+            statuses.append(resp.headers["Cache-Status"])
+        assert statuses[0].startswith("tokenedge; fwd=miss")
+        assert gw.state.catalog.cached_revision("tiny") == "rev-B"
+    finally:
+        await second.close()
