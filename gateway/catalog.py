@@ -26,6 +26,7 @@ import orjson
 from cachetools import TTLCache
 
 from gateway.errors import UpstreamError
+from gateway.ratelog import RateLimitedLog
 from gateway.upstream import Upstream, UpstreamResponse
 
 log = logging.getLogger("tokenedge.catalog")
@@ -78,6 +79,7 @@ class ModelCatalog:
         self._refresh: asyncio.Task[None] | None = None
         self._responses: TTLCache[str, UpstreamResponse] = TTLCache(maxsize=4096, ttl=max(ttl_s, 1e-9), timer=clock)
         self.listener: RevisionListener | None = None
+        self._log = RateLimitedLog(log, 10.0, clock)  # while a push stream is down, every lookup may ask
         self.push_live = False  # the upstream's revision stream is connected: its revisions need no polling
         self.push_seen = False  # it pushed at least once: when the stream drops, revisions are unconfirmed
 
@@ -150,7 +152,8 @@ class ModelCatalog:
         try:
             resp = await self._upstream.request("GET", "/v1/models", headers)
         except UpstreamError as exc:
-            log.warning("model catalog refresh failed, keeping last known revisions: %s", exc.message)
+            self._log.warning("fetch", "model catalog refresh failed, keeping last known revisions: %s",
+                              exc.message)
             if self._fetched_at is None:
                 self._fetched_at = self._clock() - self._ttl_s + 1.0  # retry within a second, not per request
             return

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from gateway.catalog import ModelCatalog
 from gateway.coherence.bus import Bus, BusUnavailable
@@ -158,7 +159,7 @@ class Coherence:
         """Keys carry the revision, so old entries are unreachable already; this frees their memory."""
         self.l1.purge_where(lambda entry: entry.model == model and entry.revision != revision)
 
-    def _spawn(self, coro: object) -> None:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

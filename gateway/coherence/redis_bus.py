@@ -38,9 +38,11 @@ class RedisBus:
     def __init__(self, url: str, *, timeout_s: float, ping_interval_s: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """`clock` measures liveness (real elapsed time, not the cache's wall clock)."""
-        kwargs = {"socket_connect_timeout": timeout_s, "retry": Retry(NoBackoff(), 0), "health_check_interval": 0}
-        self._pub = aioredis.Redis.from_url(url, socket_timeout=timeout_s, **kwargs)
-        self._sub = aioredis.Redis.from_url(url, **kwargs)
+        self._pub = aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                            retry=Retry(NoBackoff(), 0), health_check_interval=0)
+        # No socket timeout on the subscriber: it is idle by design; liveness is the ping below.
+        self._sub = aioredis.Redis.from_url(url, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0),
+                                            health_check_interval=0)
         self._timeout_s = timeout_s
         self._ping_interval_s = ping_interval_s
         self._clock = clock
