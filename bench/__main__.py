@@ -13,6 +13,8 @@ SCENARIOS = {
     "token_path": "bench.token_path",
     "key_levels": "bench.key_levels",
     "leases": "bench.leases",
+    "coherence": "bench.coherence",
+    "soak": "bench.soak",
 }
 
 

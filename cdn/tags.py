@@ -1,8 +1,15 @@
-"""Per-CDN tag headers: which header each edge reads, how tags are spelled there, and how many fit.
+r"""Per-CDN tag headers: which header each edge reads, how tags are spelled there, and how many fit.
 
 The gateway calls `tag_headers` once per stored entry; the purge clients call `edge_tag_values` so that a
 purge names a tag exactly as the response header spelled it. Both go through `encode_tag`, the single
-place that decides a tag's on-the-wire form, so header and purge can never disagree.
+place that decides a tag's on-the-wire form, so header and purge can never disagree. Entries keep their tags
+as plain values (`model:my model`, from `gateway.keys.entry_tags`); they are escaped here, once.
+
+The alphabet per CDN (a byte outside it is sent as `%XX` of its UTF-8, and `%` itself is always escaped, so the
+encoding is one-to-one and `model:my model` is `model:my%20model` everywhere):
+- Fastly `Surrogate-Key`, Cloudflare `Cache-Tag`, Varnish `xkey`: visible ASCII (0x21-0x7E) except `,` `%` `"`
+  `;` and `\` (list separators and quoting characters some edges or proxies treat specially).
+- Akamai `Edge-Cache-Tag`: letters, digits and `!#$'+.^_`|~-` only (so `:` is `%3A`: `model%3Amy%20model`).
 
 Order of importance (what survives truncation first): `key:` (the entry itself: exact purge by key is the
 admin API's sharpest tool), `tenant:` (tenant-wide purge and data deletion must reach every entry), then
@@ -17,7 +24,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 __all__ = [
     "TAG_TARGETS",
@@ -26,6 +33,7 @@ __all__ = [
     "encode_tag",
     "key_tag",
     "order_tags",
+    "purge_tag_forms",
     "tag_headers",
 ]
 
@@ -33,8 +41,8 @@ __all__ = [
 _KEY_RE = re.compile(r"^te\d+:[^:\s]+:([0-9a-f]{64})$")
 _PRIORITY = ("key:", "tenant:", "model:", "rev:")
 
-# Visible ASCII minus the list separators (",", whitespace) and "%" (our escape character).
-_GENERIC_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in ",%")
+# Visible ASCII minus the list separators (",", whitespace), "%" (our escape character) and quoting characters.
+_GENERIC_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in ',%";\\')
 # Akamai allows only RFC 7230 token characters and lists ":" "/" "@" "=" ... as disallowed:
 # https://learn.akamai.com/en-us/webhelp/fast-purge/fast-purge/GUID-58874706-3157-4BEA-A1C6-6EE02600388D.html
 # We keep the intersection of that table and https://techdocs.akamai.com/terraform/v6.2/reference/ga-cache-tag
@@ -134,6 +142,16 @@ def encode_tag(tag: str, target: str) -> str:
     mapping is injective and header-safe. `key:ab` stays `key:ab` for Fastly, Cloudflare and xkey, and
     becomes `key%3Aab` for Akamai, which forbids ':'."""
     return quote(tag, safe=_spec(target).safe_chars)
+
+
+def purge_tag_forms(tags: Iterable[str]) -> list[str]:
+    """The tags a purge names, plus the plain value of any written as a header spells it (`model:my%20model`
+    also purges `model:my model`). Purging one extra, similarly named tag is the safe side of the ambiguity."""
+    forms = dict.fromkeys(tags)
+    for tag in list(forms):
+        if "%" in tag:
+            forms.setdefault(unquote(tag))
+    return list(forms)
 
 
 def edge_tag_values(tags: Iterable[str], target: str) -> tuple[list[str], int]:

@@ -1,7 +1,8 @@
 """`python -m gateway` / `tokenedge-gateway`: load config, then serve with one or N worker processes.
 
 With `--workers N` every worker binds the same port with SO_REUSEPORT and the kernel spreads connections; L1 is per
-process, L2 (Redis) is shared. PROMETHEUS_MULTIPROC_DIR is set before any worker imports prometheus_client, so
+process, L2 (Redis) is shared, and purges reach every worker's L1 over Redis pub/sub, or without Redis through a
+relay in this parent process (gateway.coherence). PROMETHEUS_MULTIPROC_DIR is set before any worker imports prometheus_client, so
 `/metrics` on any worker reports the totals of all of them.
 """
 
@@ -18,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from gateway.coherence.local_bus import LocalBusEnd, LocalHub
 from gateway.config import ConfigError, GatewayConfig, load_config
 
 PROG = "tokenedge-gateway"
@@ -40,7 +42,7 @@ def check_bind(host: str, port: int) -> None:
             raise ConfigError(f"cannot listen on {where}: {exc.strerror or exc}") from None
 
 
-def serve(config: GatewayConfig, *, reuse_port: bool) -> None:
+def serve(config: GatewayConfig, *, reuse_port: bool, local_bus: LocalBusEnd | None = None) -> None:
     from cdn.purge import load_cdn_config_from_env
     from gateway.app import create_app
     from gateway.edge import serve as serve_edge
@@ -52,7 +54,7 @@ def serve(config: GatewayConfig, *, reuse_port: bool) -> None:
             uvloop.install()
         except ImportError:
             pass
-    app = create_app(config, cdn=load_cdn_config_from_env(os.environ))
+    app = create_app(config, cdn=load_cdn_config_from_env(os.environ), local_bus=local_bus)
     # handler_cancellation (set by serve_edge): a client that disconnects cancels its handler at once (fills are
     # shielded tasks). The edge adds read deadlines and the connection cap (gateway.edge).
     try:
@@ -63,9 +65,9 @@ def serve(config: GatewayConfig, *, reuse_port: bool) -> None:
         sys.exit(2)
 
 
-def _worker(config: GatewayConfig) -> None:
+def _worker(config: GatewayConfig, local_bus: LocalBusEnd | None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
-    serve(config, reuse_port=True)
+    serve(config, reuse_port=True, local_bus=local_bus)
 
 
 def run_workers(config: GatewayConfig) -> int:
@@ -79,10 +81,15 @@ def run_workers(config: GatewayConfig) -> int:
     # Under `python -m gateway` this module is `__main__`, which spawn does not re-import in the child
     # (multiprocessing skips `*.__main__`), so the target must come from the importable module name.
     target = importlib.import_module("gateway.__main__")._worker
-    procs = [ctx.Process(target=target, args=(config,), name=f"tokenedge-worker-{i}", daemon=False)
+    # Without Redis the workers' L1s stay coherent through the parent: it relays every purge between them.
+    hub = None if config.cache.redis_url else LocalHub(config.server.workers)
+    procs = [ctx.Process(target=target, args=(config, hub.worker_ends[i] if hub else None),
+                         name=f"tokenedge-worker-{i}", daemon=False)
              for i in range(config.server.workers)]
     for proc in procs:
         proc.start()
+    if hub is not None:
+        hub.start()
 
     def stop(_signum: int, _frame: object) -> None:
         for proc in procs:

@@ -16,6 +16,11 @@ from aiohttp import web
 
 from cdn.purge import CdnConfig, build_purge_clients, fan_out
 from gateway.catalog import ModelCatalog
+from gateway.coherence.bus import Bus
+from gateway.coherence.coherence import Coherence
+from gateway.coherence.local_bus import LocalBus, LocalBusEnd
+from gateway.coherence.redis_bus import RedisBus
+from gateway.coherence.revisions import RevisionWatcher
 from gateway.config import GatewayConfig
 from gateway.dashboard import views as dashboard
 from gateway.dashboard.cost import parse_prices
@@ -28,6 +33,7 @@ from gateway.lease import lease_ctx
 from gateway.metrics import GatewayMetrics
 from gateway.state import STATE, GatewayState
 from gateway.tiers.factory import build_l1, build_l2
+from gateway.tiers.redis_cluster import is_cluster_url, node_urls
 from gateway.tiers.tiered import TieredCache
 from gateway.upstream import Upstream
 
@@ -90,7 +96,29 @@ def _cdn_ctx(cdn: CdnConfig):
     return ctx
 
 
-def _cache_ctx(metrics: GatewayMetrics, clock: Callable[[], float], config: GatewayConfig):
+def _bus(config: GatewayConfig, local_bus: LocalBusEnd | None) -> Bus | None:
+    """Redis pub/sub when there is a Redis (every worker and replica); else the parent's relay under --workers N."""
+    if config.cache.redis_url:
+        # Redis Cluster broadcasts PUBLISH to every node: the bus talks to the first listed node. While that node
+        # is down, the subscription is lost and L1 stays off (never stale), until it is back.
+        url = node_urls(config.cache.redis_url)[0] if is_cluster_url(config.cache.redis_url) else config.cache.redis_url
+        return RedisBus(url, timeout_s=config.cache.redis_timeout_s,
+                        ping_interval_s=config.cache.bus_ping_interval_s)
+    if local_bus is not None:
+        return LocalBus(local_bus.sock, local_bus.peers)
+    return None
+
+
+def _revision_watcher(config: GatewayConfig, session: aiohttp.ClientSession,
+                      catalog: ModelCatalog) -> asyncio.Task[None] | None:
+    if not config.upstream.revision_push:
+        return None
+    headers = {"Authorization": f"Bearer {config.upstream.api_key}"} if config.upstream.api_key else {}
+    return asyncio.ensure_future(RevisionWatcher(config.upstream.url, session, catalog, headers).run())
+
+
+def _cache_ctx(metrics: GatewayMetrics, clock: Callable[[], float], config: GatewayConfig,
+               local_bus: LocalBusEnd | None):
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         session = Upstream.make_session(config.upstream)
         upstream = Upstream(config.upstream, session)
@@ -98,12 +126,19 @@ def _cache_ctx(metrics: GatewayMetrics, clock: Callable[[], float], config: Gate
         cache = TieredCache(build_l1(config.cache, clock), l2, metrics)
         catalog = ModelCatalog(upstream, ttl_s=config.upstream.models_ttl_s,
                                fallback_revision=config.upstream.model_revision, clock=clock)
+        coherence = Coherence(cache.l1, catalog, _bus(config, local_bus), clock)
+        await coherence.start()
+        watcher = _revision_watcher(config, session, catalog)
         app[STATE] = GatewayState(config=config, metrics=metrics, clock=clock, cache=cache, upstream=upstream,
-                                  catalog=catalog)
+                                  catalog=catalog, coherence=coherence)
         metrics.prices = parse_prices(config.dashboard.prices)
         try:
             yield
         finally:
+            if watcher is not None:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
+            await coherence.close()
             await session.close()
             if l2 is not None:
                 await l2.close()
@@ -112,11 +147,13 @@ def _cache_ctx(metrics: GatewayMetrics, clock: Callable[[], float], config: Gate
 
 
 def create_app(config: GatewayConfig, *, clock: Callable[[], float] = time.time,
-               metrics: GatewayMetrics | None = None, cdn: CdnConfig | None = None) -> web.Application:
-    """The gateway app; `cdn` lists the CDNs that `/admin/purge` fans out to (none by default)."""
+               metrics: GatewayMetrics | None = None, cdn: CdnConfig | None = None,
+               local_bus: LocalBusEnd | None = None) -> web.Application:
+    """The gateway app; `cdn` lists the CDNs that `/admin/purge` fans out to (none by default); `local_bus` is
+    this worker's end of the parent's invalidation relay (`--workers N` without Redis)."""
     app = web.Application(middlewares=[error_middleware, relay.path_guard, edge_middleware],
                           client_max_size=config.server.max_body_bytes)
-    app.cleanup_ctx.append(_cache_ctx(metrics or GatewayMetrics(), clock, config))
+    app.cleanup_ctx.append(_cache_ctx(metrics or GatewayMetrics(), clock, config, local_bus))
     app.cleanup_ctx.append(lease_ctx)  # cross-replica leases on L2 misses (Redis L2 only)
     app.cleanup_ctx.append(tenancy.tenancy_ctx)  # the scope secret (config, Redis or the state file)
     if cdn is not None and cdn.enabled:

@@ -4,11 +4,19 @@ A revision comes from the upstream (`data[].tokenedge.revision` from a tokenedge
 else from `upstream.model_revision` in config, else "unversioned". When the catalog is older than its TTL it is
 refreshed in the background while the last known revisions keep serving, and an upstream outage keeps the last
 known revisions rather than inventing new keys.
+
+Revisions are also learned without polling: from the revision header on upstream answers (`learn`, called by the
+fill on a miss), from the co-deployed backend's revision event stream (`gateway.coherence.revisions`), and from
+other processes over the invalidation bus. A change is reported to `listener` (which drops the old revision's L1
+entries and tells the other processes). While a push stream that was live is down, the revision is unconfirmed:
+every lookup first asks `/v1/models` (one request in flight, shared), so a restarted backend's new revision is
+used from its first answer on, not after a reconnect delay.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -18,10 +26,13 @@ import orjson
 from cachetools import TTLCache
 
 from gateway.errors import UpstreamError
+from gateway.ratelog import RateLimitedLog
 from gateway.upstream import Upstream, UpstreamResponse
 
 log = logging.getLogger("tokenedge.catalog")
 UNVERSIONED = "unversioned"
+REVISION_HEADER = "X-Tokenedge-Revision"  # on every co-deployed backend answer: the revision that made it
+RevisionListener = Callable[[str, str | None, str], None]  # (model, old revision or None, new revision)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +78,32 @@ class ModelCatalog:
         self._fetched_at: float | None = None
         self._refresh: asyncio.Task[None] | None = None
         self._responses: TTLCache[str, UpstreamResponse] = TTLCache(maxsize=4096, ttl=max(ttl_s, 1e-9), timer=clock)
+        self.listener: RevisionListener | None = None
+        self._log = RateLimitedLog(log, 10.0, clock)  # while a push stream is down, every lookup may ask
+        self.push_live = False  # the upstream's revision stream is connected: its revisions need no polling
+        self.push_seen = False  # it pushed at least once: when the stream drops, revisions are unconfirmed
+
+    def learn(self, model: str, revision: str, *, notify: bool = True) -> bool:
+        """Record `model`'s current revision; True (and the listener told, when `notify`) when it changed."""
+        info = self._models.get(model)
+        if info is not None and info.revision == revision:
+            return False
+        self._models = {**self._models, model: dataclasses.replace(info, revision=revision) if info
+                        else ModelInfo(revision=revision)}
+        self._responses.clear()  # a cached /v1/models body would still name the old revision
+        self._fetched_at = None  # the rest of the model's details (tokenizer, ...) may have changed: ask once
+        if notify and self.listener is not None:
+            self.listener(model, info.revision if info else None, revision)
+        return True
+
+    def _replace_models(self, models: dict[str, ModelInfo]) -> None:
+        old, self._models = self._models, models
+        if self.listener is None:
+            return
+        for model, info in models.items():
+            before = old.get(model)
+            if before is not None and before.revision != info.revision:
+                self.listener(model, before.revision, info.revision)
 
     @property
     def known(self) -> Mapping[str, ModelInfo]:
@@ -79,7 +116,9 @@ class ModelCatalog:
 
     def fresh_revision(self, model: str) -> str | None:
         """The revision when the catalog is fresh (the hot path: no await, no headers); None means ask."""
-        if self._fetched_at is None or self._clock() - self._fetched_at >= self._ttl_s:
+        if self.push_live and self._fetched_at is not None:
+            return self.cached_revision(model)
+        if self.push_seen or self._fetched_at is None or self._clock() - self._fetched_at >= self._ttl_s:
             return None
         return self.cached_revision(model)
 
@@ -88,8 +127,17 @@ class ModelCatalog:
         return self._models.get(model)
 
     async def revision(self, model: str, headers: Mapping[str, str]) -> str:
-        await self._ensure_fresh(headers)
+        if self.push_seen and not self.push_live:
+            await self._confirm(headers)
+        else:
+            await self._ensure_fresh(headers)
         return self.cached_revision(model)
+
+    async def _confirm(self, headers: Mapping[str, str]) -> None:
+        """The push stream is down: ask the upstream now (sharing a request already in flight)."""
+        if self._refresh is None or self._refresh.done():
+            self._refresh = asyncio.ensure_future(self._fetch(dict(headers)))
+        await asyncio.shield(self._refresh)
 
     async def _ensure_fresh(self, headers: Mapping[str, str]) -> None:
         now = self._clock()
@@ -104,12 +152,13 @@ class ModelCatalog:
         try:
             resp = await self._upstream.request("GET", "/v1/models", headers)
         except UpstreamError as exc:
-            log.warning("model catalog refresh failed, keeping last known revisions: %s", exc.message)
+            self._log.warning("fetch", "model catalog refresh failed, keeping last known revisions: %s",
+                              exc.message)
             if self._fetched_at is None:
                 self._fetched_at = self._clock() - self._ttl_s + 1.0  # retry within a second, not per request
             return
         if resp.status == 200:
-            self._models = parse_models(resp.body)
+            self._replace_models(parse_models(resp.body))
             self._fetched_at = self._clock()
         elif self._fetched_at is None:
             self._fetched_at = self._clock() - self._ttl_s + 1.0
@@ -122,6 +171,6 @@ class ModelCatalog:
         resp = await self._upstream.request("GET", "/v1/models", headers)
         if resp.status == 200:
             self._responses[scope] = resp
-            self._models = parse_models(resp.body) or self._models
+            self._replace_models(parse_models(resp.body) or self._models)
             self._fetched_at = self._clock()
         return resp

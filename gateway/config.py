@@ -103,6 +103,7 @@ class UpstreamConfig:
     model_revision: str = ""  # used when the upstream's /v1/models reports none
     models_ttl_s: float = 30.0
     max_connections: int = 256
+    revision_push: bool = True  # follow the upstream's revision stream (GET /tokenedge/revisions) when offered
 
     def __post_init__(self) -> None:
         _require(self.url.startswith(("http://", "https://")), f"upstream.url must be http(s)://..., got {self.url!r}")
@@ -131,6 +132,7 @@ class CacheConfig:
     memcached_retry_after_s: float = 1.0
     memcached_max_item_bytes: int = 1024 * 1024  # memcached's item limit (-I); bigger records are refused, counted
     memcached_l1_max_age_s: float = 2.0  # with a Memcached L2 (no invalidation bus): L1 lifetime cap, 0 turns L1 off
+    bus_ping_interval_s: float = 1.0  # idle invalidation subscription pings Redis this often; 3 unanswered: L1 off
     max_entry_bytes: int = 2 * 1024 * 1024
     stale_if_error_s: int = 600
     cdn_tag_headers: tuple[str, ...] = ("surrogate-key", "cache-tag", "xkey")
@@ -161,6 +163,7 @@ class CacheConfig:
         _require(self.memcached_retry_after_s >= 0, "cache.memcached_retry_after_s must be >= 0")
         _require(self.memcached_max_item_bytes >= 1024, "cache.memcached_max_item_bytes must be at least 1024")
         _require(self.memcached_l1_max_age_s >= 0, "cache.memcached_l1_max_age_s must be >= 0")
+        _require(self.bus_ping_interval_s > 0, "cache.bus_ping_interval_s must be > 0")
         _require(self.max_entry_bytes >= 1024, "cache.max_entry_bytes must be at least 1024")
         _require(self.stale_if_error_s >= 0, "cache.stale_if_error_s must be >= 0")
         _require(self.lease_ttl_s >= 0.05, "cache.lease_ttl_s must be >= 0.05")

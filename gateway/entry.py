@@ -12,10 +12,12 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from gateway.sizing import compact, held, json_held
 
 ENTRY_FORMAT = 1
 _MAGIC = b"TE"
@@ -36,8 +38,12 @@ class Entry:
     tags: tuple[str, ...]
     usage: Mapping[str, Any] | None = None
     stream_chunks: tuple[bytes, ...] | None = None  # the upstream's `data:` payloads, in order, without [DONE]
-    # Derived response headers, computed once per entry and process (not serialized, not compared).
-    header_cache: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # Kept for the entry's lifetime, counted by `size_bytes`: exact-size objects only (see gateway.sizing).
+        object.__setattr__(self, "body", compact(self.body))
+        if self.stream_chunks is not None:
+            object.__setattr__(self, "stream_chunks", tuple(compact(chunk) for chunk in self.stream_chunks))
 
     def age_s(self, now: float) -> float:
         return max(0.0, now - self.created_at)
@@ -47,8 +53,18 @@ class Entry:
         return self.created_at + self.ttl_s + self.stale_if_error_s
 
     def size_bytes(self) -> int:
-        chunks = sum(len(c) for c in self.stream_chunks) if self.stream_chunks else 0
-        return len(self.body) + chunks + 256
+        """Bytes this entry holds in a process: itself and every object it owns, as the allocator sizes them.
+
+        Checked against tracemalloc in tests/gateway/test_memory_tier.py. The endpoint is a shared constant.
+        """
+        total = (held(self) + held(self.key) + held(self.body) + held(self.model) + held(self.revision)
+                 + held(self.created_at) + json_held(self.ttl_s) + json_held(self.stale_if_error_s)
+                 + held(self.etag) + held(self.tags) + sum(held(tag) for tag in self.tags))
+        if self.usage is not None:
+            total += json_held(self.usage)
+        if self.stream_chunks is not None:
+            total += held(self.stream_chunks) + sum(held(chunk) for chunk in self.stream_chunks)
+        return total
 
 
 def make_etag(body: bytes) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from gateway.catalog import REVISION_HEADER
 from gateway.entry import Entry, make_etag
 from gateway.keys import CacheKey, entry_tags
 from gateway.policy import Reason, store_refusal
@@ -55,6 +56,16 @@ def completion_facts(body: bytes) -> tuple[list[str | None], Mapping[str, Any] |
     return reasons, usage if isinstance(usage, dict) else None
 
 
+def revision_moved(state: GatewayState, req: FillRequest, headers: Mapping[str, str]) -> bool:
+    """True when the upstream says it answered with another revision than the key's: the catalog learns it at
+    once (and tells every process), and the answer is not stored under the old revision's key."""
+    revision = headers.get(REVISION_HEADER)
+    if not revision or revision == req.revision:
+        return False
+    state.catalog.learn(req.model, revision)
+    return True
+
+
 async def fill(state: GatewayState, req: FillRequest) -> FillResult:
     started = time.perf_counter()
     resp = await (req.via or state.upstream).request("POST", req.path_qs, req.headers, req.body)
@@ -65,6 +76,8 @@ async def fill(state: GatewayState, req: FillRequest) -> FillResult:
                             max_entry_bytes=state.config.cache.max_entry_bytes,
                             complete=facts is not None and not encoded,
                             finish_reasons=facts[0] if facts else ())
+    if refusal is None and revision_moved(state, req, resp.headers):
+        refusal = Reason.REVISION
     if refusal is not None or facts is None:
         return FillResult(resp, None, refusal or Reason.INCOMPLETE)
     entry = Entry(

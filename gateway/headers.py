@@ -24,16 +24,12 @@ NAME = "tokenedge"
 def entry_headers(entry: Entry, *, tag_targets: Sequence[str]) -> tuple[dict[str, str], int]:
     """The per-entry, time-independent headers (a fresh copy), plus how many tags were dropped to fit limits.
 
-    Computed once per entry and target set, then copied: a hit pays for a dict copy, not for tag encoding.
+    Memoized by their inputs in one bounded table (not on the entry, whose L1 size must not grow after it is
+    stored): a hit on a recently served entry pays for a dict copy, not for tag encoding.
     """
-    targets = tuple(tag_targets)
-    cached = entry.header_cache.get(targets)
-    if not isinstance(cached, tuple):
-        # An entry read from L2 is a new object each time: the block is also memoized by its inputs.
-        cached = _header_block(entry.key, entry.etag, entry.ttl_s, entry.stale_if_error_s, entry.tags, targets)
-        entry.header_cache[targets] = cached
-    headers, truncated = cached
-    return dict(headers), int(truncated)
+    headers, truncated = _header_block(entry.key, entry.etag, entry.ttl_s, entry.stale_if_error_s, entry.tags,
+                                       tuple(tag_targets))
+    return dict(headers), truncated
 
 
 @functools.lru_cache(maxsize=4096)

@@ -29,11 +29,6 @@ _DIGEST_RE: Final = re.compile(r"[0-9a-f]{64}")
 _KEY_RE: Final = re.compile(rf"{KEY_VERSION}:({_SCOPE}):([0-9a-f]{{64}})")
 _TENANT_PERSON: Final = b"te-tenant"
 
-# Tag characters percent-encoded so a tag is always one token in `Surrogate-Key` (space-separated),
-# `Cache-Tag` (comma-separated) and `xkey`: controls, whitespace, non-ASCII, separators, and `%` itself
-# (which keeps the encoding one-to-one: two different tags never encode to the same token).
-_TAG_UNSAFE: Final = frozenset(',;"\\%')
-
 
 @dataclass(frozen=True, slots=True)
 class CacheKey:
@@ -96,22 +91,8 @@ def parse_key(key: str) -> CacheKey | None:
 
 
 def entry_tags(*, model: str, revision: str, scope: str, digest: str) -> tuple[str, ...]:
-    """The tags of an entry, for purge and CDN surrogate keys; each is one header token."""
-    return (
-        f"model:{_tag_value(model)}",
-        f"rev:{_tag_value(revision)}",
-        f"tenant:{_tag_value(scope)}",
-        f"key:{_tag_value(digest)}",
-    )
+    """The tags of an entry, for purge and CDN surrogate keys, as plain values (`model:my model`).
 
-
-def _tag_value(value: str) -> str:
-    if value.isascii() and value.isprintable() and " " not in value and _TAG_UNSAFE.isdisjoint(value):
-        return value
-    return "".join(_tag_char(ch) for ch in value)
-
-
-def _tag_char(ch: str) -> str:
-    if "!" <= ch <= "~" and ch not in _TAG_UNSAFE:
-        return ch
-    return "".join(f"%{byte:02X}" for byte in ch.encode("utf-8", "surrogatepass"))
+    They are escaped once, per CDN, where they become a header (`cdn.tags.encode_tag`), and only there.
+    """
+    return (f"model:{model}", f"rev:{revision}", f"tenant:{scope}", f"key:{digest}")

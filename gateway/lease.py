@@ -27,6 +27,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import redis.asyncio as aioredis
 from aiohttp import web
@@ -170,7 +171,7 @@ class Leases:
         except TimeoutError:
             return None
 
-    async def _redis(self, call: Awaitable[object]) -> object:
+    async def _redis(self, call: Awaitable[Any]) -> Any:
         return await asyncio.wait_for(call, self._settings.timeout_s)
 
     async def release(self, key: str, token: str, *, stored: bool) -> None:

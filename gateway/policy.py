@@ -37,6 +37,7 @@ class Reason(StrEnum):
     CONTENT_FILTER = "content-filter"  # a choice was cut by the content filter
     ERROR = "error"  # the upstream reported an error inside a 200 response
     TOO_LARGE = "too-large"  # over the per-entry byte cap
+    REVISION = "revision-changed"  # the answer names a newer model revision than the key: learned, not stored
     # lookup outcomes the handlers report (not returned here)
     NO_CACHE = "no-cache"  # Cache-Control: no-cache, lookup skipped, answer stored
     MAX_AGE = "max-age"  # an entry was found but is older than the request's max-age

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from gateway.catalog import ModelCatalog
+from gateway.coherence.coherence import Coherence
 from gateway.config import GatewayConfig
 from gateway.dashboard.dashboard_state import DashboardState
 from gateway.memo import RequestMemo
@@ -33,6 +34,8 @@ class GatewayState:
     stream_flights: StreamFlights = field(default_factory=StreamFlights)
     extensions: dict[str, object] = field(default_factory=dict)  # CDN purge clients, token registry, ...
     dashboard: DashboardState = field(default_factory=DashboardState)  # history rings, hot keys (gateway.dashboard)
+    coherence: Coherence | None = None  # the invalidation bus end of this process (gateway.coherence)
+
 
     def __post_init__(self) -> None:
         stale_s = self.config.cache.stale_if_error_s

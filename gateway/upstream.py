@@ -54,12 +54,13 @@ def forward_headers(incoming: Mapping[str, str], *, api_key: str, identity: bool
 
 
 def relay_headers(upstream: Mapping[str, str]) -> CIMultiDict[str]:
-    """Upstream response fields worth relaying to the client (the gateway sets framing and caching itself)."""
+    """Upstream response fields worth relaying to the client (the gateway sets framing and caching itself; the
+    backend's revision header is for the gateway, and a hit could not repeat it)."""
     out: CIMultiDict[str] = CIMultiDict()
     for name, value in upstream.items():
         lower = name.lower()
         if lower in HOP_BY_HOP or lower in ("date", "server", "content-type", "cache-control", "age", "etag",
-                                            "expires", "set-cookie"):
+                                            "expires", "set-cookie", "x-tokenedge-revision"):
             continue
         out.add(name, value)
     return out

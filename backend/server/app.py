@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from backend.metrics import BackendMetrics
-from backend.server import binary, completions, embeddings, ops
+from backend.server import binary, completions, embeddings, ops, revisions
 from backend.server.errors import error_middleware
 from backend.server.state import (
     ENGINE_FACTORY_KEY,
@@ -53,4 +53,5 @@ def create_app(
     binary.register(app)  # POST /v1/tokens/generate: the binary token transport
     app.router.add_get("/health", ops.health)
     app.router.add_get("/metrics", ops.metrics)
+    revisions.register(app, model.id, model.revision)  # X-Tokenedge-Revision and GET /tokenedge/revisions
     return app

@@ -1,4 +1,9 @@
-"""Admin endpoints: purge by key or tag across L1, L2 and the configured CDNs (DESIGN §6)."""
+"""Admin endpoints: purge by key or tag across L1, L2, every other process's L1 and the configured CDNs (DESIGN §6).
+
+Tags are named as stored (`model:my model`) or as a tag header spells them (`model:my%20model`); both reach the
+entry. The result counts per tier; `bus` is how many other processes confirmed they applied the purge before
+the answer (bounded wait; "error" when the bus was unreachable).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from cdn.tags import purge_tag_forms
 from gateway.errors import BadRequest
 from gateway.handlers.tenancy import require_admin
 from gateway.keys import parse_key
@@ -39,7 +45,11 @@ async def purge(request: web.Request) -> web.Response:
     bad = [k for k in keys if parse_key(k) is None]
     if bad:
         raise BadRequest(f"not a tokenedge cache key: {bad[0][:100]!r}", param="keys")
-    result: dict[str, Any] = dict(await state.cache.purge(keys, tags))
+    tags = purge_tag_forms(tags)
+    result: dict[str, Any] = dict(await state.cache.purge(keys, tags))  # L2, then this process's L1
+    if state.coherence is not None and state.coherence.bus is not None:
+        result["bus"] = await state.coherence.publish_purge(  # every other L1; waits for their confirmations
+            tuple(keys), tuple(tags), ack_timeout_s=state.config.cache.redis_timeout_s * 4)
     cdn_purge = state.extensions.get(CDN_PURGE)
     if cdn_purge is not None:
         # Each CDN client turns a key into its `key:{digest}` tag itself; one CDN's failure is reported, not fatal.

@@ -58,7 +58,7 @@ async def prepare(request: web.Request, state: GatewayState, endpoint: str) -> P
     if parsed is None:  # first sight of these exact bytes: parse and validate them
         body = parse_object(raw)
         validate(endpoint, body)
-        parsed = ParsedRequest(body, size=len(raw) * 4 + 512)
+        parsed = ParsedRequest(endpoint, body)
         state.memo.put(endpoint, raw, parsed)
     cache_control, pragma = request.headers.get("Cache-Control"), request.headers.get("Pragma")
     directives = NO_DIRECTIVES if cache_control is None and pragma is None else parse_request_cache_control(
@@ -81,22 +81,20 @@ async def cache_key(request: web.Request, state: GatewayState, prep: Prepared,
         encoder = await key_encoder(state, prep.body.get("model"), lambda: forward_headers(
             request.headers, api_key=state.config.upstream.api_key, identity=True))
     tokenizer = encoder.version if encoder is not None else ""
-    keys = prep.parsed.keys
-    known = keys.get((scope, revision, tokenizer))
-    if known is not None:
-        return known
-    built = prep.parsed.canonical.get(tokenizer)
-    if built is None:
+    parsed = prep.parsed
+    context = (scope, revision, tokenizer)
+    if parsed.key is not None and parsed.key_level is not None and parsed.key_context == context:
+        return parsed.key, parsed.key_level
+    canonical, level = parsed.canonical, parsed.canonical_level
+    if canonical is None or level is None or parsed.canonical_tokenizer != tokenizer:
         try:
-            level, canonical = canonical_form(route.level, prep.endpoint, prep.body, encoder)
+            level, form = canonical_form(route.level, prep.endpoint, prep.body, encoder)
         except CanonicalizationError as exc:
             raise BadRequest(str(exc)) from None
-        built = prep.parsed.canonical[tokenizer] = (level, canonical_json(canonical))
-    level, canonical_bytes = built
+        canonical = state.memo.set_canonical(parsed, canonical_json(form), level, tokenizer)
     key = derive_key_from_bytes(scope=scope, endpoint=prep.endpoint, level=level, model_revision=revision,
-                                canonical_bytes=canonical_bytes)
-    if len(keys) < 16:  # a few tenants repeating the same bytes; beyond that, derive each time
-        keys[(scope, revision, tokenizer)] = (key, level)
+                                canonical_bytes=canonical)
+    state.memo.set_key(parsed, key, level, context)  # the last (tenant, revision, tokenizer) seen for these bytes
     return key, level
 
 

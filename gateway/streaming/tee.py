@@ -17,7 +17,7 @@ import aiohttp
 
 from gateway.entry import Entry, make_etag
 from gateway.errors import UpstreamError
-from gateway.fill import FillRequest
+from gateway.fill import FillRequest, revision_moved
 from gateway.keys import entry_tags
 from gateway.policy import Reason, store_refusal
 from gateway.state import GatewayState
@@ -46,6 +46,7 @@ async def tee(state: GatewayState, flight: StreamFlight, req: FillRequest) -> No
                 last, outcome = None, (Reason.STATUS if resp.status != 200 else Reason.INCOMPLETE).value
                 return
             flight.head.set_result(Head(resp.status, resp.headers))
+            moved = revision_moved(state, req, resp.headers)
             await _pump(resp, flight, recorder, cap)
         if flight.cancelled:  # abandoned while the last events were being read: store nothing
             last, outcome = None, ABANDONED
@@ -55,7 +56,7 @@ async def tee(state: GatewayState, flight: StreamFlight, req: FillRequest) -> No
             last = error_frame("the upstream closed the stream without [DONE]", type_="upstream_error",
                                code="bad_gateway")
             return
-        entry, refusal = _stored_entry(state, req, recorder)
+        entry, refusal = (None, Reason.REVISION) if moved else _stored_entry(state, req, recorder)
         if entry is not None:
             await state.cache.put(entry)
         last, outcome = DONE_FRAME, (refusal.value if refusal else "stored")

@@ -24,8 +24,8 @@ from urllib.parse import unquote
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from gateway.tiers.base import L2Unavailable
 from gateway.tiers.redis_tier import TAG_PREFIX, RedisTier
@@ -85,7 +85,7 @@ def _total(value: object, field: str | None = None) -> int:
         items = list(value.values())
     else:
         items = [value]
-    return sum(int(i.get(field, 0)) if field is not None else int(i or 0) for i in items)  # type: ignore[union-attr]
+    return sum(int(i.get(field, 0)) if field is not None else int(i or 0) for i in items)
 
 
 class RedisClusterTier(RedisTier):
@@ -95,7 +95,7 @@ class RedisClusterTier(RedisTier):
         super().__init__(url, timeout_s=timeout_s, retry_after_s=retry_after_s, clock=clock, on_error=on_error,
                          client=self._cluster)  # type: ignore[arg-type]
 
-    async def _mget(self, keys: list[str]) -> list[bytes | None]:
+    async def _mget(self, keys: list[str]) -> list[bytes | str | None]:
         return list(await self._cluster.mget_nonatomic(keys))
 
     async def delete(self, keys: Iterable[str]) -> int:

@@ -94,7 +94,7 @@ class RedisTier:
                     if not future.done():
                         future.set_result(value if isinstance(value, bytes | None) else str(value).encode())
 
-    async def _mget(self, keys: list[str]) -> list[bytes | None]:
+    async def _mget(self, keys: list[str]) -> list[bytes | str | None]:
         return list(await self._client.mget(keys))
 
     async def set(self, entry: Entry) -> bool:

@@ -39,6 +39,7 @@ class TieredCache:
             self._tally.inc(self._lookups_metric, ("l1", "miss"))
         if self.l2 is None:
             return None
+        generation = self.l1.generation  # a purge applied while L2 answers must not be undone by the back-fill
         try:
             entry = await self.l2.get(key)
         except L2Unavailable:
@@ -48,7 +49,7 @@ class TieredCache:
             self._lookups.labels("l2", "miss").inc()
             return None
         self._lookups.labels("l2", "hit").inc()
-        self.l1.set(entry)
+        self.l1.set(entry, generation=generation)
         return Found(entry, "l2")
 
     async def put(self, entry: Entry) -> None:
@@ -62,8 +63,12 @@ class TieredCache:
                 pass  # counted and logged by the tier; L1 still holds the entry
 
     async def purge(self, keys: Sequence[str], tags: Sequence[str]) -> dict[str, int | str]:
-        """Counts per tier; an unreachable L2 is reported as "error", never raised."""
-        result: dict[str, int | str] = {"l1": self.l1.delete(keys) + self.l1.purge_tags(tags)}
+        """Counts per tier; an unreachable L2 is reported as "error", never raised.
+
+        L2 goes first: once this process (and then, over the bus, every other) drops its L1 copies, no later
+        read can find the entry in L2 again. L1 is purged even when L2 failed.
+        """
+        result: dict[str, int | str] = {}
         if self.l2 is not None:
             try:
                 deleted = await self.l2.delete(keys)
@@ -71,4 +76,4 @@ class TieredCache:
                 result["l2"] = deleted + by_tag
             except L2Unavailable:
                 result["l2"] = "error"
-        return result
+        return {"l1": self.l1.delete(keys) + self.l1.purge_tags(tags), **result}

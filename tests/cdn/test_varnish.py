@@ -210,3 +210,22 @@ async def test_stale_copy_answers_when_the_gateway_fails(make_varnish: StackFact
 
     assert stale.status == 200 and body == answer
     assert "detail=stale-if-error" in stale.headers["Cache-Status"]
+
+
+@pytest.mark.parametrize("spelling", ["model:my model", "model:my%20model"], ids=["plain", "as-in-header"])
+async def test_a_model_name_with_a_space_is_escaped_once_and_purged_at_varnish(make_varnish: StackFactory,
+                                                                               spelling: str) -> None:
+    stack = await make_varnish()
+    direct = await stack.gateway.client.post(CHAT, json=chat(model="my model"), headers=AUTH_A)
+    for header in ("Surrogate-Key", "xkey"):
+        assert direct.headers[header].split().count("model:my%20model") == 1, direct.headers[header]
+    assert "%25" not in direct.headers["Surrogate-Key"] + direct.headers["Cache-Tag"]
+    first, _ = await stack.post(CHAT, chat(model="my model"), AUTH_B)
+    hit, _ = await stack.post(CHAT, chat(model="my model"), AUTH_B)
+    assert first.headers["Cache-Status"] == STORED_AT_BOTH and "varnish; hit" in hit.headers["Cache-Status"]
+
+    result = await stack.admin_purge(tags=[spelling])
+    after, _ = await stack.post(CHAT, chat(model="my model"), AUTH_B)
+
+    assert result["purged"]["cdn"]["varnish"]["ok"] is True
+    assert after.headers["Cache-Status"] == STORED_AT_BOTH  # a miss at the gateway and at Varnish

@@ -17,12 +17,12 @@ async def test_purge_by_key_and_by_tag_empties_both_tiers(make_gateway: GatewayF
     key = first.headers["X-Cache-Key"]
 
     by_key = await gw.client.post("/admin/purge", json={"keys": [key]}, headers=ADMIN)
-    assert (await by_key.json())["purged"] == {"l1": 1, "l2": 1}
+    assert (await by_key.json())["purged"] == {"l1": 1, "l2": 1, "bus": 0}  # bus: other processes that confirmed
     miss = await gw.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A)
     assert miss.headers["Cache-Status"].startswith("tokenedge; fwd=miss")
 
     by_tag = await gw.client.post("/admin/purge", json={"tags": ["model:test-model"]}, headers=ADMIN)
-    assert (await by_tag.json())["purged"] == {"l1": 2, "l2": 2}
+    assert (await by_tag.json())["purged"] == {"l1": 2, "l2": 2, "bus": 0}
     for body in (CHAT, other):
         resp = await gw.client.post("/v1/chat/completions", json=body, headers=AUTH_A)
         assert resp.headers["Cache-Status"].startswith("tokenedge; fwd=miss")

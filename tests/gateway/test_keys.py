@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from cdn.tags import tag_headers
 from gateway.canonical import Level, canonicalize
 from gateway.keys import KEY_VERSION, PUBLIC_SCOPE, CacheKey, derive_key, entry_tags, parse_key, tenant_scope
 
@@ -213,16 +214,18 @@ TAG_VALUES = [
 
 
 @pytest.mark.parametrize(("model", "expected"), [c[1:] for c in TAG_VALUES], ids=[c[0] for c in TAG_VALUES])
-def test_unsafe_tag_characters_are_percent_encoded(model: str, expected: str) -> None:
+def test_tags_are_plain_values_escaped_once_in_the_header(model: str, expected: str) -> None:
     tag = entry_tags(model=model, revision="r", scope="pub", digest=DIGEST)[0]
-    assert tag == expected
-    assert tag.isascii() and tag.isprintable() and " " not in tag and "," not in tag
+    assert tag == f"model:{model}"  # stored plain: the one escaper is cdn.tags.encode_tag
+    header = tag_headers([tag], ["surrogate-key"])[0]["Surrogate-Key"]
+    assert header == expected
+    assert header.isascii() and header.isprintable() and " " not in header and "," not in header
 
 
 def test_tag_encoding_keeps_different_values_apart() -> None:
-    assert entry_tags(model="a b", revision="r", scope="pub", digest=DIGEST) != entry_tags(
-        model="a%20b", revision="r", scope="pub", digest=DIGEST
-    )
+    a = tag_headers(entry_tags(model="a b", revision="r", scope="pub", digest=DIGEST), ["xkey"])
+    b = tag_headers(entry_tags(model="a%20b", revision="r", scope="pub", digest=DIGEST), ["xkey"])
+    assert a != b
 
 
 def test_key_from_bytes_equals_the_canonical_json_derivation() -> None:
