@@ -12,7 +12,6 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from gateway.streaming.broadcast import stream_flights
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.gateway.test_stream import sse
 from tests.support.fake_upstream import FakeUpstream
@@ -77,7 +76,7 @@ async def test_a_thousand_aborted_streams_are_not_errors(make_gateway: GatewayFa
             for gate in fake.stream_gates:
                 gate.set()
             for _ in range(100_000):
-                if not stream_flights(gw.state):
+                if not gw.state.stream_flights:
                     break
                 await asyncio.sleep(0)
 

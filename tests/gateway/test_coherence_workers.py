@@ -21,7 +21,7 @@ import aiohttp
 import orjson
 
 from tests.gateway.conftest import AUTH_A, CHAT
-from tests.gateway.test_workers import listening_sockets
+from tests.support.workers import listening_sockets
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.services import free_port
 
