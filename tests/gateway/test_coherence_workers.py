@@ -21,9 +21,9 @@ import aiohttp
 import orjson
 
 from tests.gateway.conftest import AUTH_A, CHAT
-from tests.support.workers import listening_sockets
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.services import free_port
+from tests.support.workers import listening_sockets
 
 REPO = Path(__file__).resolve().parents[2]
 ADMIN = {"Authorization": "Bearer admin-secret"}
