@@ -43,8 +43,9 @@ def _key_bytes(key: CacheKey | None) -> int:
 
 
 def _context_bytes(context: tuple[str, str, str] | None) -> int:
-    """The tuple and the revision string (the scope is the key's, the tokenizer version the registry's)."""
-    return 0 if context is None else held(context) + held(context[1])
+    """The tuple (its strings are shared: the scope is the key's, the revision the catalog's, the tokenizer
+    version the registry's)."""
+    return 0 if context is None else held(context)
 
 
 class RequestMemo:

@@ -16,9 +16,11 @@ import secrets
 from pathlib import Path
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from gateway.config import GatewayConfig
+from gateway.tiers.redis_cluster import cluster_client, is_cluster_url
 
 SECRET_KEY = "tokenedge:scope-secret"
 SECRET_FILE = "scope_secret"
@@ -38,7 +40,9 @@ async def load_scope_secret(config: GatewayConfig) -> bytes:
 
 
 async def _from_redis(url: str, timeout_s: float) -> bytes:
-    client = aioredis.Redis.from_url(url, socket_timeout=max(timeout_s, 2.0), socket_connect_timeout=2.0)
+    client: aioredis.Redis | RedisCluster = (
+        cluster_client(url, timeout_s=max(timeout_s, 2.0)) if is_cluster_url(url)
+        else aioredis.Redis.from_url(url, socket_timeout=max(timeout_s, 2.0), socket_connect_timeout=2.0))
     try:
         await client.set(SECRET_KEY, secrets.token_hex(32), nx=True)
         value = await client.get(SECRET_KEY)

@@ -18,11 +18,11 @@ def remember(memo: RequestMemo, i: int) -> ParsedRequest:
         {"role": "user", "content": f"What is {i} + {i}? Answer in one word."}]})).tobytes()  # exact, as aiohttp
     parsed = ParsedRequest(CHAT, orjson.loads(raw))
     memo.put(CHAT, raw, parsed)
-    memo.set_canonical(parsed, canonical_json(canonicalize(CHAT, parsed.body, Level.STANDARD)))
+    memo.set_canonical(parsed, canonical_json(canonicalize(CHAT, parsed.body, Level.EXACT)), Level.EXACT, "")
     assert parsed.canonical is not None
-    key = derive_key_from_bytes(scope="t0123456789abcdef", endpoint=CHAT, level=Level.STANDARD,
+    key = derive_key_from_bytes(scope="t0123456789abcdef", endpoint=CHAT, level=Level.EXACT,
                                 model_revision="rev-1", canonical_bytes=parsed.canonical)
-    memo.set_key(parsed, key, "rev-1")
+    memo.set_key(parsed, key, Level.EXACT, ("t0123456789abcdef", "rev-1", ""))
     return parsed
 
 
@@ -67,6 +67,6 @@ def test_growth_after_insertion_is_charged() -> None:
     parsed = ParsedRequest("completions", orjson.loads(raw))
     memo.put("completions", raw, parsed)
     before = memo.bytes_used()
-    memo.set_canonical(parsed, b"x" * 1000)
+    memo.set_canonical(parsed, b"x" * 1000, Level.EXACT, "")
     assert memo.bytes_used() >= before + 1000
     assert memo.bytes_used() == parsed.size

@@ -22,7 +22,7 @@ def entry(n: int, size: int = 100, ttl_s: int = 60, tags: tuple[str, ...] = ()) 
 
 
 def test_byte_budget_evicts_least_recently_used() -> None:
-    tier = MemoryTier(3 * MemoryTier.cost(entry(0, 1000)), FakeClock())
+    tier = MemoryTier(3 * MemoryTier(0, FakeClock()).cost(entry(0, 1000)), FakeClock())
     for n in range(3):
         tier.set(entry(n, 1000))
     assert tier.get("k0") is not None  # k0 becomes most recent

@@ -24,6 +24,8 @@ class Capture:
     seen: list[tuple[str, str, str]] = field(default_factory=list)
 
     async def handle(self, request: web.Request) -> web.Response:
+        if request.raw_path == "/tokenedge/revisions":  # the gateway's own revision watch: no push here, it polls
+            return web.json_response({"error": {"message": "not found"}}, status=404)
         self.seen.append((request.method, request.raw_path, request.headers.get("Authorization", "")))
         if request.path == "/v1/models":
             return web.json_response({"object": "list", "data": [{"id": "test-model", "object": "model"}]})
