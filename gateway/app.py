@@ -28,6 +28,7 @@ from gateway.state import STATE, GatewayState
 from gateway.tiers.factory import build_l1, build_l2
 from gateway.tiers.tiered import TieredCache
 from gateway.upstream import Upstream
+from gateway.warm import warm_ctx
 
 log = logging.getLogger("tokenedge.gateway")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -108,6 +109,7 @@ def create_app(config: GatewayConfig, *, clock: Callable[[], float] = time.time,
     app = web.Application(middlewares=[error_middleware], client_max_size=config.server.max_body_bytes)
     app.cleanup_ctx.append(_cache_ctx(metrics or GatewayMetrics(), clock, config))
     app.cleanup_ctx.append(lease_ctx)  # cross-replica leases on L2 misses (Redis L2 only)
+    app.cleanup_ctx.append(warm_ctx)  # the hot-key record and the start-up L1 fill (Redis L2 only)
     if cdn is not None and cdn.enabled:
         app.cleanup_ctx.append(_cdn_ctx(cdn))
     app.router.add_post("/v1/chat/completions", completions.make_handler("chat/completions"))
