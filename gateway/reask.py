@@ -1,7 +1,7 @@
 """`python -m gateway warm --top N`: after a model revision change, re-ask the hottest recorded requests.
 
 The requests come from the shared hot-key record (gateway/hotrecord.py), hottest first, one per distinct request
-(the same bytes recorded under the old and the new revision are asked once). They are sent to the gateway itself,
+(the same bytes recorded under the old and the new revision are asked once; a streamed request is asked as JSON). They are sent to the gateway itself,
 not to the model server, so the gateway builds the keys with the revision it now knows and stores the answers
 in L2 (and its L1) exactly as for a client; an answer already cached under the new revision comes back as a hit
 and costs the model nothing. Sends start at most `--rate` per second, at most `--concurrency` at a time.
@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 
 import aiohttp
+import orjson
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 from prometheus_client import Counter as Metric
@@ -75,10 +76,26 @@ async def reask(items: Sequence[Replayable], send: Send, *, rate_per_s: float, c
     return outcomes
 
 
+def unstreamed(body: bytes) -> bytes:
+    """A streamed request asked as JSON: `stream` is not part of the key (DESIGN §2), one entry serves both, and a
+    JSON answer says in its Cache-Status whether it was stored."""
+    if b'"stream' not in body:
+        return body
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    if not isinstance(doc, dict):
+        return body
+    doc.pop("stream", None)
+    doc.pop("stream_options", None)
+    return orjson.dumps(doc)
+
+
 def http_sender(session: aiohttp.ClientSession, base_url: str) -> Send:
     async def send(item: Replayable) -> str:
         try:
-            async with session.post(base_url + item.path, data=item.body,
+            async with session.post(base_url + item.path, data=unstreamed(item.body),
                                     headers={"Content-Type": "application/json"}) as resp:
                 await resp.read()
                 status = resp.headers.get("Cache-Status", "")

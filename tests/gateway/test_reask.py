@@ -68,6 +68,10 @@ async def test_warm_re_asks_the_top_n_against_the_new_revision(make_gateway: Gat
     for i, body in enumerate(bodies):
         for _ in range(3 - i):  # question 0 is the hottest
             await ask(gw, body)
+    streamed = orjson.dumps({**orjson.loads(chat("streamed question")), "stream": True})
+    for _ in range(2):  # a store then a hit: as hot as question 1, hotter than question 2
+        resp = await gw.client.post("/v1/chat/completions", data=streamed, headers=JSON)
+        assert resp.status == 200 and b"[DONE]" in await resp.read()
     for _ in range(5):  # the hottest of all, but tenant-scoped: never re-asked without the tenant's credential
         await ask(gw, chat("tenant question"), {**JSON, **AUTH_A})
     record = hot_record_of(gw.state)
@@ -78,16 +82,19 @@ async def test_warm_re_asks_the_top_n_against_the_new_revision(make_gateway: Gat
     new = await make_gateway(cache={"redis_url": redis_url})
     calls = fake.calls["chat"]
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway", "warm", "--top", "2", "--rate", "50", "--url", new.url,
+        sys.executable, "-m", "gateway", "warm", "--top", "3", "--rate", "50", "--url", new.url,
         env={**os.environ, "TOKENEDGE_CACHE_REDIS_URL": redis_url}, stdout=asyncio.subprocess.PIPE)
     out, _ = await proc.communicate()
     assert proc.returncode == 0
-    assert out.decode().strip() == "re-asked 2 request(s): stored 2"
-    assert fake.calls["chat"] == calls + 2
-    assert sorted(b["messages"][0]["content"] for b in fake.bodies[-2:]) == ["question 0", "question 1"]
+    assert out.decode().strip() == "re-asked 3 request(s): stored 3"
+    assert fake.calls["chat"] == calls + 3
+    asked = sorted(b["messages"][0]["content"] for b in fake.bodies[-3:])
+    assert asked == ["question 0", "question 1", "streamed question"]
     assert "authorization" not in {name.lower() for name in fake.headers[-1]}
     for body in bodies[:2]:
         assert "; hit;" in await ask(new, body)  # hot again under rev-2 before any client asked
+    resp = await new.client.post("/v1/chat/completions", data=streamed, headers=JSON)
+    assert "; hit;" in resp.headers["Cache-Status"] and b"[DONE]" in await resp.read()  # one entry serves both
     assert "fwd=miss" in await ask(new, bodies[2])
 
 
