@@ -25,10 +25,11 @@ from aiohttp import web
 from prometheus_client import Counter
 from redis.exceptions import RedisError
 
+from gateway.entry import Entry
 from gateway.fill import FillRequest
 from gateway.hotrecord import HotRecord, HotSettings, Replayable
 from gateway.state import STATE, GatewayState
-from gateway.tiers.base import L2Unavailable
+from gateway.tiers.base import L2Unavailable, Tier
 from gateway.tiers.redis_cluster import cluster_client, is_cluster_url
 
 log = logging.getLogger("tokenedge.warm")
@@ -77,18 +78,34 @@ def count_store(state: GatewayState, req: FillRequest) -> None:
 
 
 async def fill_l1(state: GatewayState, record: HotRecord, top: int, warmup: Warmup) -> None:
-    """Read the `top` hottest keys' entries from L2 into L1, coldest first; counts what it put in `warmup`."""
+    """Read the `top` hottest keys' entries from L2 into L1, coldest first; counts what it put in `warmup`.
+
+    Then the filled keys are read once more and any entry gone or changed in L2 is dropped from L1: a purge that
+    came between our read and our L1 write (here, or on another replica whose invalidation reached this L1 before
+    the entry did) is seen by the second read, since a purge deletes from L2 before it announces anything; a purge
+    after the second read finds the entry already in L1.
+    """
     l2 = state.cache.l2
     if l2 is None or not state.cache.l1.enabled:
         return
     keys = await record.top(top)
-    entries = []
-    for start in range(0, len(keys), FILL_BATCH):
-        entries += await l2.get_many(keys[start:start + FILL_BATCH])
+    entries = await read_batched(l2, keys)
     now = state.clock()
+    filled: dict[str, str] = {}
     for key, entry in reversed(list(zip(keys, entries, strict=True))):
         if entry is not None and entry.key == key and entry.age_s(now) <= entry.ttl_s and state.cache.l1.set(entry):
-            warmup.filled += 1
+            filled[key] = entry.etag
+    again = await read_batched(l2, list(filled))
+    gone = [key for key, entry in zip(filled, again, strict=True) if entry is None or entry.etag != filled[key]]
+    state.cache.l1.delete(gone)
+    warmup.filled = len(filled) - len(gone)
+
+
+async def read_batched(l2: Tier, keys: list[str]) -> list[Entry | None]:
+    entries: list[Entry | None] = []
+    for start in range(0, len(keys), FILL_BATCH):
+        entries += await l2.get_many(keys[start:start + FILL_BATCH])
+    return entries
 
 
 async def run_fill(state: GatewayState, record: HotRecord, warmup: Warmup) -> None:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import orjson
 import pytest
 
 from gateway import warm
+from gateway.entry import Entry
 from gateway.hotrecord import HotRecord
 from gateway.state import GatewayState
+from gateway.tiers.redis_tier import RedisTier
 from gateway.warm import WARMUP, Warmup, hot_record_of
 from tests.gateway.conftest import CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
@@ -108,3 +111,35 @@ async def test_ready_waits_for_the_fill_no_longer_than_the_timeout(make_gateway:
 async def test_without_a_redis_l2_there_is_no_record_and_ready_does_not_wait(gw: RunningGateway) -> None:
     assert hot_record_of(gw.state) is None and WARMUP not in gw.state.extensions
     assert (await gw.client.get("/ready")).status == 200
+
+
+async def test_an_entry_purged_while_the_fill_runs_is_not_left_in_l1(make_gateway: GatewayFactory, fake: FakeUpstream,
+                                                                     redis_url: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    first = await make_gateway(cache={"redis_url": redis_url})
+    bodies = [chat("kept"), chat("purged")]
+    keys = []
+    for body in bodies:
+        resp = await first.client.post("/v1/chat/completions", data=body, headers=JSON)
+        keys.append(resp.headers["X-Cache-Key"])
+    record = hot_record_of(first.state)
+    assert record is not None
+    await record.flush()
+    original = RedisTier.get_many
+    reads = 0
+
+    async def purge_after_first_read(self: RedisTier, wanted: Sequence[str]) -> list[Entry | None]:
+        nonlocal reads
+        found = await original(self, wanted)
+        reads += 1
+        if reads == 1:  # a purge lands between the fill's read and its L1 write
+            await first.state.cache.purge([keys[1]], [])
+        return found
+
+    monkeypatch.setattr(RedisTier, "get_many", purge_after_first_read)
+    second = await make_gateway(cache={"redis_url": redis_url})
+    await warmup_of(second).done.wait()
+    assert warmup_of(second).filled == 1
+    assert second.state.cache.l1.get(keys[0]) is not None
+    assert second.state.cache.l1.get(keys[1]) is None
+    assert "fwd=miss" in await ask(second, bodies[1])
