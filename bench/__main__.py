@@ -13,6 +13,7 @@ SCENARIOS = {
     "token_path": "bench.token_path",
     "key_levels": "bench.key_levels",
     "leases": "bench.leases",
+    "warmup": "bench.warmup",
 }
 
 
