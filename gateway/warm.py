@@ -65,9 +65,10 @@ async def warming(state: GatewayState, wait_s: float = READY_WAIT_S) -> bool:
 
 
 def count_hit(state: GatewayState, key: str) -> None:
-    record = state.extensions.get(HOT)
+    """The hit path's hook (L1 and L2 hits alike): a dict increment, no I/O."""
+    record = hot_record_of(state)
     if record is not None:
-        record.hit(key)  # type: ignore[attr-defined]
+        record.hit(key)
 
 
 def count_store(state: GatewayState, req: FillRequest) -> None:
