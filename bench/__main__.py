@@ -15,6 +15,7 @@ SCENARIOS = {
     "leases": "bench.leases",
     "coherence": "bench.coherence",
     "soak": "bench.soak",
+    "warmup": "bench.warmup",
 }
 
 

@@ -124,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["warm"]:  # `python -m gateway warm --top N`: re-ask the hottest requests (gateway/reask.py)
+        from gateway import reask
+
+        return reask.main(argv[1:], dict(os.environ))
     args = build_parser().parse_args(argv)
     env = dict(os.environ)
     flags = {name: f"--{flag}" for flag, name in _FLAGS.items() if getattr(args, flag) is not None}

@@ -36,6 +36,7 @@ from gateway.tiers.factory import build_l1, build_l2
 from gateway.tiers.redis_cluster import is_cluster_url, node_urls
 from gateway.tiers.tiered import TieredCache
 from gateway.upstream import Upstream
+from gateway.warm import warm_ctx
 
 log = logging.getLogger("tokenedge.gateway")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -156,6 +157,7 @@ def create_app(config: GatewayConfig, *, clock: Callable[[], float] = time.time,
     app.cleanup_ctx.append(_cache_ctx(metrics or GatewayMetrics(), clock, config, local_bus))
     app.cleanup_ctx.append(lease_ctx)  # cross-replica leases on L2 misses (Redis L2 only)
     app.cleanup_ctx.append(tenancy.tenancy_ctx)  # the scope secret (config, Redis or the state file)
+    app.cleanup_ctx.append(warm_ctx)  # the hot-key record and the start-up L1 fill (Redis L2 only)
     if cdn is not None and cdn.enabled:
         app.cleanup_ctx.append(_cdn_ctx(cdn))
     app.router.add_post("/v1/chat/completions", completions.make_handler("chat/completions"))

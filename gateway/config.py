@@ -140,6 +140,14 @@ class CacheConfig:
     lease_ttl_s: float = 2.0  # renewed while the holder lives; a dead holder delays the others at most this long
     lease_max_wait_s: float = 30.0  # a waiter past this goes upstream itself
     lease_streams: bool = True  # streamed misses wait for another replica's stored entry and replay it
+    hot_record_enabled: bool = True  # with a Redis L2: a decayed hot-key count for warm-up (gateway/hotrecord.py)
+    hot_record_max_keys: int = 10000  # the record keeps this many hottest keys (and their replayable requests)
+    hot_record_batch: int = 256  # distinct keys counted locally before one background flush to Redis
+    hot_record_flush_s: float = 10.0  # and a flush at least this often
+    hot_record_half_life_s: float = 3600.0  # scores halve over this long
+    hot_record_max_request_bytes: int = 65536  # larger requests are counted but not kept for `gateway warm`
+    warm_fill_top: int = 1000  # on start, fill L1 with this many hottest L2 entries before /ready (0: off)
+    warm_fill_timeout_s: float = 10.0  # /ready waits at most this long for that fill
 
     def __post_init__(self) -> None:
         _require(self.l1_max_bytes >= 0, "cache.l1_max_bytes must be >= 0")
@@ -168,6 +176,13 @@ class CacheConfig:
         _require(self.stale_if_error_s >= 0, "cache.stale_if_error_s must be >= 0")
         _require(self.lease_ttl_s >= 0.05, "cache.lease_ttl_s must be >= 0.05")
         _require(self.lease_max_wait_s >= 0, "cache.lease_max_wait_s must be >= 0")
+        _require(self.hot_record_max_keys >= 1, "cache.hot_record_max_keys must be >= 1")
+        _require(self.hot_record_batch >= 1, "cache.hot_record_batch must be >= 1")
+        _require(self.hot_record_flush_s > 0, "cache.hot_record_flush_s must be > 0")
+        _require(self.hot_record_half_life_s > 0, "cache.hot_record_half_life_s must be > 0")
+        _require(self.hot_record_max_request_bytes >= 0, "cache.hot_record_max_request_bytes must be >= 0")
+        _require(self.warm_fill_top >= 0, "cache.warm_fill_top must be >= 0")
+        _require(self.warm_fill_timeout_s >= 0, "cache.warm_fill_timeout_s must be >= 0")
 
     @property
     def l2_kind(self) -> Literal["", "redis", "memcached"]:

@@ -25,6 +25,7 @@ from gateway.streaming.replay import replay_frames
 from gateway.streaming.tee import tee
 from gateway.tiers.base import L2Unavailable
 from gateway.upstream import UpstreamResponse
+from gateway.warm import count_store
 
 log = logging.getLogger("tokenedge.lease")
 REPLAYED = "lease-replay"  # the flight outcome (metrics reason) when another replica's entry was replayed
@@ -62,6 +63,13 @@ def _shared_response(entry: Entry) -> UpstreamResponse:
 
 async def leased_fill(state: GatewayState, req: FillRequest) -> FillResult:
     """`fill`, or the entry another replica stored under its lease (marked `collapsed`)."""
+    result = await _leased_fill(state, req)
+    if result.entry is not None and not result.collapsed:
+        count_store(state, req)  # the hot-key record keeps what filled the key (gateway/hotrecord.py)
+    return result
+
+
+async def _leased_fill(state: GatewayState, req: FillRequest) -> FillResult:
     leases = _leases(state)
     if leases is None:
         return await fill(state, req)
@@ -81,6 +89,12 @@ async def leased_fill(state: GatewayState, req: FillRequest) -> FillResult:
 
 async def leased_tee(state: GatewayState, flight: StreamFlight, req: FillRequest) -> None:
     """`tee`, or another replica's stored entry replayed into the flight (`cache.lease_streams`)."""
+    await _leased_tee(state, flight, req)
+    if flight.outcome == "stored":
+        count_store(state, req)
+
+
+async def _leased_tee(state: GatewayState, flight: StreamFlight, req: FillRequest) -> None:
     leases = _leases(state)
     if leases is None or not state.config.cache.lease_streams:
         await tee(state, flight, req)

@@ -18,6 +18,7 @@ from gateway.policy import Freshness, Lookup, freshness, satisfies
 from gateway.state import GatewayState
 from gateway.tiers.tiered import Found
 from gateway.timing import lap
+from gateway.warm import count_hit
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,5 +42,6 @@ async def read_cache(request: web.Request, state: GatewayState, key: str, lookup
     fresh = freshness(age_s=age, ttl_s=entry.ttl_s, stale_if_error_s=entry.stale_if_error_s)
     if fresh is Freshness.FRESH and satisfies(age_s=age, directives=directives):
         state.dashboard.hot_keys.hit(entry, now, request.get(PROMPT))
+        count_hit(state, key)  # the shared hot-key record (warm-up): a local count, flushed in batches
         return CacheRead(found, None, now)
     return CacheRead(None, entry if fresh is Freshness.STALE else None, now)

@@ -21,6 +21,7 @@ from gateway.handlers.tenancy import is_admin, require_operator, scope_of
 from gateway.state import STATE, GatewayState
 from gateway.timing import StageTimer, timer_of
 from gateway.upstream import forward_headers, relay_headers
+from gateway.warm import warming
 
 GAUGE_REFRESH_S = 1.0
 DEBUG_HEADER = "X-Tokenedge-Debug"
@@ -47,11 +48,12 @@ async def probe(state: GatewayState, headers: Mapping[str, str] | None = None) -
 
 
 async def ready(request: web.Request) -> web.Response:
-    """200 when the upstream answers; Redis being down degrades (reported) but does not make us unready."""
+    """200 when the upstream answers and the start-up L1 fill is over; Redis down degrades, reported, still ready."""
     upstream_ok, redis = await probe(request.app[STATE], request.headers)
-    body = {"status": "ready" if upstream_ok else "unready", "upstream": "up" if upstream_ok else "down",
-            "redis": redis}
-    return web.Response(status=200 if upstream_ok else 503, body=orjson.dumps(body),
+    filling = await warming(request.app[STATE])  # a new replica first fills L1 with L2's hot entries (bounded)
+    body = {"status": "warming" if upstream_ok and filling else "ready" if upstream_ok else "unready",
+            "upstream": "up" if upstream_ok else "down", "redis": redis}
+    return web.Response(status=200 if upstream_ok and not filling else 503, body=orjson.dumps(body),
                         content_type="application/json")
 
 

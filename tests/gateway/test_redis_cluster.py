@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from gateway.tiers.redis_cluster import RedisClusterTier
+from gateway.warm import WARMUP, Warmup, hot_record_of
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.cluster import LocalCluster
 from tests.support.fake_upstream import FakeUpstream
@@ -78,6 +79,27 @@ async def test_l1_and_l2_hits_across_gateways_on_a_cluster(make_gateway: Gateway
         assert from_l1.headers["Cache-Status"].endswith("detail=l1")
     assert fake.calls["chat"] == 12
 
+
+
+async def test_warm_up_on_a_cluster_fills_a_new_replica_from_the_hot_record(
+        make_gateway: GatewayFactory, fake: FakeUpstream, cluster_url: str, cluster: LocalCluster) -> None:
+    one = await make_gateway(cache={"redis_url": cluster_url})
+    for i in range(6):  # anonymous: these requests are kept for `gateway warm`, and their entries span the masters
+        assert (await one.client.post("/v1/chat/completions", json=ask(i))).status == 200
+    record = hot_record_of(one.state)
+    assert record is not None
+    await record.flush()  # the record's keys share one hash tag: one slot, one script call
+    assert len(await record.top(10)) == 6
+    assert all(r is not None for r in await record.requests(await record.top(10)))
+    two = await make_gateway(cache={"redis_url": cluster_url})
+    warmup = two.state.extensions[WARMUP]
+    assert isinstance(warmup, Warmup)
+    await warmup.done.wait()
+    assert (warmup.outcome, warmup.filled) == ("filled", 6)
+    for i in range(6):
+        first = await two.client.post("/v1/chat/completions", json=ask(i))
+        assert first.headers["Cache-Status"].endswith("detail=l1")
+    assert fake.calls["chat"] == 6
 
 async def test_a_batch_of_reads_is_one_batched_call_over_every_node(make_gateway: GatewayFactory,
                                                                     cluster_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
