@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from cachetools import LRUCache
-
 from gateway.keys import CacheKey
 
 MAX_MEMO_BODY_BYTES = 64 * 1024
@@ -24,17 +22,35 @@ class ParsedRequest:
     size: int
     canonical: bytes | None = None  # filled the first time a lookup derives the key
     keys: dict[tuple[str, str], CacheKey] = field(default_factory=dict)  # (scope, revision) -> derived key
+    fast: object = None  # gateway.fastpath's decision without request directives, once it has looked
 
 
 class RequestMemo:
+    """An LRU bounded by bytes over a plain dict (insertion order is recency): a hit is one pop and one insert,
+    a third of what cachetools' LRUCache spends on the hit path."""
+
     def __init__(self, max_bytes: int) -> None:
-        self._cache: LRUCache[tuple[str, bytes], ParsedRequest] = LRUCache(
-            maxsize=max(max_bytes, 1), getsizeof=lambda parsed: parsed.size)
+        self._cache: dict[tuple[str, bytes], ParsedRequest] = {}
+        self.max_bytes = max(max_bytes, 1)
+        self.size = 0
         self.enabled = max_bytes > 0
 
     def get(self, endpoint: str, raw: bytes) -> ParsedRequest | None:
-        return self._cache.get((endpoint, raw)) if self.enabled else None
+        key = (endpoint, raw)
+        parsed = self._cache.pop(key, None)
+        if parsed is not None:
+            self._cache[key] = parsed  # most recent last
+        return parsed
 
     def put(self, endpoint: str, raw: bytes, parsed: ParsedRequest) -> None:
-        if self.enabled and len(raw) <= MAX_MEMO_BODY_BYTES:
-            self._cache[(endpoint, raw)] = parsed
+        if not self.enabled or len(raw) > MAX_MEMO_BODY_BYTES or parsed.size > self.max_bytes:
+            return
+        key = (endpoint, raw)
+        old = self._cache.pop(key, None)
+        if old is not None:
+            self.size -= old.size
+        self._cache[key] = parsed
+        self.size += parsed.size
+        while self.size > self.max_bytes:  # evict least recently used first
+            oldest = next(iter(self._cache))
+            self.size -= self._cache.pop(oldest).size

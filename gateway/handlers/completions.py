@@ -12,6 +12,7 @@ from typing import Any, assert_never
 
 from aiohttp import web
 
+from gateway import fastpath
 from gateway import headers as hdr
 from gateway.cache_control import RequestDirectives, parse_request_cache_control
 from gateway.canonical import CanonicalizationError, canonical_json, canonicalize
@@ -47,9 +48,12 @@ class Prepared:
     parsed: ParsedRequest
 
 
-async def prepare(request: web.Request, state: GatewayState, endpoint: str) -> Prepared:
+async def read_request(request: web.Request, state: GatewayState) -> bytes:
     check_content_type(request)
-    raw = await read_body(request, state.config.server.max_body_bytes)
+    return await read_body(request, state.config.server.max_body_bytes)
+
+
+def prepare(request: web.Request, state: GatewayState, endpoint: str, raw: bytes) -> Prepared:
     parsed = state.memo.get(endpoint, raw)
     if parsed is None:  # first sight of these exact bytes: parse and validate them
         body = parse_object(raw)
@@ -90,7 +94,12 @@ def make_handler(endpoint: str):
         timer = start_timer(request, endpoint)
         result, reason = "error", "error"
         try:
-            prep = await prepare(request, state, endpoint)
+            raw = await read_request(request, state)
+            fast = fastpath.try_hit(request, state, endpoint, raw, timer)
+            if fast is not None:  # a known request's fresh L1 hit, written in one piece (gateway.fastpath)
+                result, reason = "hit", "l1"
+                return fast
+            prep = prepare(request, state, endpoint, raw)
             timer.lap("parse")
             match prep.decision:
                 case Bypass(reason=why):
@@ -186,8 +195,10 @@ async def lookup_or_fill(request: web.Request, state: GatewayState, prep: Prepar
     if read.hit is not None:
         entry = read.hit.entry
         state.metrics.served_from_cache(entry.usage, len(entry.body))
-        status, age_h = hdr.hit_status(entry, read.now, tier=read.hit.tier)
-        response = entry_response(state, entry, status, age_h)
+        response = fastpath.hit_response(request, state, entry, read.now, read.hit.tier)
+        if response is None:  # HTTP/1.0, a debug or conditional request, an untransportable header: normal path
+            status, age_h = hdr.hit_status(entry, read.now, tier=read.hit.tier)
+            response = entry_response(state, entry, status, age_h)
         lap(request, "serialize")
         return response, "hit", read.hit.tier
     stale = read.stale
