@@ -182,7 +182,8 @@ _SCOPES = "fastpath.scopes"  # state.extensions slot
 
 
 def request_scope(request: web.Request, state: GatewayState, public: bool) -> str:
-    """The scope `completions.cache_key` gives this request: the same functions, memoized per credential."""
+    """The request's key scope, for the normal path (`completions.cache_key`) and the fast path alike: the
+    tenant credential's `keys.tenant_scope`, memoized per credential (the hash showed in the hit profile)."""
     if public:
         return PUBLIC_SCOPE
     memo = state.extensions.get(_SCOPES)
@@ -221,9 +222,9 @@ def try_hit(request: web.Request, state: GatewayState, endpoint: str, raw: bytes
     key = parsed.keys.get((scope, revision))
     if key is None:
         return None
-    l1 = state.cache.l1
+    l1, key_str = state.cache.l1, key.key
     keyed = perf_counter()
-    entry = l1.get(key.key) if l1.enabled else None
+    entry = l1.get(key_str) if l1.enabled else None
     if entry is None:
         return None  # nothing counted or lapped: the normal path does the whole lookup
     now = state.clock()
@@ -235,7 +236,7 @@ def try_hit(request: web.Request, state: GatewayState, endpoint: str, raw: bytes
     if response is not None:  # counted and lapped as the normal path counts and laps an L1 hit
         state.cache.count_l1_hit()
         state.metrics.served_from_cache(entry.usage, len(entry.body))
-        timer.key = key.key
+        timer.key = key_str
         timer.lap_to("parse", keyed)
         timer.lap_to("l1", looked_up)
         timer.lap("serialize")

@@ -21,8 +21,7 @@ from gateway.errors import BadRequest, GatewayError, NotCached, UpstreamError
 from gateway.fill import FillRequest, FillResult, fill
 from gateway.handlers.ops import handler_done
 from gateway.handlers.relay import relay
-from gateway.handlers.tenancy import tenant_credential
-from gateway.keys import PUBLIC_SCOPE, CacheKey, derive_key_from_bytes, tenant_scope
+from gateway.keys import PUBLIC_SCOPE, CacheKey, derive_key_from_bytes
 from gateway.lookup import read_cache
 from gateway.memo import ParsedRequest
 from gateway.policy import CREDENTIAL_REFUSALS, Bypass, Lookup, decide
@@ -69,8 +68,7 @@ def prepare(request: web.Request, state: GatewayState, endpoint: str, raw: bytes
 
 def cache_key(request: web.Request, state: GatewayState, prep: Prepared, revision: str) -> CacheKey:
     route = state.config.routes[prep.endpoint]
-    scope = PUBLIC_SCOPE if route.scope == "public" else tenant_scope(
-        tenant_credential(request.headers, state.config.server.tenant_header))
+    scope = fastpath.request_scope(request, state, route.scope == "public")
     keys = prep.parsed.keys
     key = keys.get((scope, revision))
     if key is not None:
