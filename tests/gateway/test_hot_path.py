@@ -2,6 +2,8 @@
 
 An L1 hit makes no upstream call, no Redis command and no JSON (de)serialization; an L2 hit costs exactly one
 Redis command, or exactly one Memcached round trip (counted by a proxy in front of a real memcached). If a change makes the hit path heavier in these terms, this fails on any machine, however noisy.
+A warm L1 hit also takes the fast path (gateway/fastpath.py): no parsing, policy, scope hash, key derivation,
+header dict or aiohttp header assembly. Calls are counted with `sys.setprofile`, so no import style hides one.
 """
 
 from __future__ import annotations
