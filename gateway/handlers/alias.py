@@ -30,7 +30,7 @@ def _etag_matches(if_none_match: str, etag: str) -> bool:
     return "*" in tags or etag in tags or f"W/{etag}" in tags
 
 
-async def get_alias(request: web.Request) -> web.Response:
+async def get_alias(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     parsed = parse_key(request.match_info["key"])
     if parsed is None:

@@ -193,7 +193,7 @@ async def lookup_or_fill(request: web.Request, state: GatewayState, prep: Prepar
     if read.hit is not None:
         entry = read.hit.entry
         state.metrics.served_from_cache(entry.usage, len(entry.body))
-        response = fastpath.hit_response(request, state, entry, read.now, read.hit.tier)
+        response: web.StreamResponse | None = fastpath.hit_response(request, state, entry, read.now, read.hit.tier)
         if response is None:  # HTTP/1.0, a debug or conditional request, an untransportable header: normal path
             status, age_h = hdr.hit_status(entry, read.now, tier=read.hit.tier)
             response = entry_response(state, entry, status, age_h)

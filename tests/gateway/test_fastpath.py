@@ -12,6 +12,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import h11
 import orjson
@@ -57,7 +58,7 @@ async def exchange(gw: RunningGateway, requests: list[tuple[str, str]], payload:
     reader, writer = await asyncio.open_connection(gw.server.host, gw.server.port)
     writer.write(payload)
     await writer.drain()
-    conn, replies = h11.Connection(h11.CLIENT), []
+    conn, replies = h11.Connection(h11.CLIENT), list[Reply]()
     for method, target in requests:
         if replies:
             conn.start_next_cycle()
@@ -166,7 +167,7 @@ async def test_head_on_the_alias_has_headers_and_no_body(gw: RunningGateway) -> 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
 async def test_openai_clients_read_fast_hits(gw: RunningGateway, kind: str) -> None:
-    args = {"model": CHAT["model"], "messages": CHAT["messages"], "temperature": 0}
+    args: dict[str, Any] = {"model": CHAT["model"], "messages": CHAT["messages"], "temperature": 0}
 
     def sync() -> list[tuple[str, str]]:
         with OpenAI(base_url=gw.url + "/v1", api_key=TOKEN, max_retries=0) as client:
