@@ -55,6 +55,9 @@ def _header_block(key: str, etag: str, ttl_s: int, stale_if_error_s: int, tags: 
     return headers, truncated
 
 
+header_block = _header_block  # the shared block by its inputs (gateway.fastpath encodes it; callers never mutate)
+
+
 def hit_status(entry: Entry, now: float, *, tier: str) -> tuple[str, str]:
     """(Cache-Status, Age) for a fresh hit; RFC 9211 §2.4: ttl is the remaining freshness in seconds."""
     age = int(entry.age_s(now))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
+from gateway import fastpath
 from gateway import headers as hdr
 from gateway.cache_control import parse_request_cache_control
 from gateway.canonical import CanonicalizationError
@@ -31,7 +32,7 @@ def _etag_matches(if_none_match: str, etag: str) -> bool:
     return "*" in tags or etag in tags or f"W/{etag}" in tags
 
 
-async def get_alias(request: web.Request) -> web.Response:
+async def get_alias(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     parsed = parse_key(request.match_info["key"])
     if parsed is None:
@@ -49,7 +50,7 @@ async def get_alias(request: web.Request) -> web.Response:
         response = entry_response(state, entry, status, age, status=304)
         response.body = b""
         return response
-    return entry_response(state, entry, status, age)
+    return fastpath.hit_response(request, state, entry, now, found.tier) or entry_response(state, entry, status, age)
 
 
 async def explain(request: web.Request) -> web.Response:

@@ -13,6 +13,7 @@ from typing import Any, assert_never
 
 from aiohttp import web
 
+from gateway import fastpath
 from gateway import headers as hdr
 from gateway.cache_control import RequestDirectives, parse_request_cache_control
 from gateway.canonical import CanonicalizationError, Level, canonical_json
@@ -51,9 +52,12 @@ class Prepared:
     parsed: ParsedRequest
 
 
-async def prepare(request: web.Request, state: GatewayState, endpoint: str) -> Prepared:
+async def read_request(request: web.Request, state: GatewayState) -> bytes:
     check_content_type(request)
-    raw = await read_body(request, state.config.server.max_body_bytes)
+    return await read_body(request, state.config.server.max_body_bytes)
+
+
+def prepare(request: web.Request, state: GatewayState, endpoint: str, raw: bytes) -> Prepared:
     parsed = state.memo.get(endpoint, raw)
     if parsed is None:  # first sight of these exact bytes: parse and validate them
         body = parse_object(raw)
@@ -105,7 +109,12 @@ def make_handler(endpoint: str):
         timer = start_timer(request, endpoint)
         result, reason = "error", "error"
         try:
-            prep = await prepare(request, state, endpoint)
+            raw = await read_request(request, state)
+            fast = fastpath.try_hit(request, state, endpoint, raw, timer)
+            if fast is not None:  # a known request's fresh L1 hit, written in one piece (gateway.fastpath)
+                result, reason = "hit", "l1"
+                return fast
+            prep = prepare(request, state, endpoint, raw)
             if state.config.dashboard.show_prompts:  # the operator opted in: the hot-keys table shows the text
                 request[PROMPT] = prompt_text(prep.body) or ""
             timer.lap("parse")
@@ -209,8 +218,10 @@ async def lookup_or_fill(request: web.Request, state: GatewayState, prep: Prepar
     if read.hit is not None:
         entry = read.hit.entry
         state.metrics.served_from_cache(entry.usage, len(entry.body), entry.model)
-        status, age_h = hdr.hit_status(entry, read.now, tier=read.hit.tier)
-        response = entry_response(state, entry, status, age_h)
+        response: web.StreamResponse | None = fastpath.hit_response(request, state, entry, read.now, read.hit.tier)
+        if response is None:  # HTTP/1.0, a debug or conditional request, an untransportable header: normal path
+            status, age_h = hdr.hit_status(entry, read.now, tier=read.hit.tier)
+            response = entry_response(state, entry, status, age_h)
         lap(request, "serialize")
         return response, "hit", read.hit.tier
     stale = read.stale
