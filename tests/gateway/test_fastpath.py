@@ -125,7 +125,7 @@ async def test_pipelined_requests_are_answered_in_order(gw: RunningGateway, fake
     assert [r.status for r in replies] == [200] * len(plan)
     statuses = [r.headers.get("cache-status", "") for r in replies]
     assert statuses[0].endswith("detail=l1") and statuses[1].endswith("detail=l1") and statuses[7].endswith("l1")
-    assert statuses[2] == "tokenedge; fwd=miss; stored"
+    assert statuses[2] == "tokenedge; fwd=miss; stored; detail=exact"
     assert [replies[i].body for i in (0, 1, 4, 6, 7)] == [stored[0], stored[1], stored[0], stored[0], stored[1]]
     head = replies[3]
     assert head.body == b"" and head.headers["content-length"] == str(len(stored[0]))
@@ -180,7 +180,7 @@ async def test_openai_clients_read_fast_hits(gw: RunningGateway, kind: str) -> N
             return [(r.headers["cache-status"], r.parse().choices[0].message.content or "") for r in raws]
 
     got = await asyncio.to_thread(sync) if kind == "sync" else await asynchronous()
-    assert got[0][0] == "tokenedge; fwd=miss; stored"
+    assert got[0][0] == "tokenedge; fwd=miss; stored; detail=exact"
     assert all(status.endswith("detail=l1") for status, _ in got[1:])
     assert len({text for _, text in got}) == 1 and got[0][1]
 
