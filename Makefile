@@ -25,12 +25,15 @@ system:
 run: venv
 	bash scripts/run.sh
 
-test: venv system
+# Lint first: a lint, format or type finding fails `make test` (and so CI) before any test runs.
+test: venv system lint
 	$(PY) -m pytest -q -p no:cacheprovider
 
+LINTED := gateway backend cdn tokenedge_wire bench tests
 lint: venv
-	$(PY) -m ruff check gateway backend cdn bench tests
-	$(PY) -m mypy gateway cdn
+	$(PY) -m ruff check $(LINTED)
+	$(PY) -m ruff format --check $(LINTED)
+	$(PY) -m mypy gateway backend cdn tokenedge_wire
 
 bench: venv system
 	$(PY) -m pip install -q -e '.[bench]'

@@ -4,6 +4,7 @@ lives in tokenedge_wire), and no module imports itself back through others, lazi
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,3 +76,26 @@ def test_no_module_imports_itself_back() -> None:
         if node not in state:
             visit(node, [])
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def _layout_rows() -> dict[str, str]:
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ", 1) for line in table.splitlines() if line.startswith("| `")]
+    return {cell.strip("| "): what for cell, what in rows}
+
+
+def test_the_readme_layout_names_every_top_level_folder() -> None:
+    named = " ".join(_layout_rows())
+    folders = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != "build"
+               and not p.name.endswith(".egg-info")}
+    missing = sorted(f for f in folders if f"`{f}/`" not in named)
+    assert not missing, f"README layout lacks {missing}"
+
+
+def test_every_gateway_module_the_readme_layout_names_exists() -> None:
+    row = _layout_rows()["`gateway/`"]
+    named = re.findall(r"`([a-z_/]+(?:\.py|/))`", row)
+    assert len(named) > 20
+    missing = [n for n in named if not (ROOT / "gateway" / n).exists()]
+    assert not missing, missing
