@@ -49,11 +49,14 @@ class LLMEngine:
             block_size=config.block_size,
             device=model.device,
             dtype=model.dtype,
+            batch_invariant=config.batch_invariant,
         )
+        if config.batch_invariant:
+            model.calibrate_invariance()  # measured once per model, before the first step
         self.scheduler = Scheduler(
             config, KVCacheManager(self.pool, config.enable_prefix_caching), eos_token_ids
         )
-        self.runner = ModelRunner(model, self.pool, self.attention)
+        self.runner = ModelRunner(model, self.pool, self.attention, config.batch_invariant)
         self._seqs: dict[str, Sequence] = {}
         self.prefill_tokens_total = 0
         self.generated_tokens_total = 0
