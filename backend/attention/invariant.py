@@ -11,7 +11,9 @@ Tokens of one split bucket from different sequences (decodes) share one call ove
 of one prefill chunk in one bucket share one call whose keys are the sequence's blocks expanded (stride 0),
 never copied per token. The kernel (torch SDPA, the CPU flash kernel on CPU) works per (row, KV head), so
 the number of rows in a call does not reach a row's reduction order; tests/backend/test_batch_invariance.py
-checks this end to end, and tests/backend/test_attention.py checks gathered against expanded calls.
+checks this end to end. On CUDA the call is pinned to torch's memory-efficient kernel, which walks the keys
+of each (row, head) in one fixed order (flash-attn's decode kernel, by contrast, picks its number of KV splits
+from the batch size, and the math path's batched GEMMs pick kernels by batch count).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from backend.attention.backend import write_kv
 from backend.attention.context import AttentionContext
@@ -131,7 +134,11 @@ class InvariantSdpaBackend:
         if seqs != rows:  # one sequence's keys for all its rows: a stride-0 view, no copy
             keys = keys.expand(rows, -1, -1, -1)  # [R, KH, L, D]
             values = values.expand(rows, -1, -1, -1)  # [R, KH, L, D]
-        out = F.scaled_dot_product_attention(qr, keys, values, attn_mask=call.mask)  # [R, KH, G, D]
+        if qr.is_cuda:
+            with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+                out = F.scaled_dot_product_attention(qr, keys, values, attn_mask=call.mask)  # [R, KH, G, D]
+        else:
+            out = F.scaled_dot_product_attention(qr, keys, values, attn_mask=call.mask)  # [R, KH, G, D]
         return out.reshape(rows, self.num_heads, head_dim)
 
 

@@ -23,13 +23,13 @@ from tests.backend.tiny import tiny_model
 TARGET = "target"
 NEW_TOKENS = 12
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-_MODELS: dict[str, LlamaModel] = {}
+_MODELS: dict[tuple[str, str], LlamaModel] = {}
 
 
-def model_for(dtype: str) -> LlamaModel:
-    if dtype not in _MODELS:
-        _MODELS[dtype] = tiny_model(seed=3, dtype=DTYPES[dtype])
-    return _MODELS[dtype]
+def model_for(dtype: str, device: str = "cpu") -> LlamaModel:
+    if (dtype, device) not in _MODELS:
+        _MODELS[dtype, device] = tiny_model(seed=3, dtype=DTYPES[dtype], device=device)
+    return _MODELS[dtype, device]
 
 
 def rand_ids(n: int, seed: int) -> list[int]:
@@ -49,7 +49,10 @@ class Scenario:
 def target_logits(model: LlamaModel, prompt: list[int], scenario: Scenario) -> dict[int, torch.Tensor]:
     """The target's logits row at each length it sampled at: {num_tokens: [vocab] fp32}."""
     config = EngineConfig(
-        num_blocks=scenario.num_blocks, max_num_batched_tokens=scenario.budget, max_model_len=256
+        num_blocks=scenario.num_blocks,
+        max_num_batched_tokens=scenario.budget,
+        max_model_len=256,
+        device=model.device.type,
     )
     engine = LLMEngine(model, config, frozenset())
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
@@ -154,6 +157,19 @@ def test_drawn_scenarios_give_the_logits_of_the_sequence_alone(
         warm=warm,
     )
     assert_bitwise(alone, target_logits(model, prompt, scenario))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_cuda_scenarios_give_the_logits_of_the_sequence_alone(dtype: str) -> None:
+    model = model_for(dtype, "cuda")
+    prompt = rand_ids(45, seed=7)
+    alone = target_logits(model, prompt, Scenario())
+    others = [(i, rand_ids(4 + 9 * i, seed=70 + i)) for i in range(15)]
+    assert_bitwise(alone, target_logits(model, prompt, Scenario(others=others)))
+    assert_bitwise(alone, target_logits(model, prompt, Scenario(budget=7, others=others[:3])))
+    assert_bitwise(alone, target_logits(model, prompt, Scenario(warm=prompt[:33])))
+    assert_bitwise(alone, target_logits(model, prompt, Scenario(num_blocks=16, budget=64, others=others[5:9])))
 
 
 _AVX2_CHILD = """
