@@ -5,10 +5,14 @@ that the engine binds to its KV pool and per-step context; the model never sees 
 recomputes a whole sequence with plain causal attention and no cache: tests compare the two.
 The residual stream, final norm and logits are fp32 whatever the weight dtype (bf16 greedy decoding derails
 on logit ties).
+`invariant=True` (the engine's batch-invariant mode, DESIGN.md §8) runs every linear and the LM head in
+calibrated row tiles (backend/model/tiling.py); RoPE always comes from a per-position table.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Mapping
 
 import torch
@@ -17,12 +21,14 @@ from torch.nn import functional as F
 
 from backend.model.config import LlamaConfig
 from backend.model.layers import AttendFn, LlamaDecoderLayer, RMSNorm
-from backend.model.rope import inv_frequencies, rope_cos_sin
+from backend.model.rope import RopeTable, inv_frequencies
+from backend.model.tiling import RowTiling, TilingMemo, calibrate_tiling, tiled_rows
 
 # (layer index, q [T, H, D], k [T, KH, D], v [T, KH, D]) -> [T, H, D]
 LayerAttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+_LOG = logging.getLogger(__name__)
 
 
 class LlamaModel(nn.Module):
@@ -49,6 +55,8 @@ class LlamaModel(nn.Module):
             self.lm_head.weight.requires_grad_(False)
         # inv_freq: [D/2] fp32, a plain attribute (not a parameter: never loaded)
         self.inv_freq = inv_frequencies(config.head_dim, config.rope_theta, config.rope_scaling).to(device)
+        self.rope = RopeTable(config.max_position_embeddings, self.inv_freq)
+        self._head_tiling: RowTiling | None = None
         # fp32 logits: an fp32 copy of the output matrix when the weights are half precision.
         self._logits_weight_fp32: torch.Tensor | None = None
 
@@ -105,6 +113,31 @@ class LlamaModel(nn.Module):
         self._logits_weight_fp32 = None
         if self.dtype != torch.float32:
             self._logits_weight_fp32 = self._output_weight().float()
+        self._head_tiling = None
+
+    def calibrate_invariance(self) -> None:
+        """Measure the row tiling of every linear shape and the LM head (once; backend/model/tiling.py)."""
+        if self._head_tiling is not None:
+            return
+        start = time.perf_counter()
+        memo: TilingMemo = {}
+        for layer in self.layers:
+            assert isinstance(layer, LlamaDecoderLayer)
+            for linear in layer.linears():
+                linear.calibrate(memo)
+        self._head_tiling = calibrate_tiling(
+            self._head_matmul, self.config.hidden_size, torch.float32, self.device
+        )
+        _LOG.info("batch-invariant row tilings measured in %.1f s: %s", time.perf_counter() - start, self.tilings)
+
+    @property
+    def tilings(self) -> dict[str, RowTiling]:
+        """The calibrated tiling per linear (first layer) and the LM head, for logs and benchmarks."""
+        first = self.layers[0]
+        assert isinstance(first, LlamaDecoderLayer) and self._head_tiling is not None
+        names = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+        found = {n: lin.tiling for n, lin in zip(names, first.linears(), strict=True)}
+        return {n: t for n, t in found.items() if t is not None} | {"lm_head": self._head_tiling}
 
     def _output_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -113,23 +146,33 @@ class LlamaModel(nn.Module):
 
     @torch.inference_mode()
     def forward(
-        self, token_ids: torch.Tensor, positions: torch.Tensor, attend: LayerAttendFn
+        self, token_ids: torch.Tensor, positions: torch.Tensor, attend: LayerAttendFn, invariant: bool = False
     ) -> torch.Tensor:
         """Hidden states after the final norm, fp32 [T, hidden], for the flattened new tokens of a step."""
         # token_ids, positions: [T] int64
         assert token_ids.dim() == 1 and token_ids.shape == positions.shape
-        cos, sin = rope_cos_sin(positions, self.inv_freq)  # [T, 1, D/2] each
+        if invariant:
+            self.calibrate_invariance()
+        cos, sin = self.rope.lookup(positions)  # [T, 1, D/2] each
         x = self.embed_tokens(token_ids).float()  # x: [T, hidden] fp32 residual
         for index, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, _bind_layer(attend, index))
+            x = layer(x, cos, sin, _bind_layer(attend, index), invariant)
         return self.norm(x)  # [T, hidden] fp32
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, invariant: bool = False) -> torch.Tensor:
         # hidden: [N, hidden] fp32 -> logits: [N, vocab] fp32
+        if not invariant:
+            return self._head_matmul(hidden.float())
+        self.calibrate_invariance()
+        assert self._head_tiling is not None
+        return tiled_rows(self._head_matmul, hidden.float(), self._head_tiling)
+
+    def _head_matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        # rows: [M, hidden] fp32 -> [M, vocab] fp32
         weight = self._logits_weight_fp32 if self._logits_weight_fp32 is not None else self._output_weight()
         assert weight.dtype == torch.float32 or self.dtype != torch.float32
-        return F.linear(hidden.float(), weight.float() if weight.dtype != torch.float32 else weight)
+        return F.linear(rows, weight.float() if weight.dtype != torch.float32 else weight)
 
     @torch.inference_mode()
     def reference_logits(self, token_ids: torch.Tensor) -> torch.Tensor:

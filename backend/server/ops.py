@@ -39,6 +39,7 @@ def _model_entry(model: ServedModel) -> dict[str, Any]:
             "transports": list(TRANSPORTS),
             "embeddings": embeddings.describe(model),
             "runtime": dict(model.runtime),
+            "batch_invariant": model.batch_invariant,
         },
     }
 

@@ -36,6 +36,7 @@ class ServedModel:
     created: int  # unix seconds, reported by /v1/models
     hidden_size: int | None = None  # the width of its embeddings (/v1/embeddings)
     runtime: Mapping[str, Any] = field(default_factory=dict)  # device, dtype, kernels (backend/runtime.py)
+    batch_invariant: bool = True  # the engine's mode (EngineConfig.batch_invariant), reported by /v1/models
 
 
 @dataclass(frozen=True, slots=True)
