@@ -14,6 +14,8 @@ from backend.loader import LoadedModel, load_model
 from backend.server import ServedModel, ServerLimits, create_app
 from backend.server.state import EngineFactory
 
+log = logging.getLogger("tokenedge.backend")
+
 
 def engine_factory(loaded: LoadedModel, config: BackendConfig, max_model_len: int) -> EngineFactory:
     from backend.engine.async_engine import AsyncEngine
@@ -22,6 +24,11 @@ def engine_factory(loaded: LoadedModel, config: BackendConfig, max_model_len: in
 
     model = LlamaModel(loaded.config, dtype=config.torch_dtype, device=config.device)
     model.load_weights(loaded.weights)
+    if config.weights == "quantized" and torch.device(config.device).type == "cpu":
+        from backend.model.quant import quantize_model
+
+        quantize_model(model, loaded.weights, loaded.quantized)
+        log.info("weights: %d layers from 4-bit blocks, the rest int8", len(loaded.quantized))
     engine_config = EngineConfig(
         block_size=config.block_size,
         num_blocks=config.num_blocks,

@@ -22,12 +22,15 @@ _DTYPES = {
     "fp32": torch.float32,
 }
 _ATTENTION = ("auto", "sdpa", "flash")
+_WEIGHTS = ("quantized", "dequantized")
 
 
 @dataclass(frozen=True, slots=True)
 class BackendConfig:
     """`model=None` serves the default SmolLM2 GGUF. Weights use `dtype`; the residual stream and logits
-    stay fp32 whatever it is. `threads=0` leaves torch's own default."""
+    stay fp32 whatever it is. `threads=0` leaves torch's own default. `weights`: `quantized` (CPU only: the
+    file's 4-bit blocks on the int4 kernel, other layers int8 per channel, a greedy-exact int8 LM head) or
+    `dequantized` (the reference: every weight dequantized to `dtype`; other devices always use it)."""
 
     model: str | None = None
     served_model_name: str | None = None
@@ -35,6 +38,7 @@ class BackendConfig:
     port: int = 8000
     device: str = "cpu"
     dtype: str = "bfloat16"
+    weights: str = "quantized"
     threads: int = 0
     attention: str = "auto"
     block_size: int = 16
@@ -52,6 +56,8 @@ class BackendConfig:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.attention not in _ATTENTION:
             raise ValueError(f"attention must be one of {_ATTENTION}, got {self.attention!r}")
+        if self.weights not in _WEIGHTS:
+            raise ValueError(f"weights must be one of {_WEIGHTS}, got {self.weights!r}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port out of range: {self.port}")
         for name in (

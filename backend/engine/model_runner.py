@@ -76,7 +76,8 @@ class ModelRunner:
         ends = ctx.query_start_loc.tolist()[1:]
         last = [end - 1 for item, end in zip(batch, ends, strict=True) if item.samples]
         rows = hidden[torch.tensor(last, dtype=torch.int64, device=self.device)]  # [N, hidden]
-        return self.model.compute_logits(rows)  # [N, vocab]
+        greedy = [item.seq.params.greedy for item in batch if item.samples]
+        return self.model.compute_logits(rows, greedy)  # [N, vocab]
 
     def run(self, batch: Seq[ScheduledSeq]) -> list[int | None]:
         """One step: the sampled token per scheduled sequence, None for a prefill chunk short of the end."""

@@ -4,12 +4,15 @@
 that the engine binds to its KV pool and per-step context; the model never sees pages. `reference_logits`
 recomputes a whole sequence with plain causal attention and no cache: tests compare the two.
 The residual stream, final norm and logits are fp32 whatever the weight dtype (bf16 greedy decoding derails
-on logit ties).
+on logit ties). `backend.model.quant.quantize_model` swaps the projections for int4/int8 kernels and sets
+`head`, a greedy-exact quantized LM head used for the rows that decode greedily.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from collections.abc import Sequence as Seq
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -18,6 +21,9 @@ from torch.nn import functional as F
 from backend.model.config import LlamaConfig
 from backend.model.layers import AttendFn, LlamaDecoderLayer, RMSNorm
 from backend.model.rope import inv_frequencies, rope_cos_sin
+
+if TYPE_CHECKING:
+    from backend.model.quant import RescoredHead
 
 # (layer index, q [T, H, D], k [T, KH, D], v [T, KH, D]) -> [T, H, D]
 LayerAttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -51,6 +57,7 @@ class LlamaModel(nn.Module):
         self.inv_freq = inv_frequencies(config.head_dim, config.rope_theta, config.rope_scaling).to(device)
         # fp32 logits: an fp32 copy of the output matrix when the weights are half precision.
         self._logits_weight_fp32: torch.Tensor | None = None
+        self.head: RescoredHead | None = None  # set by quantize_model
 
     # ---- weights -------------------------------------------------------------------------------------
 
@@ -109,6 +116,10 @@ class LlamaModel(nn.Module):
     def _output_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
+    def output_weight_fp32(self) -> torch.Tensor:
+        """[V, hidden] fp32, the matrix the exact logits use."""
+        return self._logits_weight_fp32 if self._logits_weight_fp32 is not None else self._output_weight()
+
     # ---- forward -------------------------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -125,11 +136,19 @@ class LlamaModel(nn.Module):
         return self.norm(x)  # [T, hidden] fp32
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, greedy: Seq[bool] | None = None) -> torch.Tensor:
+        """fp32 logits [N, vocab]. With a quantized head, rows flagged `greedy` get greedy-exact logits
+        (their argmax is the fp32 head's; see `RescoredHead`), the others the fp32 head."""
         # hidden: [N, hidden] fp32 -> logits: [N, vocab] fp32
-        weight = self._logits_weight_fp32 if self._logits_weight_fp32 is not None else self._output_weight()
-        assert weight.dtype == torch.float32 or self.dtype != torch.float32
-        return F.linear(hidden.float(), weight.float() if weight.dtype != torch.float32 else weight)
+        weight = self.output_weight_fp32()
+        assert weight.dtype == torch.float32
+        if self.head is None or greedy is None or not any(greedy):
+            return F.linear(hidden.float(), weight)
+        logits = self.head.greedy_logits(hidden.float())  # [N, vocab]
+        sampled = [i for i, g in enumerate(greedy) if not g]
+        if sampled:
+            logits[sampled] = F.linear(hidden[sampled].float(), weight)
+        return logits
 
     @torch.inference_mode()
     def reference_logits(self, token_ids: torch.Tensor) -> torch.Tensor:

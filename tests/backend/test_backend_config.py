@@ -12,6 +12,7 @@ def test_defaults_serve_smollm2_on_cpu_in_bf16() -> None:
     config = BackendConfig.from_sources([], environ={})
     assert config.model is None and config.port == 8000 and config.device == "cpu"
     assert config.torch_dtype == torch.bfloat16
+    assert config.weights == "quantized"
 
 
 def test_cli_overrides_environment() -> None:
@@ -32,6 +33,7 @@ def test_cli_overrides_environment() -> None:
         ("--max-n", "0"),
         ("--attention", "magic"),
         ("--threads", "-1"),
+        ("--weights", "int3"),
         ("--port", "x"),
     ],
 )
