@@ -15,6 +15,7 @@ from backend.attention.context import AttentionContext
 from backend.engine.block_pool import BlockPool
 from backend.engine.sampling import sample
 from backend.engine.scheduler import ScheduledSeq
+from backend.engine.speculative import accept
 from backend.model.llama import LlamaModel
 
 
@@ -64,7 +65,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def compute_logits(self, batch: Seq[ScheduledSeq]) -> torch.Tensor:
-        """fp32 logits [N, vocab] for the sequences whose chunk reaches their end (in batch order)."""
+        """fp32 logits [N, vocab] for the sequences whose chunk reaches their end (in batch order); a
+        sequence verifying k drafts gets k + 1 rows, one per position from its last token on."""
         token_ids, positions, ctx = self.build_context(batch)
         plan = self.attention.plan(ctx)
         k_caches, v_caches, backend = self.pool.k_caches, self.pool.v_caches, self.attention
@@ -74,14 +76,29 @@ class ModelRunner:
 
         hidden = self.model(token_ids, positions, attend)  # [T, hidden] fp32
         ends = ctx.query_start_loc.tolist()[1:]
-        last = [end - 1 for item, end in zip(batch, ends, strict=True) if item.samples]
+        last: list[int] = []
+        greedy: list[bool] = []
+        for item, end in zip(batch, ends, strict=True):
+            if item.samples:  # the last position, and every draft's position when verifying drafts
+                n = 1 + len(item.seq.draft)
+                last.extend(range(end - n, end))
+                greedy.extend([item.seq.params.greedy] * n)
         rows = hidden[torch.tensor(last, dtype=torch.int64, device=self.device)]  # [N, hidden]
-        greedy = [item.seq.params.greedy for item in batch if item.samples]
         return self.model.compute_logits(rows, greedy)  # [N, vocab]
 
-    def run(self, batch: Seq[ScheduledSeq]) -> list[int | None]:
-        """One step: the sampled token per scheduled sequence, None for a prefill chunk short of the end."""
+    def run(self, batch: Seq[ScheduledSeq]) -> list[int | list[int] | None]:
+        """One step: the sampled token per scheduled sequence, None for a prefill chunk short of the end,
+        and for a sequence verifying drafts the tokens it gained (`speculative.accept`)."""
         logits = self.compute_logits(batch)
-        samplers = [item.seq for item in batch if item.samples]
+        samplers = [item.seq for item in batch if item.samples for _ in range(1 + len(item.seq.draft))]
         tokens = iter(sample(logits, [s.params for s in samplers], [s.generator for s in samplers]))
-        return [next(tokens) if item.samples else None for item in batch]
+        out: list[int | list[int] | None] = []
+        for item in batch:
+            draft = item.seq.draft
+            if not item.samples:
+                out.append(None)
+            elif draft:
+                out.append(accept(draft, [next(tokens) for _ in range(1 + len(draft))]))
+            else:
+                out.append(next(tokens))
+        return out
