@@ -38,6 +38,7 @@ def engine_factory(loaded: LoadedModel, config: BackendConfig, max_model_len: in
         attention=config.attention,  # type: ignore[arg-type]
         device=config.device,
         max_waiting=config.max_waiting,
+        batch_invariant=config.batch_invariant,
     )
     eos_token_ids = loaded.tokenizer.eos_token_ids  # the closure must not keep the fp32 weights alive
     return lambda: AsyncEngine(model, engine_config, eos_token_ids)
@@ -54,6 +55,7 @@ def build_app(config: BackendConfig) -> web.Application:
         tokenizer=loaded.tokenizer,
         max_model_len=max_model_len,
         created=int(time.time()),
+        batch_invariant=config.batch_invariant,
     )
     limits = ServerLimits(
         max_n=config.max_n, default_max_tokens=config.default_max_tokens, retry_after_s=config.retry_after_s

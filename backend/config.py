@@ -23,6 +23,7 @@ _DTYPES = {
 }
 _ATTENTION = ("auto", "sdpa", "flash")
 _WEIGHTS = ("quantized", "dequantized")
+_BOOLS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +31,9 @@ class BackendConfig:
     """`model=None` serves the default SmolLM2 GGUF. Weights use `dtype`; the residual stream and logits
     stay fp32 whatever it is. `threads=0` leaves torch's own default. `weights`: `quantized` (CPU only: the
     file's 4-bit blocks on the int4 kernel, other layers int8 per channel, a greedy-exact int8 LM head) or
-    `dequantized` (the reference: every weight dequantized to `dtype`; other devices always use it)."""
+    `dequantized` (the reference: every weight dequantized to `dtype`; other devices always use it).
+    `batch_invariant` (default on): the same request gives the same bits whatever else the server is doing
+    (DESIGN.md §8); off for raw throughput."""
 
     model: str | None = None
     served_model_name: str | None = None
@@ -50,6 +53,7 @@ class BackendConfig:
     max_n: int = 4
     default_max_tokens: int = 256
     retry_after_s: int = 1
+    batch_invariant: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -109,6 +113,11 @@ class BackendConfig:
 
 def _coerce(annotation: Any, raw: str, name: str) -> Any:
     kind = str(annotation)
+    if kind == "bool":
+        flag = raw.strip().lower()
+        if flag not in _BOOLS:
+            raise ValueError(f"{name}: expected true or false, got {raw!r}")
+        return _BOOLS[flag]
     try:
         if kind.startswith("int"):
             return int(raw)

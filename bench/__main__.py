@@ -10,6 +10,7 @@ SCENARIOS = {
     "gateway": "bench.gateway_suite",
     "e2e": "bench.e2e",
     "backend": "bench.backend_vs_hf",
+    "backend_invariance": "bench.backend_invariance",
     "token_path": "bench.token_path",
 }
 

@@ -1,4 +1,8 @@
-"""Choose and build the attention backend: `auto` means flash-attn when it can run, else torch SDPA."""
+"""Choose and build the attention backend: `auto` means flash-attn when it can run, else torch SDPA.
+
+In batch-invariant mode (the default, DESIGN.md §8) every device gets the decode-shaped SDPA path of
+backend/attention/invariant.py: flash-attn's decode kernel picks its KV splits from the batch size.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import torch
 
 from backend.attention.backend import AttentionBackend
 from backend.attention.flash import FLASH_BLOCK_MULTIPLE, FlashBackend, flash_attn_available
+from backend.attention.invariant import InvariantSdpaBackend
 from backend.attention.sdpa import SdpaBackend
 
 AttentionName = Literal["auto", "sdpa", "flash"]
@@ -51,7 +56,12 @@ def make_attention_backend(
     block_size: int,
     device: torch.device | str,
     dtype: torch.dtype,
+    batch_invariant: bool = False,
 ) -> AttentionBackend:
+    if batch_invariant:
+        if requested == "flash":
+            raise ValueError("attention='flash' is not batch-invariant: use 'auto' or turn batch_invariant off")
+        return InvariantSdpaBackend(num_heads, num_kv_heads, head_dim, block_size)
     name = resolve_attention(requested, device, dtype, block_size)
     if name == "flash":
         return FlashBackend(num_heads, num_kv_heads, head_dim, block_size)

@@ -1,4 +1,8 @@
-"""Engine configuration: pool geometry, batching limits and the attention backend choice."""
+"""Engine configuration: pool geometry, batching limits, the attention backend choice and batch invariance.
+
+`batch_invariant` (default on, DESIGN.md §8): a sequence's logits have the same bits whatever else is batched,
+however its prefill is chunked and whether its prefix came from the cache; off trades that for throughput.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     # exact prompt-lookup speculation for greedy requests (backend.engine.speculative): drafts per verify, 0 = off
     speculative_tokens: int = 0
+    batch_invariant: bool = True
 
     def __post_init__(self) -> None:
         for name in (

@@ -53,11 +53,16 @@ class LLMEngine:
             block_size=config.block_size,
             device=model.device,
             dtype=model.dtype,
+            batch_invariant=config.batch_invariant,
         )
+        if config.batch_invariant:
+            if model.device.type == "cuda":
+                _fix_cuda_gemm_config()
+            model.calibrate_invariance()  # measured once per model, before the first step
         self.scheduler = Scheduler(
             config, KVCacheManager(self.pool, config.enable_prefix_caching), eos_token_ids
         )
-        self.runner = ModelRunner(model, self.pool, self.attention)
+        self.runner = ModelRunner(model, self.pool, self.attention, config.batch_invariant)
         self._seqs: dict[str, Sequence] = {}
         self.prefill_tokens_total = 0
         self.generated_tokens_total = 0
@@ -178,3 +183,11 @@ class LLMEngine:
         while any(not s.is_finished for s in seqs):
             self.step()
         return [s.output_token_ids for s in seqs]
+
+
+def _fix_cuda_gemm_config() -> None:
+    """cuBLAS: no TF32 and no reduced-precision split-K reductions, so a GEMM shape maps to one exact kernel
+    configuration (the row tiling then fixes the shapes). Process-wide torch settings."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False

@@ -1,7 +1,8 @@
 """The model runner: turns a scheduled step into batch tensors, runs the model over the KV pool, samples.
 
 The step's new tokens are flattened across sequences (prefill chunks and decodes mixed); each sequence's
-next token is sampled only when its chunk reaches the end of its tokens.
+next token is sampled only when its chunk reaches the end of its tokens. With `invariant`, the model runs
+its linears and LM head in calibrated row tiles (the attention backend was chosen to match by the engine).
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ from backend.model.llama import LlamaModel
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, pool: BlockPool, attention: AttentionBackend) -> None:
+    def __init__(
+        self, model: LlamaModel, pool: BlockPool, attention: AttentionBackend, invariant: bool = False
+    ) -> None:
         self.model = model
+        self.invariant = invariant
         self.pool = pool
         self.attention = attention
         self.device = model.device
@@ -74,7 +78,7 @@ class ModelRunner:
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             return backend.forward(q, k, v, k_caches[layer], v_caches[layer], plan)
 
-        hidden = self.model(token_ids, positions, attend)  # [T, hidden] fp32
+        hidden = self.model(token_ids, positions, attend, self.invariant)  # [T, hidden] fp32
         ends = ctx.query_start_loc.tolist()[1:]
         last: list[int] = []
         greedy: list[bool] = []
@@ -84,7 +88,7 @@ class ModelRunner:
                 last.extend(range(end - n, end))
                 greedy.extend([item.seq.params.greedy] * n)
         rows = hidden[torch.tensor(last, dtype=torch.int64, device=self.device)]  # [N, hidden]
-        return self.model.compute_logits(rows, greedy)  # [N, vocab]
+        return self.model.compute_logits(rows, self.invariant, greedy)  # [N, vocab]
 
     def run(self, batch: Seq[ScheduledSeq]) -> list[int | list[int] | None]:
         """One step: the sampled token per scheduled sequence, None for a prefill chunk short of the end,

@@ -4,6 +4,10 @@ Precision policy: the residual stream arrives in fp32; norms compute in fp32 and
 their input in the weight dtype (bf16 or fp32); projection outputs go back to fp32 before they are added
 to the residual. Attention itself is a callback so the same layer serves the paged engine and the
 full-recompute reference.
+Batch invariance: with `invariant=True` every projection runs its rows through `tiled_rows` (see
+backend/model/tiling.py), so a token's row never sees a GEMM shape chosen by the rest of the batch. RMSNorm
+(a per-row reduction over the hidden size), SiLU and the residual adds are row-local already: tested over
+1..600 rows in tests/backend/test_batch_invariance.py.
 """
 
 from __future__ import annotations
@@ -16,13 +20,36 @@ from torch.nn import functional as F
 
 from backend.model.config import LlamaConfig
 from backend.model.rope import apply_rope
+from backend.model.tiling import RowTiling, TilingMemo, calibrate_tiling, tiled_rows
 
 # (q [T, H, D], k [T, KH, D], v [T, KH, D]) -> [T, H, D]; k/v are the new tokens only.
 AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _linear(in_features: int, out_features: int, dtype: torch.dtype, device: str | torch.device) -> nn.Linear:
-    layer = nn.Linear(in_features, out_features, bias=False, dtype=dtype, device=device)
+class TiledLinear(nn.Linear):
+    """A bias-free linear that, asked for invariance, runs its rows in calibrated tiles."""
+
+    tiling: RowTiling | None = None
+
+    def forward(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+        if not invariant:
+            return self.matmul(x)
+        assert self.tiling is not None, "calibrate the model's tilings before an invariant forward"
+        return tiled_rows(self.matmul, x, self.tiling)
+
+    def matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        return F.linear(rows, self.weight)  # [M, in] -> [M, out]
+
+    def calibrate(self, memo: TilingMemo) -> None:
+        """Measure this shape's tiling once per model (`memo` shares it between layers of one shape)."""
+        key = (self.out_features, self.in_features, str(self.weight.dtype))
+        if key not in memo:
+            memo[key] = calibrate_tiling(self.matmul, self.in_features, self.weight.dtype, self.weight.device)
+        self.tiling = memo[key]
+
+
+def _linear(in_features: int, out_features: int, dtype: torch.dtype, device: str | torch.device) -> TiledLinear:
+    layer = TiledLinear(in_features, out_features, bias=False, dtype=dtype, device=device)
     layer.weight.requires_grad_(False)
     return layer
 
@@ -54,11 +81,11 @@ class LlamaAttention(nn.Module):
         self.o_proj = _linear(q_dim, hidden, dtype, device)
 
     def forward(
-        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn, invariant: bool = False
     ) -> torch.Tensor:
         # h: [T, hidden] in the weight dtype
         num_tokens = h.shape[0]
-        q, k, v = self.qkv_proj(h).split(self.split_sizes, dim=-1)  # [T, H*D], [T, KH*D], [T, KH*D]
+        q, k, v = self.qkv_proj(h, invariant).split(self.split_sizes, dim=-1)  # [T, H*D], [T, KH*D], [T, KH*D]
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # q: [T, H, D]
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # k: [T, KH, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # v: [T, KH, D] (a strided view)
@@ -66,7 +93,7 @@ class LlamaAttention(nn.Module):
         k = apply_rope(k, cos, sin, self.rope_interleaved)
         out = attend(q, k, v)  # out: [T, H, D]
         assert out.shape == q.shape, f"attention returned {tuple(out.shape)}, expected {tuple(q.shape)}"
-        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))  # [T, hidden]
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim), invariant)  # [T, hidden]
 
 
 class LlamaMLP(nn.Module):
@@ -76,10 +103,10 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = _linear(config.hidden_size, 2 * config.intermediate_size, dtype, device)
         self.down_proj = _linear(config.intermediate_size, config.hidden_size, dtype, device)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, invariant: bool = False) -> torch.Tensor:
         # h: [T, hidden] -> SwiGLU: down(silu(gate(h)) * up(h)) -> [T, hidden]
-        gate, up = self.gate_up_proj(h).chunk(2, dim=-1)  # [T, I] each
-        return self.down_proj(F.silu(gate) * up)
+        gate, up = self.gate_up_proj(h, invariant).chunk(2, dim=-1)  # [T, I] each
+        return self.down_proj(F.silu(gate) * up, invariant)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -92,10 +119,14 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config, dtype, device)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn, invariant: bool = False
     ) -> torch.Tensor:
         # x: [T, hidden] fp32 residual stream
         h = self.input_layernorm(x).to(self.dtype)
-        x = x + self.self_attn(h, cos, sin, attend).float()
+        x = x + self.self_attn(h, cos, sin, attend, invariant).float()
         h = self.post_attention_layernorm(x).to(self.dtype)
-        return x + self.mlp(h).float()
+        return x + self.mlp(h, invariant).float()
+
+    def linears(self) -> tuple[TiledLinear, ...]:
+        attn, mlp = self.self_attn, self.mlp
+        return (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)

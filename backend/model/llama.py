@@ -4,12 +4,17 @@
 that the engine binds to its KV pool and per-step context; the model never sees pages. `reference_logits`
 recomputes a whole sequence with plain causal attention and no cache: tests compare the two.
 The residual stream, final norm and logits are fp32 whatever the weight dtype (bf16 greedy decoding derails
-on logit ties). `backend.model.quant.quantize_model` swaps the projections for int4/int8 kernels and sets
-`head`, a greedy-exact quantized LM head used for the rows that decode greedily.
+on logit ties).
+`invariant=True` (the engine's batch-invariant mode, DESIGN.md §8) runs every linear and the LM head in
+calibrated row tiles (backend/model/tiling.py); RoPE always comes from a per-position table.
+`backend.model.quant.quantize_model` swaps the projections for int4/int8 kernels and sets `head`, a
+greedy-exact quantized LM head used for the rows that decode greedily.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING
@@ -20,7 +25,8 @@ from torch.nn import functional as F
 
 from backend.model.config import LlamaConfig
 from backend.model.layers import AttendFn, LlamaDecoderLayer, RMSNorm
-from backend.model.rope import inv_frequencies, rope_cos_sin
+from backend.model.rope import RopeTable, inv_frequencies
+from backend.model.tiling import RowTiling, TilingMemo, calibrate_tiling, tiled_rows
 
 if TYPE_CHECKING:
     from backend.model.quant import RescoredHead
@@ -29,6 +35,7 @@ if TYPE_CHECKING:
 LayerAttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+_LOG = logging.getLogger(__name__)
 
 
 class LlamaModel(nn.Module):
@@ -55,6 +62,8 @@ class LlamaModel(nn.Module):
             self.lm_head.weight.requires_grad_(False)
         # inv_freq: [D/2] fp32, a plain attribute (not a parameter: never loaded)
         self.inv_freq = inv_frequencies(config.head_dim, config.rope_theta, config.rope_scaling).to(device)
+        self.rope = RopeTable(config.max_position_embeddings, self.inv_freq)
+        self._head_tiling: RowTiling | None = None
         # fp32 logits: an fp32 copy of the output matrix when the weights are half precision.
         self._logits_weight_fp32: torch.Tensor | None = None
         self.head: RescoredHead | None = None  # set by quantize_model
@@ -112,6 +121,31 @@ class LlamaModel(nn.Module):
         self._logits_weight_fp32 = None
         if self.dtype != torch.float32:
             self._logits_weight_fp32 = self._output_weight().float()
+        self._head_tiling = None
+
+    def calibrate_invariance(self) -> None:
+        """Measure the row tiling of every linear shape and the LM head (once; backend/model/tiling.py)."""
+        if self._head_tiling is not None:
+            return
+        start = time.perf_counter()
+        memo: TilingMemo = {}
+        for layer in self.layers:
+            assert isinstance(layer, LlamaDecoderLayer)
+            for linear in layer.linears():
+                linear.calibrate(memo)
+        self._head_tiling = calibrate_tiling(
+            self._head_matmul, self.config.hidden_size, torch.float32, self.device
+        )
+        _LOG.info("batch-invariant row tilings measured in %.1f s: %s", time.perf_counter() - start, self.tilings)
+
+    @property
+    def tilings(self) -> dict[str, RowTiling]:
+        """The calibrated tiling per linear (first layer) and the LM head, for logs and benchmarks."""
+        first = self.layers[0]
+        assert isinstance(first, LlamaDecoderLayer) and self._head_tiling is not None
+        names = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+        found = {n: lin.tiling for n, lin in zip(names, first.linears(), strict=True)}
+        return {n: t for n, t in found.items() if t is not None} | {"lm_head": self._head_tiling}
 
     def _output_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -124,31 +158,45 @@ class LlamaModel(nn.Module):
 
     @torch.inference_mode()
     def forward(
-        self, token_ids: torch.Tensor, positions: torch.Tensor, attend: LayerAttendFn
+        self, token_ids: torch.Tensor, positions: torch.Tensor, attend: LayerAttendFn, invariant: bool = False
     ) -> torch.Tensor:
         """Hidden states after the final norm, fp32 [T, hidden], for the flattened new tokens of a step."""
         # token_ids, positions: [T] int64
         assert token_ids.dim() == 1 and token_ids.shape == positions.shape
-        cos, sin = rope_cos_sin(positions, self.inv_freq)  # [T, 1, D/2] each
+        if invariant:
+            self.calibrate_invariance()
+        cos, sin = self.rope.lookup(positions)  # [T, 1, D/2] each
         x = self.embed_tokens(token_ids).float()  # x: [T, hidden] fp32 residual
         for index, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, _bind_layer(attend, index))
+            x = layer(x, cos, sin, _bind_layer(attend, index), invariant)
         return self.norm(x)  # [T, hidden] fp32
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor, greedy: Seq[bool] | None = None) -> torch.Tensor:
+    def compute_logits(
+        self, hidden: torch.Tensor, invariant: bool = False, greedy: Seq[bool] | None = None
+    ) -> torch.Tensor:
         """fp32 logits [N, vocab]. With a quantized head, rows flagged `greedy` get greedy-exact logits
-        (their argmax is the fp32 head's; see `RescoredHead`), the others the fp32 head."""
+        (their argmax is the fp32 head's whatever the batch; see `RescoredHead`), the others the fp32 head."""
         # hidden: [N, hidden] fp32 -> logits: [N, vocab] fp32
-        weight = self.output_weight_fp32()
-        assert weight.dtype == torch.float32
+        hidden = hidden.float()
         if self.head is None or greedy is None or not any(greedy):
-            return F.linear(hidden.float(), weight)
-        logits = self.head.greedy_logits(hidden.float())  # [N, vocab]
+            return self._dense_logits(hidden, invariant)
+        logits = self.head.greedy_logits(hidden)  # [N, vocab]
         sampled = [i for i, g in enumerate(greedy) if not g]
         if sampled:
-            logits[sampled] = F.linear(hidden[sampled].float(), weight)
+            logits[sampled] = self._dense_logits(hidden[sampled], invariant)
         return logits
+
+    def _dense_logits(self, hidden: torch.Tensor, invariant: bool) -> torch.Tensor:
+        if not invariant:
+            return self._head_matmul(hidden)
+        self.calibrate_invariance()
+        assert self._head_tiling is not None
+        return tiled_rows(self._head_matmul, hidden, self._head_tiling)
+
+    def _head_matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        # rows: [M, hidden] fp32 -> [M, vocab] fp32
+        return F.linear(rows, self.output_weight_fp32())
 
     @torch.inference_mode()
     def reference_logits(self, token_ids: torch.Tensor) -> torch.Tensor:

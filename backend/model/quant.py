@@ -8,8 +8,10 @@ safetensors checkpoints) are quantized at load to int8 with one scale per output
 1/254 of each row's largest weight). Activations enter the kernels in bf16 and come back in bf16.
 
 Row invariance: a token's output row must not depend on how many other rows share the matmul (the
-batch-invariance contract, DESIGN §8). Both kernels are checked for that on every layer shape by
-tests/backend/test_quant.py.
+batch-invariance contract, DESIGN §8). Both kernels gave bitwise-equal rows for M = 1..64 on every
+SmolLM2 layer shape (tests/backend/test_quant.py checks it); in the engine's invariant mode they still go
+through the calibrated row tiling of backend/model/tiling.py like the dense layers, so a kernel that is
+not invariant on some other machine is tiled, not trusted.
 
 The LM head: an int8 copy gives approximate logits; every token whose approximate logit could still be
 the maximum (by an error bound computed from the row's own quantization error) is rescored exactly in
@@ -25,12 +27,36 @@ import torch
 from torch import nn
 
 from backend.loader.quantized import GROUP_SIZE, Int4Blocks
+from backend.model.tiling import RowTiling, TilingMemo, calibrate_tiling, tiled_rows
 
 # inner K tiles of torch's CPU int4 packing (the only layout the CPU kernel reads)
 _INNER_K_TILES = 2
 
 
-class Int4Linear(nn.Module):
+class QuantizedLinear(nn.Module):
+    """The interface of `layers.TiledLinear`: forward(x, invariant) over `matmul`, tiled when invariant."""
+
+    in_features: int
+    out_features: int
+    tiling: RowTiling | None = None
+
+    def matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+        if not invariant:
+            return self.matmul(x)
+        assert self.tiling is not None, "calibrate the model's tilings before an invariant forward"
+        return tiled_rows(self.matmul, x, self.tiling)
+
+    def calibrate(self, memo: TilingMemo) -> None:
+        key = (self.out_features, self.in_features, type(self).__name__)
+        if key not in memo:
+            memo[key] = calibrate_tiling(self.matmul, self.in_features, torch.bfloat16, "cpu")
+        self.tiling = memo[key]
+
+
+class Int4Linear(QuantizedLinear):
     """y = x @ W.T with W as packed 4-bit codes and bf16 (scale, zero) per group of 32 inputs."""
 
     def __init__(self, blocks: Int4Blocks) -> None:
@@ -44,10 +70,10 @@ class Int4Linear(nn.Module):
         sz = torch.stack([blocks.scales.t(), blocks.zeros.t()], dim=-1)  # [K/32, N, 2]
         self.register_buffer("scales_and_zeros", sz.to(torch.bfloat16).contiguous())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [T, K] -> [T, N] bf16
+    def matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        # rows: [M, K] -> [M, N] bf16
         return torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.to(torch.bfloat16), self.packed, GROUP_SIZE, self.scales_and_zeros
+            rows.to(torch.bfloat16), self.packed, GROUP_SIZE, self.scales_and_zeros
         )
 
 
@@ -58,7 +84,7 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, scales
 
 
-class Int8Linear(nn.Module):
+class Int8Linear(QuantizedLinear):
     """y = x @ W.T with W as int8 codes and one bf16 scale per output row (`_weight_int8pack_mm`)."""
 
     def __init__(self, weight: torch.Tensor) -> None:
@@ -68,12 +94,12 @@ class Int8Linear(nn.Module):
         self.register_buffer("codes", codes)  # [N, K] int8
         self.register_buffer("scales", scales.to(torch.bfloat16))  # [N]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [T, K] -> [T, N] bf16
-        return torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.codes, self.scales)
+    def matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        # rows: [M, K] -> [M, N] bf16
+        return torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16), self.codes, self.scales)
 
 
-def quantized_linear(dense: list[torch.Tensor], parts: list[Int4Blocks | None]) -> nn.Module:
+def quantized_linear(dense: list[torch.Tensor], parts: list[Int4Blocks | None]) -> QuantizedLinear:
     """Int4 when every fused part came as 4-bit blocks (rows concatenated in order), else int8 of the
     concatenated dense weights."""
     blocks = [p for p in parts if p is not None]
@@ -145,4 +171,5 @@ def quantize_model(model: nn.Module, dense: Mapping[str, torch.Tensor], blocks: 
         raise ValueError("quantized weights use torch's CPU kernels: use --weights dequantized on this device")
     quantize_layers(model, dense, blocks)
     model.head = RescoredHead(model.output_weight_fp32())  # type: ignore[attr-defined, operator]
+    model._head_tiling = None  # type: ignore[attr-defined]  # re-calibrate: the linears changed
 

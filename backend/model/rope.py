@@ -2,7 +2,9 @@
 
 Hugging Face checkpoints pair dimension d with d + D/2 (`rotate_half`); GGUF files as stored pair (2d, 2d+1)
 (the loader un-permutes them to the HF layout, but `rope_interleaved` keeps the stored layout usable).
-cos/sin are computed per step from the positions (no max-length table) and the rotation runs in fp32.
+cos/sin come from one table over every position, computed once per model: a lookup gives a position the
+same bits whatever else is in the step (cos/sin computed per step run vectorized or scalar by where an
+element falls in the tensor, and the two differ in the last ulp). The rotation runs in fp32.
 """
 
 from __future__ import annotations
@@ -36,6 +38,19 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch
     # positions: [T] int64; inv_freq: [D/2] fp32
     freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # [T, D/2]
     return freqs.cos()[:, None, :], freqs.sin()[:, None, :]  # [T, 1, D/2] each
+
+
+class RopeTable:
+    """cos/sin of every position below `max_positions`, computed once; `lookup` gathers a step's rows."""
+
+    def __init__(self, max_positions: int, inv_freq: torch.Tensor) -> None:
+        positions = torch.arange(max_positions, device=inv_freq.device)
+        cos, sin = rope_cos_sin(positions, inv_freq)  # [P, 1, D/2] each
+        self.cos, self.sin = cos.contiguous(), sin.contiguous()
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions: [T] int64 -> cos, sin: [T, 1, D/2] each
+        return self.cos[positions], self.sin[positions]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:

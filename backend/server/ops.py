@@ -22,6 +22,7 @@ async def list_models(request: web.Request) -> web.Response:
             "tokenizer": model.tokenizer.version,
             "max_model_len": model.max_model_len,
             "transports": list(TRANSPORTS),
+            "batch_invariant": model.batch_invariant,
         },
     }
     return web.json_response({"object": "list", "data": [entry]})

@@ -32,6 +32,7 @@ class ServedModel:
     tokenizer: Tokenizer
     max_model_len: int
     created: int  # unix seconds, reported by /v1/models
+    batch_invariant: bool = True  # the engine's mode (EngineConfig.batch_invariant), reported by /v1/models
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ def test_defaults_serve_smollm2_on_cpu_in_bf16() -> None:
     assert config.model is None and config.port == 8000 and config.device == "cpu"
     assert config.torch_dtype == torch.bfloat16
     assert config.weights == "quantized"
+    assert config.batch_invariant is True
 
 
 def test_cli_overrides_environment() -> None:
@@ -25,6 +26,13 @@ def test_cli_overrides_environment() -> None:
     assert (config.port, config.dtype, config.max_n, config.threads) == (9002, "float32", 2, 2)
 
 
+def test_batch_invariance_can_be_turned_off_by_flag_or_environment() -> None:
+    assert BackendConfig.from_sources(["--batch-invariant", "false"], environ={}).batch_invariant is False
+    env = {"TOKENEDGE_BACKEND_BATCH_INVARIANT": "off"}
+    assert BackendConfig.from_sources([], environ=env).batch_invariant is False
+    assert BackendConfig.from_sources(["--batch-invariant", "on"], environ=env).batch_invariant is True
+
+
 @pytest.mark.parametrize(
     ("flag", "value"),
     [
@@ -35,6 +43,7 @@ def test_cli_overrides_environment() -> None:
         ("--threads", "-1"),
         ("--weights", "int3"),
         ("--port", "x"),
+        ("--batch-invariant", "maybe"),
     ],
 )
 def test_invalid_values_are_refused(flag: str, value: str) -> None:

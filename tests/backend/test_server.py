@@ -259,6 +259,7 @@ async def test_models_reports_revision_and_tokenizer(client: TestClient) -> None
         "tokenizer": byte_tokenizer().version,
         "max_model_len": 64,
         "transports": ["json", "binary"],
+        "batch_invariant": True,
     }
     export = await (await client.get("/v1/tokenizer")).json()
     assert export["version"] == byte_tokenizer().version and len(export["mergeable_ranks"]) == 256

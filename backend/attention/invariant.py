@@ -1,0 +1,150 @@
+"""Batch-invariant paged attention: every query token, prefill or decode, goes through one decode-shaped call.
+
+The contract (DESIGN.md §8): a token's attention output has the same bits whether it is a decode, a row of a
+prefill chunk of any size, the one-token remainder after a prefix-cache hit, or a recompute after
+preemption, and whatever else shares the step. Kernels choose their blocking from the shapes they see, so each
+token is given one shape that depends on its own position only:
+- queries: the token's G query heads of one KV head, `q: [R, KH, G, D]` (never a prefill-length query axis);
+- keys: the first `L_pad` slots of its sequence, `L_pad` = its position + 1 rounded up to a fixed split of
+  `split_tokens` (a multiple of the block size), with a boolean mask hiding the slots past its position.
+Tokens of one split bucket from different sequences (decodes) share one call over gathered blocks; the tokens
+of one prefill chunk in one bucket share one call whose keys are the sequence's blocks expanded (stride 0),
+never copied per token. The kernel (torch SDPA, the CPU flash kernel on CPU) works per (row, KV head), so
+the number of rows in a call does not reach a row's reduction order; tests/backend/test_batch_invariance.py
+checks this end to end. On CUDA the call is pinned to torch's memory-efficient kernel, which walks the keys
+of each (row, head) in one fixed order (flash-attn's decode kernel, by contrast, picks its number of KV splits
+from the batch size, and the math path's batched GEMMs pick kernels by batch count).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from backend.attention.backend import write_kv
+from backend.attention.context import AttentionContext
+
+SPLIT_TOKENS = 256  # key split; rounded up to a multiple of the block size
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    token_index: torch.Tensor  # [R] int64, rows of q
+    block_ids: torch.Tensor  # [R, nb] int64 (gathered) or [1, nb] (one sequence, expanded over R)
+    mask: torch.Tensor  # [R, 1, 1, nb * block_size] bool, True where the key is visible to the row
+
+
+@dataclass(frozen=True, slots=True)
+class InvariantPlan:
+    ctx: AttentionContext
+    calls: tuple[_Call, ...]
+    in_order: bool  # a single call covering every token in token order
+
+
+def split_tokens_for(block_size: int) -> int:
+    return -(-SPLIT_TOKENS // block_size) * block_size
+
+
+class InvariantSdpaBackend:
+    name = "sdpa-invariant"
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int) -> None:
+        assert num_heads % num_kv_heads == 0
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.group = num_heads // num_kv_heads
+        self.split = split_tokens_for(block_size)
+
+    def plan(self, ctx: AttentionContext) -> InvariantPlan:
+        device = ctx.block_tables.device
+        starts = ctx.query_start_loc.tolist()
+        singles: dict[int, list[tuple[int, int, int]]] = {}  # bucket -> (token index, seq, length)
+        calls: list[_Call] = []
+        for i, (n, length) in enumerate(zip(ctx.query_lens, ctx.context_lens_host, strict=True)):
+            first_len = length - n + 1  # the first new token sees this many keys
+            token = starts[i]
+            while token < starts[i] + n:
+                row_len = first_len + token - starts[i]
+                bucket = -(-row_len // self.split)
+                end = min(starts[i] + n, token + bucket * self.split - row_len + 1)
+                if end - token == 1:
+                    singles.setdefault(bucket, []).append((token, i, row_len))
+                else:
+                    calls.append(self._segment(ctx, i, token, end, row_len, bucket, device))
+                token = end
+        for bucket, rows in sorted(singles.items()):
+            calls.append(self._gathered(ctx, rows, bucket, device))
+        in_order = len(calls) == 1 and (
+            len(singles) == 0 or [t for t, _, _ in next(iter(singles.values()))] == list(range(ctx.num_tokens))
+        )
+        return InvariantPlan(ctx, tuple(calls), in_order)
+
+    def _segment(
+        self, ctx: AttentionContext, seq: int, start: int, end: int, first_len: int, bucket: int, dev: torch.device
+    ) -> _Call:
+        """Rows start..end-1 of sequence `seq` (one bucket), over its blocks expanded across the rows."""
+        num_blocks = bucket * self.split // ctx.block_size
+        lens = torch.arange(first_len, first_len + end - start, device=dev)  # [R]
+        visible = torch.arange(bucket * self.split, device=dev)[None, :] < lens[:, None]  # [R, L_pad]
+        index = torch.arange(start, end, device=dev)
+        return _Call(index, _blocks(ctx, [seq], num_blocks), visible[:, None, None, :])
+
+    def _gathered(
+        self, ctx: AttentionContext, rows: list[tuple[int, int, int]], bucket: int, dev: torch.device
+    ) -> _Call:
+        """One row from each of several sequences (decodes), each over its own gathered blocks."""
+        num_blocks = bucket * self.split // ctx.block_size
+        lens = torch.tensor([length for _, _, length in rows], device=dev)  # [R]
+        visible = torch.arange(bucket * self.split, device=dev)[None, :] < lens[:, None]  # [R, L_pad]
+        index = torch.tensor([token for token, _, _ in rows], device=dev)
+        return _Call(index, _blocks(ctx, [s for _, s, _ in rows], num_blocks), visible[:, None, None, :])
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        plan: object,
+    ) -> torch.Tensor:
+        assert isinstance(plan, InvariantPlan)
+        # q: [T, H, D]; k, v: [T, KH, D]; caches: [num_blocks, block_size, KH, D]
+        write_kv(k, v, k_cache, v_cache, plan.ctx.slot_mapping)
+        if plan.in_order:  # one call whose rows are the step's tokens in order (a decode batch, one chunk)
+            return self._attend(q, k_cache, v_cache, plan.calls[0])
+        out = torch.empty_like(q)  # [T, H, D]
+        for call in plan.calls:
+            out[call.token_index] = self._attend(q[call.token_index], k_cache, v_cache, call)
+        return out
+
+    def _attend(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, call: _Call
+    ) -> torch.Tensor:
+        # q: [R, H, D] -> [R, H, D]
+        rows, kv_heads, head_dim = q.shape[0], self.num_kv_heads, self.head_dim
+        qr = q.reshape(rows, kv_heads, self.group, head_dim)  # [R, KH, G, D]
+        seqs = call.block_ids.shape[0]
+        keys = k_cache[call.block_ids].view(seqs, -1, kv_heads, head_dim).transpose(1, 2)  # [S, KH, L, D]
+        values = v_cache[call.block_ids].view(seqs, -1, kv_heads, head_dim).transpose(1, 2)  # [S, KH, L, D]
+        if seqs != rows:  # one sequence's keys for all its rows: a stride-0 view, no copy
+            keys = keys.expand(rows, -1, -1, -1)  # [R, KH, L, D]
+            values = values.expand(rows, -1, -1, -1)  # [R, KH, L, D]
+        if qr.is_cuda:
+            with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+                out = F.scaled_dot_product_attention(qr, keys, values, attn_mask=call.mask)  # [R, KH, G, D]
+        else:
+            out = F.scaled_dot_product_attention(qr, keys, values, attn_mask=call.mask)  # [R, KH, G, D]
+        return out.reshape(rows, self.num_heads, head_dim)
+
+
+def _blocks(ctx: AttentionContext, seqs: list[int], num_blocks: int) -> torch.Tensor:
+    """[len(seqs), num_blocks] int64 block ids, padded with block 0 (masked) past each table's end."""
+    table = ctx.block_tables[torch.tensor(seqs, device=ctx.block_tables.device)].long()  # [S, max_blocks]
+    if table.shape[1] >= num_blocks:
+        return table[:, :num_blocks]
+    return F.pad(table, (0, num_blocks - table.shape[1]))

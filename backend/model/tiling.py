@@ -1,0 +1,105 @@
+"""Row tiling for batch-invariant matmuls: a token's row goes through a GEMM of a shape that never depends
+on how many other tokens share the step.
+
+GEMM libraries pick their kernel (and so the summation order inside a row) from the shape: MKL's fp32 sgemm
+takes a GEMV path at M = 1 and other blockings past M = 3 or M = 15 depending on N and K; oneDNN's bf16
+kernels differ between CPUs with and without AMX. So `tiled_rows` never hands the library an arbitrary M:
+the rows are cut into tiles of `tile_rows`, and a short last tile is zero-padded up to `min_rows`. Which
+(tile_rows, min_rows) are safe is measured, not assumed: `calibrate_tiling` runs the very matmul on random
+rows at every M in [1, tile] and keeps the first candidate under which each row's bits are the same at every
+M >= min_rows and at every tested position in the tile. That is evidence on the machine at hand (kernel
+choice depends on the shape, the dtype, the CPU and the thread count, never on the values), and the
+engine-level tests check the end-to-end property on top of it.
+
+Any linear can use it: a dense `nn.Linear`, a packed int4/int8 matmul or the LM head all pass their matmul
+as `fn` to `calibrate_tiling` once and to `tiled_rows` on every call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+# [M, in_features] -> [M, out_features]; row i of the result depends on row i of the input only
+RowFn = Callable[[torch.Tensor], torch.Tensor]
+# (out_features, in_features, dtype name) -> the tiling measured for that shape
+TilingMemo = dict[tuple[int, int, str], "RowTiling"]
+
+# Tile candidates, largest first: a large tile keeps prefill near one GEMM per layer, a small `min_rows`
+# keeps batch-1 decode near a GEMV. The first candidate that calibrates with min_rows <= 2 wins. Measured
+# on SmolLM2's shapes (AVX-512 + AMX): oneDNN bf16 rows agree for M = 1..32; MKL fp32 rows for M = 2..15
+# (the M = 1 GEMV differs). Larger tiles (64+) failed there and cost minutes of calibration per shape.
+DEFAULT_CANDIDATES = (32, 16, 15, 8, 4, 3, 2)
+_GOOD_MIN_ROWS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class RowTiling:
+    """Every matmul call sees between `min_rows` and `tile_rows` rows (zero rows pad a short call)."""
+
+    tile_rows: int
+    min_rows: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_rows <= self.tile_rows:
+            raise ValueError(f"need 1 <= min_rows <= tile_rows, got {self}")
+
+
+def tiled_rows(fn: RowFn, x: torch.Tensor, tiling: RowTiling) -> torch.Tensor:
+    """fn over x's rows, in tiles: the same bits per row whatever the number of rows in x."""
+    # x: [M, in] -> [M, out]
+    num_rows = x.shape[0]
+    if num_rows == 0 or tiling.min_rows <= num_rows <= tiling.tile_rows:
+        return fn(x)
+    outs = []
+    for start in range(0, num_rows, tiling.tile_rows):
+        tile = x[start : start + tiling.tile_rows]  # [m, in], m <= tile_rows
+        rows = tile.shape[0]
+        if rows < tiling.min_rows:
+            pad = tile.new_zeros(tiling.min_rows - rows, tile.shape[1])
+            tile = torch.cat((tile, pad))  # [min_rows, in]
+        outs.append(fn(tile)[:rows])
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def _min_rows_at(fn: RowFn, x: torch.Tensor, tile: int) -> int | None:
+    """The least m such that every call of m..tile rows gives the rows of the full tile, or None."""
+    # x: [tile, in]; full: [tile, out]
+    full = fn(x[:tile])
+    least: int | None = None
+    for rows in range(tile, 0, -1):
+        offsets = {0, tile - rows}
+        if all(torch.equal(fn(x[o : o + rows]), full[o : o + rows]) for o in offsets):
+            least = rows
+        else:
+            break
+    return least
+
+
+@torch.inference_mode()
+def calibrate_tiling(
+    fn: RowFn,
+    in_features: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    candidates: Sequence[int] = DEFAULT_CANDIDATES,
+    seed: int = 0,
+) -> RowTiling:
+    """The largest candidate tile whose rows are M-invariant down to min_rows <= 2, else the smallest
+    min_rows seen (a tile of one fixed M always qualifies, with min_rows == tile_rows)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(max(candidates), in_features, generator=gen).to(device=device, dtype=dtype)
+    best: RowTiling | None = None
+    for tile in sorted(candidates, reverse=True):
+        least = _min_rows_at(fn, x, tile)
+        if least is None:
+            continue
+        found = RowTiling(tile, least)
+        if least <= _GOOD_MIN_ROWS:
+            return found
+        if best is None or found.min_rows < best.min_rows:
+            best = found
+    assert best is not None, "a tile always matches itself"
+    return best
