@@ -39,6 +39,8 @@ def engine_factory(loaded: LoadedModel, config: BackendConfig, max_model_len: in
         device=config.device,
         max_waiting=config.max_waiting,
         batch_invariant=config.batch_invariant,
+        # speculation is exact only on batch-invariant kernels (a k-token verify == k single steps)
+        speculative_tokens=config.speculative_tokens if config.batch_invariant else 0,
     )
     eos_token_ids = loaded.tokenizer.eos_token_ids  # the closure must not keep the fp32 weights alive
     return lambda: AsyncEngine(model, engine_config, eos_token_ids)
@@ -56,6 +58,8 @@ def build_app(config: BackendConfig) -> web.Application:
         max_model_len=max_model_len,
         created=int(time.time()),
         batch_invariant=config.batch_invariant,
+        # speculation is exact only on batch-invariant kernels (a k-token verify == k single steps)
+        speculative_tokens=config.speculative_tokens if config.batch_invariant else 0,
     )
     limits = ServerLimits(
         max_n=config.max_n, default_max_tokens=config.default_max_tokens, retry_after_s=config.retry_after_s

@@ -11,6 +11,7 @@ SCENARIOS = {
     "e2e": "bench.e2e",
     "backend": "bench.backend_vs_hf",
     "backend_invariance": "bench.backend_invariance",
+    "speculative": "bench.speculative",
     "token_path": "bench.token_path",
 }
 

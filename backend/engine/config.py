@@ -41,6 +41,8 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
         if not isinstance(self.speculative_tokens, int) or self.speculative_tokens < 0:
             raise ValueError(f"EngineConfig.speculative_tokens must be >= 0, got {self.speculative_tokens!r}")
+        if self.speculative_tokens and not self.batch_invariant:
+            raise ValueError("speculative decoding is exact only with batch_invariant kernels")
         if self.attention not in _ATTENTION:
             raise ValueError(f"EngineConfig.attention must be one of {_ATTENTION}, got {self.attention!r}")
         if self.num_blocks * self.block_size < self.max_model_len:

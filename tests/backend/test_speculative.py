@@ -50,6 +50,8 @@ def test_speculative_config_is_validated() -> None:
         SpeculativeConfig(min_ngram=3, max_ngram=2)
     with pytest.raises(ValueError):
         EngineConfig(speculative_tokens=-2)
+    with pytest.raises(ValueError, match="batch_invariant"):
+        EngineConfig(speculative_tokens=4, batch_invariant=False)
 
 
 def copy_prompts() -> list[list[int]]:
