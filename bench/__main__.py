@@ -12,6 +12,7 @@ SCENARIOS = {
     "backend": "bench.backend_vs_hf",
     "backend_invariance": "bench.backend_invariance",
     "speculative": "bench.speculative",
+    "agreement": "bench.agreement",
     "token_path": "bench.token_path",
 }
 
