@@ -58,8 +58,6 @@ def build_app(config: BackendConfig) -> web.Application:
         max_model_len=max_model_len,
         created=int(time.time()),
         batch_invariant=config.batch_invariant,
-        # speculation is exact only on batch-invariant kernels (a k-token verify == k single steps)
-        speculative_tokens=config.speculative_tokens if config.batch_invariant else 0,
     )
     limits = ServerLimits(
         max_n=config.max_n, default_max_tokens=config.default_max_tokens, retry_after_s=config.retry_after_s
