@@ -22,12 +22,17 @@ picks the fp32 head's token. Rows that sample (temperature > 0) get the plain fp
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from backend.loader.quantized import GROUP_SIZE, Int4Blocks
+from backend.model.layers import LlamaDecoderLayer
 from backend.model.tiling import RowTiling, TilingMemo, calibrate_tiling, tiled_rows
+
+if TYPE_CHECKING:
+    from backend.model.llama import LlamaModel
 
 # inner K tiles of torch's CPU int4 packing (the only layout the CPU kernel reads)
 _INNER_K_TILES = 2
@@ -148,9 +153,12 @@ class RescoredHead:
         return approx
 
 
-def quantize_layers(model: nn.Module, dense: Mapping[str, torch.Tensor], blocks: Mapping[str, Int4Blocks]) -> None:
+def quantize_layers(
+    model: LlamaModel, dense: Mapping[str, torch.Tensor], blocks: Mapping[str, Int4Blocks]
+) -> None:
     """Swap every decoder projection of `model` for its quantized twin (int4 from blocks, else int8)."""
-    for i, layer in enumerate(model.layers):  # type: ignore[attr-defined]
+    for i, layer in enumerate(model.layers):
+        assert isinstance(layer, LlamaDecoderLayer)
         p = f"model.layers.{i}."
         attn, mlp = layer.self_attn, layer.mlp
         fused = {
@@ -165,11 +173,13 @@ def quantize_layers(model: nn.Module, dense: Mapping[str, torch.Tensor], blocks:
             setattr(module, attr, quantized_linear(weights, parts))
 
 
-def quantize_model(model: nn.Module, dense: Mapping[str, torch.Tensor], blocks: Mapping[str, Int4Blocks]) -> None:
+def quantize_model(
+    model: LlamaModel, dense: Mapping[str, torch.Tensor], blocks: Mapping[str, Int4Blocks]
+) -> None:
     """Quantize a loaded CPU model in place: decoder projections and a greedy-exact LM head."""
-    if model.device.type != "cpu":  # type: ignore[attr-defined]
+    if model.device.type != "cpu":
         raise ValueError("quantized weights use torch's CPU kernels: use --weights dequantized on this device")
     quantize_layers(model, dense, blocks)
-    model.head = RescoredHead(model.output_weight_fp32())  # type: ignore[attr-defined, operator]
-    model._head_tiling = None  # type: ignore[attr-defined]  # re-calibrate: the linears changed
+    model.head = RescoredHead(model.output_weight_fp32())
+    model._head_tiling = None  # re-calibrate: the linears changed
 
