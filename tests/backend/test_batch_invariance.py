@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from backend.engine.config import EngineConfig
@@ -138,6 +138,8 @@ def test_preemption_and_recompute_give_the_same_logits(dtype: str) -> None:
     warm_len=st.one_of(st.none(), st.integers(16, 70)),
     small_pool=st.booleans(),
 )
+# found by this test: bf16 o_proj rows at M = 1 (a GEMV) and M = 2 round differently, for few inputs
+@example(dtype="bf16", prompt_len=55, budget=3, others=[(0, 1)], warm_len=None, small_pool=False)
 def test_drawn_scenarios_give_the_logits_of_the_sequence_alone(
     dtype: str,
     prompt_len: int,

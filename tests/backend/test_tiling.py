@@ -35,14 +35,16 @@ def test_tiles_cover_every_row_and_pad_short_calls() -> None:
     torch.testing.assert_close(out, x[:1] @ fn.weight)
 
 
-def test_calibration_avoids_a_kernel_that_differs_at_one_row() -> None:
-    tiling = calibrate_tiling(Recorder({1: 1e-3}), 8, torch.float32, "cpu")
+def test_calibration_never_makes_one_row_calls() -> None:
+    fn = Recorder()
+    tiling = calibrate_tiling(fn, 8, torch.float32, "cpu")
     assert tiling == RowTiling(tile_rows=32, min_rows=2)
+    assert min(fn.calls) == 2
 
 
 def test_calibration_shrinks_the_tile_below_a_kernel_switch() -> None:
     switch = {m: 1e-3 for m in range(9, 40)}  # rows change from M = 9 on
-    assert calibrate_tiling(Recorder(switch), 8, torch.float32, "cpu") == RowTiling(8, 1)
+    assert calibrate_tiling(Recorder(switch), 8, torch.float32, "cpu") == RowTiling(8, 2)
 
 
 def test_calibration_falls_back_to_small_fixed_tiles() -> None:
@@ -51,7 +53,7 @@ def test_calibration_falls_back_to_small_fixed_tiles() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("out_features", "in_features"), [(64, 64), (192, 64), (333, 97), (960, 576)])
+@pytest.mark.parametrize(("out_features", "in_features"), [(64, 64), (192, 64), (333, 97)])
 def test_real_gemm_rows_do_not_depend_on_their_neighbours(
     dtype: torch.dtype, out_features: int, in_features: int
 ) -> None:
