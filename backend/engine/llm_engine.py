@@ -153,6 +153,7 @@ class LLMEngine:
     def _take_back_drafts(self, batch: Seq[ScheduledSeq]) -> None:
         """Drafts only stay on sequences scheduled to their end this step (a preempted one loses them)."""
         full = {id(item.seq) for item in batch if item.samples}
+        assert all(item.samples or not item.seq.draft for item in batch), "a verify was cut by the budget"
         for seq in self.scheduler.running + list(self.scheduler.waiting):
             if seq.draft and id(seq) not in full:
                 del seq.token_ids[-len(seq.draft) :]

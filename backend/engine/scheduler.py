@@ -54,7 +54,8 @@ class Scheduler:
         taken: set[int] = set()  # ids of sequences scheduled this step: never preempted
         preempted = False
         # decodes first (stable sort), so a long prefill chunk never starves the streams already running
-        for seq in sorted(self.running, key=lambda s: s.num_tokens - s.num_computed_tokens > 1):
+        # (a decode verifying speculative drafts is still a decode: it comes first, whole)
+        for seq in sorted(self.running, key=lambda s: s.num_tokens - len(s.draft) - s.num_computed_tokens > 1):
             if budget == 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:

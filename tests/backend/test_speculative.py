@@ -104,3 +104,24 @@ def test_speculation_on_a_bf16_model_equals_plain_greedy() -> None:
     prompts = copy_prompts()
     params = [SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)] * len(prompts)
     assert run(model, 3, prompts, params)[0] == run(model, 0, prompts, params)[0]
+
+
+def staggered(model: LlamaModel, k: int) -> list[list[int]]:
+    """A copy-heavy decode that is already running when long prompts arrive and prefill in small chunks."""
+    config = EngineConfig(
+        num_blocks=96, max_num_seqs=4, max_num_batched_tokens=10, max_model_len=256, speculative_tokens=k
+    )
+    engine = LLMEngine(model, config, frozenset())
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    first = engine.add_request("a", copy_prompts()[0], params)
+    while first.num_output_tokens < 3:
+        engine.step()
+    later = [engine.add_request(f"b{i}", [(11 * j + i) % 90 + 2 for j in range(40)] * 2, params) for i in range(2)]
+    while engine.has_unfinished():
+        engine.step()
+    return [s.output_token_ids for s in (first, *later)]
+
+
+def test_a_verify_is_never_cut_by_a_chunked_prefill_sharing_the_budget() -> None:
+    model = tiny_model()
+    assert staggered(model, 4) == staggered(model, 0)
