@@ -25,6 +25,10 @@ from backend.engine.sequence import Sequence
 from backend.engine.speculative import SpeculativeConfig, propose
 from backend.model.llama import LlamaModel
 
+# a request keeps speculating while at least this share of its drafts is accepted (checked after a probe)
+_PROBE_DRAFTS = 16
+_MIN_ACCEPTANCE = 0.3
+
 
 class LLMEngine:
     def __init__(self, model: LlamaModel, config: EngineConfig, eos_token_ids: frozenset[int]) -> None:
@@ -70,6 +74,7 @@ class LLMEngine:
         self.spec_verify_steps_total = 0
         self.spec_draft_tokens_total = 0
         self.spec_accepted_tokens_total = 0
+        self._spec_tally: dict[str, tuple[int, int]] = {}  # request id -> (drafted, accepted) so far
 
     def check_prompt(self, prompt_ids: Seq[int]) -> None:
         """Raise InvalidRequestError for a prompt the engine cannot run (reads only immutable config)."""
@@ -94,6 +99,7 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> bool:
         seq = self._seqs.pop(request_id, None)
+        self._spec_tally.pop(request_id, None)
         if seq is None:
             return False
         self.scheduler.finish(seq, "abort")
@@ -117,6 +123,8 @@ class LLMEngine:
                 self.spec_verify_steps_total += 1
                 self.spec_draft_tokens_total += len(seq.draft)
                 self.spec_accepted_tokens_total += len(got) - 1
+                drafted, accepted = self._spec_tally.get(seq.request_id, (0, 0))
+                self._spec_tally[seq.request_id] = (drafted + len(seq.draft), accepted + len(got) - 1)
             elif not (
                 item.num_new_tokens == 1 and seq.num_output_tokens > 0 and item.start == seq.num_tokens - 1
             ):
@@ -131,6 +139,7 @@ class LLMEngine:
             )
             if reason is not None:
                 del self._seqs[seq.request_id]
+                self._spec_tally.pop(seq.request_id, None)
         return outputs
 
     def _propose_drafts(self) -> None:
@@ -139,7 +148,7 @@ class LLMEngine:
         room = self.config.max_num_batched_tokens - len(decodes)
         spec = self.speculative
         for seq in decodes:
-            if room <= 0 or not seq.params.greedy:
+            if room <= 0 or not seq.params.greedy or not self._drafts_pay(seq):
                 continue
             left = min(
                 seq.params.max_tokens - seq.num_output_tokens, self.config.max_model_len - seq.num_tokens
@@ -149,6 +158,12 @@ class LLMEngine:
             seq.token_ids.extend(drafts)
             seq.draft = drafts
             room -= len(drafts)
+
+    def _drafts_pay(self, seq: Sequence) -> bool:
+        """Keep drafting for a request while its drafts are mostly right: after `_PROBE_DRAFTS` drafted tokens,
+        only at an acceptance of at least `_MIN_ACCEPTANCE` (a rejected draft costs a wider forward for nothing)."""
+        drafted, accepted = self._spec_tally.get(seq.request_id, (0, 0))
+        return drafted < _PROBE_DRAFTS or accepted >= _MIN_ACCEPTANCE * drafted
 
     def _take_back_drafts(self, batch: Seq[ScheduledSeq]) -> None:
         """Drafts only stay on sequences scheduled to their end this step (a preempted one loses them)."""

@@ -125,3 +125,16 @@ def staggered(model: LlamaModel, k: int) -> list[list[int]]:
 def test_a_verify_is_never_cut_by_a_chunked_prefill_sharing_the_budget() -> None:
     model = tiny_model()
     assert staggered(model, 4) == staggered(model, 0)
+
+
+def test_a_request_whose_drafts_keep_failing_stops_drafting() -> None:
+    config = EngineConfig(num_blocks=32, max_num_seqs=2, max_model_len=128, speculative_tokens=4)
+    engine = LLMEngine(tiny_model(), config, frozenset())
+    seq = engine.add_request("r", [1, 2, 3, 1, 2, 3], SamplingParams(temperature=0, max_tokens=8))
+    assert engine._drafts_pay(seq)  # nothing drafted yet: probe
+    engine._spec_tally["r"] = (16, 4)  # 25% accepted after the probe
+    assert not engine._drafts_pay(seq)
+    engine._spec_tally["r"] = (16, 5)
+    assert engine._drafts_pay(seq)
+    engine.abort_request("r")
+    assert "r" not in engine._spec_tally
