@@ -26,7 +26,7 @@ from backend.engine.speculative import SpeculativeConfig, propose
 from backend.model.llama import LlamaModel
 
 # a request keeps speculating while at least this share of its drafts is accepted (checked after a probe)
-_PROBE_DRAFTS = 16
+_PROBE_DRAFTS = 8
 _MIN_ACCEPTANCE = 0.3
 
 
