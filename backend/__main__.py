@@ -16,6 +16,8 @@ from backend.runtime import describe_runtime, log_runtime
 from backend.server import ServedModel, ServerLimits, create_app
 from backend.server.state import EngineFactory
 
+log = logging.getLogger("tokenedge.backend")
+
 
 def engine_factory(loaded: LoadedModel, config: BackendConfig, max_model_len: int) -> EngineFactory:
     from backend.engine.async_engine import AsyncEngine
@@ -24,6 +26,11 @@ def engine_factory(loaded: LoadedModel, config: BackendConfig, max_model_len: in
 
     model = LlamaModel(loaded.config, dtype=config.torch_dtype, device=config.device)
     model.load_weights(loaded.weights)
+    if config.weights == "quantized" and torch.device(config.device).type == "cpu":
+        from backend.model.quant import quantize_model
+
+        quantize_model(model, loaded.weights, loaded.quantized)
+        log.info("weights: %d layers from 4-bit blocks, the rest int8", len(loaded.quantized))
     engine_config = EngineConfig(
         block_size=config.block_size,
         num_blocks=config.num_blocks,
@@ -34,6 +41,8 @@ def engine_factory(loaded: LoadedModel, config: BackendConfig, max_model_len: in
         device=config.device,
         max_waiting=config.max_waiting,
         batch_invariant=config.batch_invariant,
+        # speculation is exact only on batch-invariant kernels (a k-token verify == k single steps)
+        speculative_tokens=config.speculative_tokens if config.batch_invariant else 0,
     )
     eos_token_ids = loaded.tokenizer.eos_token_ids  # the closure must not keep the fp32 weights alive
     return lambda: AsyncEngine(model, engine_config, eos_token_ids)

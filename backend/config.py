@@ -22,15 +22,19 @@ _DTYPES = {
     "fp32": torch.float32,
 }
 _ATTENTION = ("auto", "sdpa", "flash")
+_WEIGHTS = ("quantized", "dequantized")
 _BOOLS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 
 
 @dataclass(frozen=True, slots=True)
 class BackendConfig:
     """`model=None` serves the default SmolLM2 GGUF. Weights use `dtype`; the residual stream and logits
-    stay fp32 whatever it is. `threads=0` leaves torch's own default. `batch_invariant` (default on): the
-    same request gives the same bits whatever else the server is doing (DESIGN.md §8); off for raw
-    throughput."""
+    stay fp32 whatever it is. `threads=0` leaves torch's own default. `weights`: `quantized` (CPU only: the
+    file's 4-bit blocks on the int4 kernel, other layers int8 per channel, a greedy-exact int8 LM head) or
+    `dequantized` (the reference: every weight dequantized to `dtype`; other devices always use it).
+    `batch_invariant` (default on): the same request gives the same bits whatever else the server is doing
+    (DESIGN.md §8); off for raw throughput. `speculative_tokens`: prompt-lookup drafts per verify forward for
+    greedy requests (exact: needs `batch_invariant`; 0 turns it off)."""
 
     model: str | None = None
     served_model_name: str | None = None
@@ -38,6 +42,7 @@ class BackendConfig:
     port: int = 8000
     device: str = "cpu"
     dtype: str = "bfloat16"
+    weights: str = "quantized"
     threads: int = 0
     attention: str = "auto"
     block_size: int = 16
@@ -50,12 +55,17 @@ class BackendConfig:
     default_max_tokens: int = 256
     retry_after_s: int = 1
     batch_invariant: bool = True
+    speculative_tokens: int = 4
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.attention not in _ATTENTION:
             raise ValueError(f"attention must be one of {_ATTENTION}, got {self.attention!r}")
+        if self.speculative_tokens < 0:
+            raise ValueError(f"speculative_tokens must be >= 0, got {self.speculative_tokens}")
+        if self.weights not in _WEIGHTS:
+            raise ValueError(f"weights must be one of {_WEIGHTS}, got {self.weights!r}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port out of range: {self.port}")
         for name in (

@@ -49,6 +49,31 @@ class _EngineCollector(Collector):
         yield CounterMetricFamily(
             "tokenedge_backend_generated_tokens", "Tokens generated.", value=s.generated_tokens_total
         )
+        yield from _speculation_metrics(s)
+
+
+def _speculation_metrics(s: EngineStats) -> Iterator[Metric]:
+    """Prompt-lookup speculation: counters, plus the acceptance rate and tokens per verify forward so far."""
+    yield CounterMetricFamily(
+        "tokenedge_backend_spec_verify_steps", "Forwards that verified drafts.", value=s.spec_verify_steps_total
+    )
+    yield CounterMetricFamily(
+        "tokenedge_backend_spec_draft_tokens", "Draft tokens proposed.", value=s.spec_draft_tokens_total
+    )
+    yield CounterMetricFamily(
+        "tokenedge_backend_spec_accepted_tokens", "Draft tokens accepted.", value=s.spec_accepted_tokens_total
+    )
+    yield GaugeMetricFamily(
+        "tokenedge_backend_spec_acceptance_rate",
+        "Accepted / proposed draft tokens since start.",
+        value=s.spec_accepted_tokens_total / s.spec_draft_tokens_total if s.spec_draft_tokens_total else 0.0,
+    )
+    verify = s.spec_verify_steps_total
+    yield GaugeMetricFamily(
+        "tokenedge_backend_spec_tokens_per_forward",
+        "Tokens gained per verify forward since start (1 + accepted drafts).",
+        value=(verify + s.spec_accepted_tokens_total) / verify if verify else 0.0,
+    )
 
 
 class BackendMetrics:

@@ -11,6 +11,8 @@ SCENARIOS = {
     "e2e": "bench.e2e",
     "backend": "bench.backend_vs_hf",
     "backend_invariance": "bench.backend_invariance",
+    "speculative": "bench.speculative",
+    "agreement": "bench.agreement",
     "token_path": "bench.token_path",
     "key_levels": "bench.key_levels",
     "leases": "bench.leases",

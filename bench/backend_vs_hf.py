@@ -1,12 +1,16 @@
-"""Our engine vs transformers `generate()` on the same GGUF, dtype, prompts and threads, in one run.
+"""Our engine vs transformers `generate()` and llama.cpp on the same GGUF, prompts and threads, in one run.
 
-Both sides are loaded together and measured in alternating rounds (medians reported), since the
-machine is shared. Two measurements per side: batch-1 greedy decode tokens/s (time after the first token, so prefill is
-excluded on both sides) and aggregate tokens/s for 8 concurrent requests (wall time, prefill included;
-transformers gets one left-padded batch, which is its best case). EOS is ignored on both sides so every
-request generates exactly `--max-new-tokens`. transformers + accelerate come from the `bench` extra.
+All sides are loaded together and measured in alternating rounds (medians reported), since the
+machine is shared. Measurements: batch-1 greedy decode tokens/s (time after the first token, so prefill is
+excluded on every side); aggregate tokens/s for 8 concurrent requests (wall time, prefill included;
+transformers gets one left-padded batch, its best case; llama.cpp's Python API serves one sequence at a
+time, so its batch-1 rate is its aggregate); prefill tokens/s of a 250-token prompt (a new prompt each
+round, so no prefix cache helps). EOS is ignored so every request generates exactly `--max-new-tokens`.
+Ours runs `--weights quantized` (the default: int4 blocks as shipped) unless told otherwise; transformers
+runs `--dtype`; llama.cpp runs the GGUF's own Q4_1 (built once into bench/.venv-llamacpp, see
+bench/llamacpp.py). transformers + accelerate come from the `bench` extra.
 
-    python -m bench backend_vs_hf --dtype bf16 --max-new-tokens 64
+    python -m bench backend --max-new-tokens 64 --threads 2
 """
 
 from __future__ import annotations
@@ -24,8 +28,12 @@ from typing import Any
 import torch
 
 from backend.loader import LoadedModel, default_model_path, load_model
+from bench.llamacpp import LlamaCpp
 
 RESULTS = Path(__file__).resolve().parent / "results"
+CORPUS = Path(__file__).resolve().parents[1] / "tests" / "backend" / "data" / "agreement_corpus.json"
+PREFILL_TOKENS = 250
+METRICS = ("batch1_decode_tok_s", "concurrent8_tok_s", "prefill250_tok_s")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 QUESTIONS = [
     "What is the capital of France?",
@@ -47,14 +55,17 @@ def prompts(loaded: LoadedModel) -> list[list[int]]:
 class Ours:
     """Our engine behind the same two measurements; started once, measured in every round."""
 
-    def __init__(self, loaded: LoadedModel, dtype: torch.dtype, new_tokens: int) -> None:
+    def __init__(self, loaded: LoadedModel, dtype: torch.dtype, new_tokens: int, weights: str) -> None:
         from backend.engine.async_engine import AsyncEngine
         from backend.engine.config import EngineConfig
         from backend.engine.sampling_params import SamplingParams
         from backend.model.llama import LlamaModel
+        from backend.model.quant import quantize_model
 
         model = LlamaModel(loaded.config, dtype=dtype)
         model.load_weights(loaded.weights)
+        if weights == "quantized":
+            quantize_model(model, loaded.weights, loaded.quantized)
         config = EngineConfig(num_blocks=512, max_num_seqs=8, max_num_batched_tokens=1024, max_model_len=1024)
         self.engine = AsyncEngine(model, config, loaded.tokenizer.eos_token_ids)
         self.params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
@@ -77,6 +88,16 @@ class Ours:
         start = time.perf_counter()
         results = await asyncio.gather(*(self._run(ids) for ids in batch))
         return sum(count for _, count in results) / (time.perf_counter() - start)
+
+    async def prefill(self, ids: list[int]) -> float:
+        from backend.engine.sampling_params import SamplingParams
+
+        self.requests += 1
+        start = time.perf_counter()
+        one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+        async for _ in self.engine.generate(ids, one, f"bench-{self.requests}"):
+            pass
+        return len(ids) / (time.perf_counter() - start)
 
 
 class Transformers:
@@ -128,6 +149,12 @@ class Transformers:
         self._generate(t, torch.ones_like(t), streamer)
         return (self.new_tokens - 1) / (time.perf_counter() - streamer.first)
 
+    def prefill(self, ids: list[int]) -> float:
+        start = time.perf_counter()
+        with torch.no_grad():
+            self.model(torch.tensor([ids]))
+        return len(ids) / (time.perf_counter() - start)
+
     def concurrent(self, batch: list[list[int]]) -> float:
         width = max(len(ids) for ids in batch)
         padded = torch.tensor([[2] * (width - len(ids)) + ids for ids in batch])
@@ -137,29 +164,65 @@ class Transformers:
         return len(batch) * self.new_tokens / (time.perf_counter() - start)
 
 
+def prefill_prompts(loaded: LoadedModel, rounds: int, length: int = PREFILL_TOKENS) -> list[list[int]]:
+    """A different `length`-token prompt per round (different from the first token on: no prefix hits)."""
+    text = " ".join(json.loads(CORPUS.read_text())["documents"])
+    ids = loaded.tokenizer.encode(text)
+    return [ids[r * 7 : r * 7 + length] for r in range(rounds + 1)]
+
+
 async def measure(
-    loaded: LoadedModel, dtype: torch.dtype, new_tokens: int, rounds: int
-) -> tuple[dict[str, float], dict[str, float]]:
-    """Alternate the two sides round by round and keep medians: the machine is shared and noisy."""
-    batch = prompts(loaded)
-    ours, theirs = Ours(loaded, dtype, new_tokens), Transformers(dtype, new_tokens)
-    samples: dict[str, dict[str, list[float]]] = {
-        side: {"batch1_decode_tok_s": [], "concurrent8_tok_s": []} for side in ("ours", "theirs")
-    }
+    loaded: LoadedModel, args: argparse.Namespace
+) -> dict[str, dict[str, float]]:
+    """Alternate the sides round by round and keep medians: the machine is shared and noisy."""
+    batch, fills = prompts(loaded), prefill_prompts(loaded, args.rounds)
+    new_tokens = args.max_new_tokens
+    ours = Ours(loaded, DTYPES[args.dtype], new_tokens, args.weights)
+    theirs = Transformers(DTYPES[args.dtype], new_tokens) if "transformers" in args.peers else None
+    cpp = LlamaCpp(default_model_path(), torch.get_num_threads()) if "llamacpp" in args.peers else None
+    samples: dict[str, dict[str, list[float]]] = {}
+
+    def add(side: str, metric: str, value: float) -> None:
+        samples.setdefault(side, {}).setdefault(metric, []).append(value)
+
     await ours.engine.start()
     try:
         await ours.batch1(batch[0][:8])  # warmups
-        theirs.batch1(batch[0][:8])
-        for r in range(rounds):
+        await ours.prefill(fills[-1])
+        if theirs is not None:
+            theirs.batch1(batch[0][:8])
+        for r in range(args.rounds):
             ids = batch[r % len(batch)]
-            samples["ours"]["batch1_decode_tok_s"].append(await ours.batch1(ids))
-            samples["theirs"]["batch1_decode_tok_s"].append(theirs.batch1(ids))
-            samples["ours"]["concurrent8_tok_s"].append(await ours.concurrent(batch))
-            samples["theirs"]["concurrent8_tok_s"].append(theirs.concurrent(batch))
+            add("tokenedge", "batch1_decode_tok_s", await ours.batch1(ids))
+            if theirs is not None:
+                add("transformers", "batch1_decode_tok_s", theirs.batch1(ids))
+            if cpp is not None:
+                add("llama.cpp", "batch1_decode_tok_s", cpp.batch1(ids, new_tokens))
+            add("tokenedge", "concurrent8_tok_s", await ours.concurrent(batch))
+            if theirs is not None:
+                add("transformers", "concurrent8_tok_s", theirs.concurrent(batch))
+            add("tokenedge", "prefill250_tok_s", await ours.prefill(fills[r]))
+            if theirs is not None:
+                add("transformers", "prefill250_tok_s", theirs.prefill(fills[r]))
+            if cpp is not None:
+                add("llama.cpp", "prefill250_tok_s", cpp.prefill(fills[r]))
     finally:
         await ours.engine.stop()
+        if cpp is not None:
+            cpp.close()
     medians = {side: {k: statistics.median(v) for k, v in m.items()} for side, m in samples.items()}
-    return medians["ours"], medians["theirs"]
+    if cpp is not None:  # llama.cpp's Python API runs one sequence at a time
+        medians["llama.cpp"]["concurrent8_tok_s"] = medians["llama.cpp"]["batch1_decode_tok_s"]
+        medians["llama.cpp"]["build"] = cpp.build  # type: ignore[assignment]
+    return medians
+
+
+def cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    return next((ln.partition(":")[2].strip() for ln in text.splitlines() if ln.startswith("model name")), "?")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -167,38 +230,44 @@ def main(argv: Sequence[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--weights", choices=("quantized", "dequantized"), default="quantized")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument(
-        "--threads", type=int, default=0, help="torch threads for both sides (0: torch default)"
-    )
+    parser.add_argument("--threads", type=int, default=2, help="torch and llama.cpp threads (0: torch default)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; medians are reported")
+    parser.add_argument("--peers", nargs="*", default=["transformers", "llamacpp"])
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = DTYPES[args.dtype]
     loaded = load_model(None, progress=False)
-    mine, theirs = asyncio.run(measure(loaded, dtype, args.max_new_tokens, args.rounds))
-    rows = [(key, mine[key], theirs[key], mine[key] / theirs[key]) for key in mine]
+    medians = asyncio.run(measure(loaded, args))
+    ours = medians["tokenedge"]
+    peers = [side for side in ("llama.cpp", "transformers") if side in medians]
     print(
-        f"\nSmolLM2-135M GGUF, {args.dtype}, {args.max_new_tokens} new tokens, {torch.get_num_threads()} threads"
+        f"\nSmolLM2-135M GGUF, ours --weights {args.weights} (bf16 activations), peers {args.dtype} / Q4_1, "
+        f"{args.max_new_tokens} new tokens, {torch.get_num_threads()} threads, {cpu_model()}"
     )
-    print(f"{'metric':<22}{'tokenedge':>12}{'transformers':>14}{'ratio':>8}")
-    for key, a, b, r in rows:
-        print(f"{key:<22}{a:>12.1f}{b:>14.1f}{r:>7.2f}x")
+    header = f"{'metric':<22}{'tokenedge':>11}" + "".join(f"{p:>14}{'ratio':>8}" for p in peers)
+    print(header)
+    for key in METRICS:
+        row = f"{key:<22}{ours[key]:>11.1f}"
+        for p in peers:
+            row += f"{medians[p][key]:>14.1f}{ours[key] / medians[p][key]:>7.2f}x"
+        print(row)
+    if "llama.cpp" in medians:
+        print(f"llama.cpp build: {medians['llama.cpp'].get('build')}")
     result: dict[str, Any] = {
-        "benchmark": "backend_vs_hf",
+        "benchmark": "backend",
+        "weights": args.weights,
         "dtype": args.dtype,
         "max_new_tokens": args.max_new_tokens,
         "rounds": args.rounds,
         "threads": torch.get_num_threads(),
-        "machine": platform.machine(),
-        "tokenedge": mine,
-        "transformers": theirs,
-        "ratios": {key: r for key, _, _, r in rows},
-        "targets": {"batch1_decode_tok_s": 1.5, "concurrent8_tok_s": 2.0},
+        "cpu": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "medians": medians,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"backend_vs_hf-{args.dtype}-{int(time.time())}.json"
+    out = RESULTS / f"backend-{args.weights}-{int(time.time())}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
 

@@ -163,10 +163,15 @@ class AsyncEngine:
                 self._publish()
                 continue
             self._publish()
+            deliveries: list[tuple[asyncio.Queue[_Delivery], _Delivery]] = []  # one hand-off to the event loop per step, however many tokens it made
             for output in outputs:
-                self._deliver(output.request_id, output.token)
+                out = self._outputs.get(output.request_id)
+                if out is not None:
+                    deliveries.append((out, output.token))
                 if output.token.finish_reason is not None:
                     del self._outputs[output.request_id]
+            if deliveries and self._loop is not None and not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(_put_all, deliveries)
 
     def _apply(self, command: _Add | _Abort | _Stop) -> None:
         if isinstance(command, _Add):
@@ -189,11 +194,6 @@ class AsyncEngine:
         with self._lock:
             self._stats = stats
 
-    def _deliver(self, request_id: str, item: _Delivery) -> None:
-        out = self._outputs.get(request_id)
-        if out is not None:
-            self._post(out, item)
-
     def _post(self, out: asyncio.Queue[_Delivery], item: _Delivery) -> None:
         assert self._loop is not None
         if not self._loop.is_closed():
@@ -209,3 +209,8 @@ class AsyncEngine:
         for request_id in list(self._outputs):
             self._engine.abort_request(request_id)
             self._post(self._outputs.pop(request_id), error)
+
+
+def _put_all(deliveries: list[tuple[asyncio.Queue[_Delivery], _Delivery]]) -> None:
+    for out, item in deliveries:
+        out.put_nowait(item)

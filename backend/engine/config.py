@@ -23,6 +23,8 @@ class EngineConfig:
     device: str = "cpu"
     max_waiting: int = 256
     enable_prefix_caching: bool = True
+    # exact prompt-lookup speculation for greedy requests (backend.engine.speculative): drafts per verify, 0 = off
+    speculative_tokens: int = 0
     batch_invariant: bool = True
 
     def __post_init__(self) -> None:
@@ -37,6 +39,10 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
+        if not isinstance(self.speculative_tokens, int) or self.speculative_tokens < 0:
+            raise ValueError(f"EngineConfig.speculative_tokens must be >= 0, got {self.speculative_tokens!r}")
+        if self.speculative_tokens and not self.batch_invariant:
+            raise ValueError("speculative decoding is exact only with batch_invariant kernels")
         if self.attention not in _ATTENTION:
             raise ValueError(f"EngineConfig.attention must be one of {_ATTENTION}, got {self.attention!r}")
         if self.num_blocks * self.block_size < self.max_model_len:

@@ -1,4 +1,7 @@
-"""The synchronous engine: the step loop schedule -> run -> postprocess, driven by AsyncEngine's thread.
+"""The synchronous engine: the step loop (draft ->) schedule -> run -> postprocess, driven by AsyncEngine's thread.
+
+With `speculative_tokens` > 0, running greedy decodes get prompt-lookup drafts appended before scheduling
+(backend.engine.speculative); drafts of a sequence the scheduler did not run in full are taken back.
 
 Not thread-safe: exactly one thread calls it. Tests use it directly.
 """
@@ -20,7 +23,12 @@ from backend.engine.outputs import EngineStats, StepOutput, TokenOut
 from backend.engine.sampling import SamplingParams, make_generator
 from backend.engine.scheduler import ScheduledSeq, Scheduler
 from backend.engine.sequence import Sequence
+from backend.engine.speculative import SpeculativeConfig, propose
 from backend.model.llama import LlamaModel
+
+# a request keeps speculating while at least this share of its drafts is accepted (checked after a probe)
+_PROBE_DRAFTS = 8
+_MIN_ACCEPTANCE = 0.3
 
 
 class LLMEngine:
@@ -63,6 +71,11 @@ class LLMEngine:
         self._seqs: dict[str, Sequence] = {}
         self.prefill_tokens_total = 0
         self.generated_tokens_total = 0
+        self.speculative = SpeculativeConfig(num_tokens=config.speculative_tokens)
+        self.spec_verify_steps_total = 0
+        self.spec_draft_tokens_total = 0
+        self.spec_accepted_tokens_total = 0
+        self._spec_tally: dict[str, tuple[int, int]] = {}  # request id -> (drafted, accepted) so far
 
     def check_prompt(self, prompt_ids: Seq[int]) -> None:
         """Raise InvalidRequestError for a prompt the engine cannot run (reads only immutable config)."""
@@ -97,6 +110,7 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> bool:
         seq = self._seqs.pop(request_id, None)
+        self._spec_tally.pop(request_id, None)
         if seq is None:
             return False
         self.scheduler.finish(seq, "abort")
@@ -106,31 +120,37 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[StepOutput]:
+        if self.speculative.num_tokens:
+            self._propose_drafts()
         batch = self.scheduler.schedule()
+        self._take_back_drafts(batch)
         if not batch:
             return []
         sampled = self.runner.run(batch)
-        for item in batch:
+        for item, got in zip(batch, sampled, strict=True):
             seq = item.seq
-            is_decode = (
+            if seq.draft:
+                assert isinstance(got, list)
+                self.spec_verify_steps_total += 1
+                self.spec_draft_tokens_total += len(seq.draft)
+                self.spec_accepted_tokens_total += len(got) - 1
+                drafted, accepted = self._spec_tally.get(seq.request_id, (0, 0))
+                self._spec_tally[seq.request_id] = (drafted + len(seq.draft), accepted + len(got) - 1)
+            elif not (
                 item.num_new_tokens == 1 and seq.num_output_tokens > 0 and item.start == seq.num_tokens - 1
-            )
-            if not is_decode:
+            ):
                 self.prefill_tokens_total += item.num_new_tokens
-        advanced = self.scheduler.postprocess(batch, sampled)
-        self.generated_tokens_total += len(advanced)
+        new_tokens = self.scheduler.postprocess(batch, sampled)
+        self.generated_tokens_total += len(new_tokens)
         outputs = []
-        for seq in advanced:
-            reason = seq.finish_reason
+        for seq, token, reason in new_tokens:
             assert reason != "abort"
             outputs.append(
-                StepOutput(
-                    seq.request_id,
-                    TokenOut(seq.token_ids[-1], reason, seq.num_prompt_tokens, seq.num_cached_tokens),
-                )
+                StepOutput(seq.request_id, TokenOut(token, reason, seq.num_prompt_tokens, seq.num_cached_tokens))
             )
             if reason is not None:
                 del self._seqs[seq.request_id]
+                self._spec_tally.pop(seq.request_id, None)
         outputs.extend(self._finish_embeddings(batch))
         return outputs
 
@@ -150,6 +170,39 @@ class LLMEngine:
             outputs.append(StepOutput(seq.request_id, out))
         return outputs
 
+    def _propose_drafts(self) -> None:
+        """Append drafts to greedy decodes while every decode still fits the step's token budget."""
+        decodes = [s for s in self.scheduler.running if s.num_computed_tokens == s.num_tokens - 1
+                   and not isinstance(s, EmbeddingSequence)]  # an embedding's last prompt token drafts nothing
+        room = self.config.max_num_batched_tokens - len(decodes)
+        spec = self.speculative
+        for seq in decodes:
+            if room <= 0 or not seq.params.greedy or not self._drafts_pay(seq):
+                continue
+            left = min(
+                seq.params.max_tokens - seq.num_output_tokens, self.config.max_model_len - seq.num_tokens
+            )
+            k = min(spec.num_tokens, left - 1, room)
+            drafts = propose(seq.token_ids, k, spec.max_ngram, spec.min_ngram) if k > 0 else []
+            seq.token_ids.extend(drafts)
+            seq.draft = drafts
+            room -= len(drafts)
+
+    def _drafts_pay(self, seq: Sequence) -> bool:
+        """Keep drafting for a request while its drafts are mostly right: after `_PROBE_DRAFTS` drafted tokens,
+        only at an acceptance of at least `_MIN_ACCEPTANCE` (a rejected draft costs a wider forward for nothing)."""
+        drafted, accepted = self._spec_tally.get(seq.request_id, (0, 0))
+        return drafted < _PROBE_DRAFTS or accepted >= _MIN_ACCEPTANCE * drafted
+
+    def _take_back_drafts(self, batch: Seq[ScheduledSeq]) -> None:
+        """Drafts only stay on sequences scheduled to their end this step (a preempted one loses them)."""
+        full = {id(item.seq) for item in batch if item.samples}
+        assert all(item.samples or not item.seq.draft for item in batch), "a verify was cut by the budget"
+        for seq in self.scheduler.running + list(self.scheduler.waiting):
+            if seq.draft and id(seq) not in full:
+                del seq.token_ids[-len(seq.draft) :]
+                seq.draft = []
+
     def stats(self) -> EngineStats:
         return EngineStats(
             running=len(self.scheduler.running),
@@ -160,6 +213,9 @@ class LLMEngine:
             prefix_hit_tokens_total=self.scheduler.prefix_hit_tokens_total,
             prefill_tokens_total=self.prefill_tokens_total,
             generated_tokens_total=self.generated_tokens_total,
+            spec_verify_steps_total=self.spec_verify_steps_total,
+            spec_draft_tokens_total=self.spec_draft_tokens_total,
+            spec_accepted_tokens_total=self.spec_accepted_tokens_total,
         )
 
     def generate(

@@ -20,6 +20,7 @@ from backend.engine.block_pool import BlockPool
 from backend.engine.embedding import EmbeddingSequence
 from backend.engine.sampling import sample
 from backend.engine.scheduler import ScheduledSeq
+from backend.engine.speculative import accept
 from backend.model.llama import LlamaModel
 
 
@@ -72,7 +73,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def compute_logits(self, batch: Seq[ScheduledSeq]) -> torch.Tensor:
-        """fp32 logits [N, vocab] for the sequences whose chunk reaches their end (in batch order)."""
+        """fp32 logits [N, vocab] for the sequences whose chunk reaches their end (in batch order); a
+        sequence verifying k drafts gets k + 1 rows, one per position from its last token on."""
         token_ids, positions, ctx = self.build_context(batch)
         plan = self.attention.plan(ctx)
         k_caches, v_caches, backend = self.pool.k_caches, self.pool.v_caches, self.attention
@@ -82,17 +84,32 @@ class ModelRunner:
 
         hidden = self.model(token_ids, positions, attend, self.invariant)  # [T, hidden] fp32
         ends = ctx.query_start_loc.tolist()[1:]
+        last: list[int] = []
+        greedy: list[bool] = []
         for item, end in zip(batch, ends, strict=True):
             if item.pools:  # last-token pooling (backend/engine/embedding.py); a copy, not a view of the step
                 assert isinstance(item.seq, EmbeddingSequence)
                 item.seq.embedding = hidden[end - 1].clone()  # [hidden] fp32
-        last = [end - 1 for item, end in zip(batch, ends, strict=True) if item.samples]
+            if item.samples:  # the last position, and every draft's position when verifying drafts
+                n = 1 + len(item.seq.draft)
+                last.extend(range(end - n, end))
+                greedy.extend([item.seq.params.greedy] * n)
         rows = hidden[torch.tensor(last, dtype=torch.int64, device=self.device)]  # [N, hidden]
-        return self.model.compute_logits(rows, self.invariant)  # [N, vocab]
+        return self.model.compute_logits(rows, self.invariant, greedy)  # [N, vocab]
 
-    def run(self, batch: Seq[ScheduledSeq]) -> list[int | None]:
-        """One step: the sampled token per scheduled sequence, None for a prefill chunk short of the end."""
+    def run(self, batch: Seq[ScheduledSeq]) -> list[int | list[int] | None]:
+        """One step: the sampled token per scheduled sequence, None for a prefill chunk short of the end,
+        and for a sequence verifying drafts the tokens it gained (`speculative.accept`)."""
         logits = self.compute_logits(batch)
-        samplers = [item.seq for item in batch if item.samples]
+        samplers = [item.seq for item in batch if item.samples for _ in range(1 + len(item.seq.draft))]
         tokens = iter(sample(logits, [s.params for s in samplers], [s.generator for s in samplers]))
-        return [next(tokens) if item.samples else None for item in batch]
+        out: list[int | list[int] | None] = []
+        for item in batch:
+            draft = item.seq.draft
+            if not item.samples:
+                out.append(None)
+            elif draft:
+                out.append(accept(draft, [next(tokens) for _ in range(1 + len(draft))]))
+            else:
+                out.append(next(tokens))
+        return out

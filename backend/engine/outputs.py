@@ -35,3 +35,6 @@ class EngineStats:
     prefix_hit_tokens_total: int
     prefill_tokens_total: int
     generated_tokens_total: int
+    spec_verify_steps_total: int = 0  # forwards that verified drafts
+    spec_draft_tokens_total: int = 0
+    spec_accepted_tokens_total: int = 0

@@ -62,7 +62,8 @@ class Scheduler:
         taken: set[int] = set()  # ids of sequences scheduled this step: never preempted
         preempted = False
         # decodes first (stable sort), so a long prefill chunk never starves the streams already running
-        for seq in sorted(self.running, key=lambda s: s.num_tokens - s.num_computed_tokens > 1):
+        # (a decode verifying speculative drafts is still a decode: it comes first, whole)
+        for seq in sorted(self.running, key=lambda s: s.num_tokens - len(s.draft) - s.num_computed_tokens > 1):
             if budget == 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:
@@ -108,21 +109,36 @@ class Scheduler:
         self.num_preemptions_total += 1
         self.waiting.appendleft(seq)
 
-    def postprocess(self, scheduled: Iterable[ScheduledSeq], sampled: Iterable[int | None]) -> list[Sequence]:
-        """Advance computed counts, register full blocks, append sampled tokens; returns sequences that got one."""
-        advanced: list[Sequence] = []
+    def postprocess(
+        self, scheduled: Iterable[ScheduledSeq], sampled: Iterable[int | list[int] | None]
+    ) -> list[tuple[Sequence, int, FinishReason | None]]:
+        """Advance computed counts, register full blocks, append sampled tokens; returns each new token.
+
+        A sequence that verified speculative drafts (`seq.draft`) gets a list: the accepted drafts then the
+        pick after them. Its drafts leave `token_ids` first, and only the accepted drafts' KV counts as
+        computed; tokens after a finishing one are dropped.
+        """
+        new_tokens: list[tuple[Sequence, int, FinishReason | None]] = []
         for item, token in zip(scheduled, sampled, strict=True):
             seq = item.seq
-            seq.num_computed_tokens = item.start + item.num_new_tokens
+            tokens = [] if token is None else [token] if isinstance(token, int) else token
+            num_draft = len(seq.draft)
+            if num_draft:
+                del seq.token_ids[-num_draft:]
+                seq.draft = []
+            accepted = len(tokens) - 1 if num_draft else 0
+            seq.num_computed_tokens = item.start + item.num_new_tokens - num_draft + accepted
+            seq.token_ids.extend(tokens[:accepted])  # already computed: their blocks may be registered
             self.kv.cache_full_blocks(seq, item.start)
-            if token is None:
-                continue
-            seq.token_ids.append(token)
-            advanced.append(seq)
-            reason = self._finish_reason(seq, token)
-            if reason is not None:
-                self.finish(seq, reason)
-        return advanced
+            del seq.token_ids[len(seq.token_ids) - accepted :]
+            for t in tokens:
+                seq.token_ids.append(t)
+                reason = self._finish_reason(seq, t)
+                new_tokens.append((seq, t, reason))
+                if reason is not None:
+                    self.finish(seq, reason)
+                    break
+        return new_tokens
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         params = seq.params

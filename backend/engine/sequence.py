@@ -28,6 +28,7 @@ class Sequence:
         "admitted",
         "block_hashes",
         "block_table",
+        "draft",
         "finish_reason",
         "generator",
         "num_cached_tokens",
@@ -54,6 +55,8 @@ class Sequence:
         self.params = params
         self.generator = generator
         self.block_table: list[int] = []
+        # speculative draft tokens appended to token_ids for one step (backend.engine.speculative), else []
+        self.draft: list[int] = []
         # chained hashes of the leading full blocks, computed once (token content of full blocks never changes)
         self.block_hashes: list[int] = []
         self.num_computed_tokens = 0

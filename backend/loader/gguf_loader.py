@@ -1,4 +1,5 @@
-"""GGUF (llama.cpp) Llama checkpoints, dequantized to fp32 torch tensors under Hugging Face names.
+"""GGUF (llama.cpp) Llama checkpoints, dequantized to fp32 torch tensors under Hugging Face names; the
+4-bit blocks (Q4_0, Q4_1) are also kept as they are (`LoadedModel.quantized`) for the int4 kernels.
 
 llama.cpp's converter permutes the rows of Q and K so RoPE pairs are adjacent (GPT-J style). We undo
 that permutation here, so the weights are in the Hugging Face `rotate_half` layout, exactly what
@@ -17,6 +18,7 @@ import torch
 from tqdm import tqdm
 
 from backend.loader.loaded_model import LoadedModel
+from backend.loader.quantized import Int4Blocks, int4_blocks
 from backend.loader.revision import model_revision
 from backend.model.config import LlamaConfig
 from backend.tokenizer import Tokenizer, tokenizer_from_gguf_metadata
@@ -47,6 +49,15 @@ def unpermute_qk(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
     rows, cols = weight.shape
     half = rows // n_heads // 2
     return weight.reshape(n_heads, half, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def _qk_heads(name: str, config: LlamaConfig) -> int:
+    """The head count to un-permute a Q or K weight by; 0 for any other tensor."""
+    if name.endswith("q_proj.weight"):
+        return config.num_heads
+    if name.endswith("k_proj.weight"):
+        return config.num_kv_heads
+    return 0
 
 
 def gguf_metadata(reader: gguf.GGUFReader) -> dict[str, Any]:
@@ -109,6 +120,7 @@ def load_gguf(path: Path, *, progress: bool = True) -> LoadedModel:
     meta = gguf_metadata(reader)
     config = config_from_gguf(meta, has_output=any(t.name == "output.weight" for t in reader.tensors))
     weights: dict[str, torch.Tensor] = {}
+    quantized: dict[str, Int4Blocks] = {}
     for tensor in tqdm(reader.tensors, desc=f"loading {path.name}", unit="tensor", disable=not progress):
         name = hf_name(tensor.name)
         if name is None:
@@ -120,11 +132,15 @@ def load_gguf(path: Path, *, progress: bool = True) -> LoadedModel:
         if not array.flags.writeable:  # F32 tensors come back as views of the read-only mmap
             array = array.copy()
         weight = torch.from_numpy(array).reshape(shape)
-        if name.endswith("q_proj.weight"):
-            weight = unpermute_qk(weight, config.num_heads)
-        elif name.endswith("k_proj.weight"):
-            weight = unpermute_qk(weight, config.num_kv_heads)
+        blocks = int4_blocks(tensor.data, tensor.tensor_type, shape) if len(shape) == 2 else None
+        heads = _qk_heads(name, config)
+        if heads:
+            weight = unpermute_qk(weight, heads)
+            order = unpermute_qk(torch.arange(shape[0])[:, None], heads)[:, 0]
+            blocks = blocks.rows(order) if blocks is not None else None
         weights[name] = weight
+        if blocks is not None:
+            quantized[name] = blocks
     name = model_name_from_file(path)
     tokenizer = tokenizer_from_gguf_metadata(meta, name=name)
     return LoadedModel(
@@ -133,5 +149,6 @@ def load_gguf(path: Path, *, progress: bool = True) -> LoadedModel:
         weights=weights,
         tokenizer=tokenizer,
         revision=model_revision([path], config),
+        quantized=quantized,
         chat_template=tokenizer.chat_template,
     )

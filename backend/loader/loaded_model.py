@@ -1,11 +1,13 @@
-"""What every loader returns: config, fp32 weights under Hugging Face Llama names, tokenizer, revision."""
+"""What every loader returns: config, fp32 weights under Hugging Face Llama names, tokenizer, revision,
+and the file's own 4-bit blocks where it has them (the fp32 weights are their exact dequantization)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from backend.loader.quantized import Int4Blocks
 from backend.model.config import LlamaConfig
 from backend.tokenizer import Tokenizer
 
@@ -20,6 +22,7 @@ class LoadedModel:
     tokenizer: Tokenizer
     revision: str
     chat_template: str | None
+    quantized: dict[str, Int4Blocks] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if "model.embed_tokens.weight" not in self.weights:

@@ -7,6 +7,8 @@ The residual stream, final norm and logits are fp32 whatever the weight dtype (b
 on logit ties).
 `invariant=True` (the engine's batch-invariant mode, DESIGN.md §8) runs every linear and the LM head in
 calibrated row tiles (backend/model/tiling.py); RoPE always comes from a per-position table.
+`backend.model.quant.quantize_model` swaps the projections for int4/int8 kernels and sets `head`, a
+greedy-exact quantized LM head used for the rows that decode greedily.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from collections.abc import Sequence as Seq
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -23,6 +27,9 @@ from backend.model.config import LlamaConfig
 from backend.model.layers import AttendFn, LlamaDecoderLayer, RMSNorm
 from backend.model.rope import RopeTable, inv_frequencies
 from backend.model.tiling import RowTiling, TilingMemo, calibrate_tiling, tiled_rows
+
+if TYPE_CHECKING:
+    from backend.model.quant import RescoredHead
 
 # (layer index, q [T, H, D], k [T, KH, D], v [T, KH, D]) -> [T, H, D]
 LayerAttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -59,6 +66,7 @@ class LlamaModel(nn.Module):
         self._head_tiling: RowTiling | None = None
         # fp32 logits: an fp32 copy of the output matrix when the weights are half precision.
         self._logits_weight_fp32: torch.Tensor | None = None
+        self.head: RescoredHead | None = None  # set by quantize_model
 
     # ---- weights -------------------------------------------------------------------------------------
 
@@ -142,6 +150,10 @@ class LlamaModel(nn.Module):
     def _output_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
+    def output_weight_fp32(self) -> torch.Tensor:
+        """[V, hidden] fp32, the matrix the exact logits use."""
+        return self._logits_weight_fp32 if self._logits_weight_fp32 is not None else self._output_weight()
+
     # ---- forward -------------------------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -160,19 +172,31 @@ class LlamaModel(nn.Module):
         return self.norm(x)  # [T, hidden] fp32
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+    def compute_logits(
+        self, hidden: torch.Tensor, invariant: bool = False, greedy: Seq[bool] | None = None
+    ) -> torch.Tensor:
+        """fp32 logits [N, vocab]. With a quantized head, rows flagged `greedy` get greedy-exact logits
+        (their argmax is the fp32 head's whatever the batch; see `RescoredHead`), the others the fp32 head."""
         # hidden: [N, hidden] fp32 -> logits: [N, vocab] fp32
+        hidden = hidden.float()
+        if self.head is None or greedy is None or not any(greedy):
+            return self._dense_logits(hidden, invariant)
+        logits = self.head.greedy_logits(hidden)  # [N, vocab]
+        sampled = [i for i, g in enumerate(greedy) if not g]
+        if sampled:
+            logits[sampled] = self._dense_logits(hidden[sampled], invariant)
+        return logits
+
+    def _dense_logits(self, hidden: torch.Tensor, invariant: bool) -> torch.Tensor:
         if not invariant:
-            return self._head_matmul(hidden.float())
+            return self._head_matmul(hidden)
         self.calibrate_invariance()
         assert self._head_tiling is not None
-        return tiled_rows(self._head_matmul, hidden.float(), self._head_tiling)
+        return tiled_rows(self._head_matmul, hidden, self._head_tiling)
 
     def _head_matmul(self, rows: torch.Tensor) -> torch.Tensor:
         # rows: [M, hidden] fp32 -> [M, vocab] fp32
-        weight = self._logits_weight_fp32 if self._logits_weight_fp32 is not None else self._output_weight()
-        assert weight.dtype == torch.float32 or self.dtype != torch.float32
-        return F.linear(rows, weight.float() if weight.dtype != torch.float32 else weight)
+        return F.linear(rows, self.output_weight_fp32())
 
     @torch.inference_mode()
     def reference_logits(self, token_ids: torch.Tensor) -> torch.Tensor:

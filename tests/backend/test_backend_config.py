@@ -12,6 +12,7 @@ def test_defaults_serve_smollm2_on_cpu_in_bf16() -> None:
     config = BackendConfig.from_sources([], environ={})
     assert config.model is None and config.port == 8000 and config.device == "cpu"
     assert config.torch_dtype == torch.bfloat16
+    assert config.weights == "quantized"
     assert config.batch_invariant is True
 
 
@@ -40,6 +41,7 @@ def test_batch_invariance_can_be_turned_off_by_flag_or_environment() -> None:
         ("--max-n", "0"),
         ("--attention", "magic"),
         ("--threads", "-1"),
+        ("--weights", "int3"),
         ("--port", "x"),
         ("--batch-invariant", "maybe"),
     ],

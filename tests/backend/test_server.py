@@ -60,6 +60,9 @@ class FakeEngine:
             prefix_hit_tokens_total=7,
             prefill_tokens_total=11,
             generated_tokens_total=5,
+            spec_verify_steps_total=4,
+            spec_draft_tokens_total=16,
+            spec_accepted_tokens_total=8,
         )
 
     async def generate(
@@ -277,3 +280,6 @@ async def test_health_and_metrics(client: TestClient) -> None:
     assert 'tokenedge_backend_kv_blocks{state="free"} 60.0' in text
     assert "tokenedge_backend_ttft_seconds_count 1.0" in text
     assert "tokenedge_backend_running_requests 0.0" in text
+    assert "tokenedge_backend_spec_accepted_tokens_total 8.0" in text
+    assert "tokenedge_backend_spec_acceptance_rate 0.5" in text
+    assert "tokenedge_backend_spec_tokens_per_forward 3.0" in text

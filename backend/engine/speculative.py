@@ -1,0 +1,58 @@
+"""Exact speculative decoding by prompt lookup: drafts come from the sequence's own tokens, no second model.
+
+Drafting: find the most recent earlier occurrence of the sequence's last n tokens (n from `max_ngram` down
+to `min_ngram`) and propose the up to k tokens that followed it. Copy-heavy requests (quote, rewrite or fix
+a given passage) repeat long runs of their prompt, so many drafts are right.
+
+Verification: the last token and the k drafts run as one (k + 1)-token chunk; the greedy pick after each
+position is compared with the next draft. Drafts are accepted up to the first mismatch, and the pick at that
+point (or after the last draft) is appended too, so each verify forward yields 1 to k + 1 tokens. Under greedy
+decoding the output is exactly the non-speculative output provided the chunk's logits equal those of
+k + 1 single steps: the batch-invariant kernels (DESIGN §8) guarantee that, and tests check it.
+Only greedy requests speculate; sampled ones never do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    num_tokens: int = 4  # k: drafts per verify; 0 turns speculation off
+    max_ngram: int = 3
+    min_ngram: int = 2
+
+    def __post_init__(self) -> None:
+        if self.num_tokens < 0:
+            raise ValueError(f"speculative num_tokens must be >= 0, got {self.num_tokens}")
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
+
+
+def propose(token_ids: Seq[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
+    """Up to k draft tokens: what followed the latest earlier match of the longest suffix n-gram."""
+    size = len(token_ids)
+    for n in range(min(max_ngram, size - 1), min_ngram - 1, -1):
+        suffix = list(token_ids[size - n :])
+        # scan right to left for the latest earlier occurrence (not the suffix itself)
+        for start in range(size - n - 1, -1, -1):
+            if token_ids[start] == suffix[0] and list(token_ids[start : start + n]) == suffix:
+                follow = list(token_ids[start + n : start + n + k])
+                if follow:
+                    return follow
+    return []
+
+
+def accept(drafts: Seq[int], picks: Seq[int]) -> list[int]:
+    """The tokens a verify forward yields. picks[i]: the greedy token after the last token and drafts[:i]
+    (len(picks) == len(drafts) + 1). Accepted drafts, then the pick at the first mismatch (or the bonus)."""
+    assert len(picks) == len(drafts) + 1
+    out: list[int] = []
+    for draft, pick in zip(drafts, picks, strict=False):
+        out.append(pick)
+        if pick != draft:
+            return out
+    out.append(picks[-1])
+    return out

@@ -1,0 +1,140 @@
+"""Prompt-lookup speculation: drafting and acceptance rules, and engine output bitwise equal to plain greedy
+decoding whatever the batch (copy-heavy prompts so that drafts are really accepted)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.engine.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling import SamplingParams
+from backend.engine.speculative import SpeculativeConfig, accept, propose
+from backend.model.llama import LlamaModel
+from tests.backend.tiny import tiny_model
+
+
+@pytest.mark.parametrize(
+    ("tokens", "k", "expected"),
+    [
+        ([1, 2, 3, 4, 5, 1, 2, 3], 3, [4, 5, 1]),  # trigram match, up to k tokens follow
+        ([1, 2, 3, 4, 5, 1, 2, 3], 1, [4]),
+        ([9, 2, 3, 7, 8, 2, 3, 6, 6, 2, 3], 2, [6, 6]),  # the latest earlier match wins
+        ([1, 2, 3, 4], 3, []),  # no repeated n-gram
+        ([5, 6, 7, 5, 6], 4, [7, 5, 6]),  # bigram fallback; fewer than k follow
+        ([4, 4, 4, 4], 2, [4]),  # the match may overlap the suffix
+    ],
+)
+def test_propose_continues_the_latest_earlier_ngram(tokens: list[int], k: int, expected: list[int]) -> None:
+    assert propose(tokens, k, max_ngram=3, min_ngram=2) == expected
+
+
+@pytest.mark.parametrize(
+    ("drafts", "picks", "expected"),
+    [
+        ([4, 5, 6], [4, 5, 6, 7], [4, 5, 6, 7]),  # all accepted, plus the bonus token
+        ([4, 5, 6], [4, 9, 6, 7], [4, 9]),  # stop at the first mismatch, keep its pick
+        ([4, 5, 6], [8, 5, 6, 7], [8]),  # nothing accepted: one token, as a plain step
+    ],
+)
+def test_accept_keeps_drafts_up_to_the_first_mismatch(
+    drafts: list[int], picks: list[int], expected: list[int]
+) -> None:
+    assert accept(drafts, picks) == expected
+
+
+def test_speculative_config_is_validated() -> None:
+    with pytest.raises(ValueError):
+        SpeculativeConfig(num_tokens=-1)
+    with pytest.raises(ValueError):
+        SpeculativeConfig(min_ngram=3, max_ngram=2)
+    with pytest.raises(ValueError):
+        EngineConfig(speculative_tokens=-2)
+    with pytest.raises(ValueError, match="batch_invariant"):
+        EngineConfig(speculative_tokens=4, batch_invariant=False)
+
+
+def copy_prompts() -> list[list[int]]:
+    """Prompts that repeat themselves, so the (tiny, random) model's continuation often repeats too."""
+    base = [[(5 * i + 3 * j) % 97 + 1 for j in range(11 + i)] for i in range(4)]
+    return [b * 3 for b in base] + [[7, 8, 9] * 6 + [1, 2]]
+
+
+def run(model: LlamaModel, k: int, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[list[list[int]], LLMEngine]:
+    config = EngineConfig(
+        num_blocks=96, max_num_seqs=8, max_num_batched_tokens=24, max_model_len=256, speculative_tokens=k
+    )
+    engine = LLMEngine(model, config, frozenset({0}))
+    return engine.generate(prompts, params), engine
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_speculative_greedy_output_equals_plain_greedy(k: int) -> None:
+    model = tiny_model()
+    prompts = copy_prompts()
+    params = [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)] * len(prompts)
+    plain, _ = run(model, 0, prompts, params)
+    spec, engine = run(model, k, prompts, params)
+    assert spec == plain
+    stats = engine.stats()
+    assert stats.spec_verify_steps_total > 0 and stats.spec_accepted_tokens_total > 0
+    assert stats.generated_tokens_total == sum(len(out) for out in plain)
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks  # drafts leaked no block
+
+
+def test_speculation_beside_sampled_requests_and_stops() -> None:
+    model = tiny_model()
+    prompts = copy_prompts()
+    params = [
+        SamplingParams(temperature=0, max_tokens=33),  # EOS (0) may stop it mid-draft
+        SamplingParams(temperature=0.8, seed=5, max_tokens=20),  # sampled: never drafts
+        SamplingParams(temperature=0, max_tokens=7, ignore_eos=True),  # max_tokens inside a verify
+        SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop_token_ids=(9,)),
+        SamplingParams(temperature=0, max_tokens=25, ignore_eos=True),
+    ]
+    plain, _ = run(model, 0, prompts, params)
+    spec, engine = run(model, 4, prompts, params)
+    assert spec == plain
+    assert [len(out) for out in spec][2] == 7
+    assert engine.stats().spec_verify_steps_total > 0
+
+
+def test_speculation_on_a_bf16_model_equals_plain_greedy() -> None:
+    model = tiny_model(dtype=torch.bfloat16)
+    prompts = copy_prompts()
+    params = [SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)] * len(prompts)
+    assert run(model, 3, prompts, params)[0] == run(model, 0, prompts, params)[0]
+
+
+def staggered(model: LlamaModel, k: int) -> list[list[int]]:
+    """A copy-heavy decode that is already running when long prompts arrive and prefill in small chunks."""
+    config = EngineConfig(
+        num_blocks=96, max_num_seqs=4, max_num_batched_tokens=10, max_model_len=256, speculative_tokens=k
+    )
+    engine = LLMEngine(model, config, frozenset())
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    first = engine.add_request("a", copy_prompts()[0], params)
+    while first.num_output_tokens < 3:
+        engine.step()
+    later = [engine.add_request(f"b{i}", [(11 * j + i) % 90 + 2 for j in range(40)] * 2, params) for i in range(2)]
+    while engine.has_unfinished():
+        engine.step()
+    return [s.output_token_ids for s in (first, *later)]
+
+
+def test_a_verify_is_never_cut_by_a_chunked_prefill_sharing_the_budget() -> None:
+    model = tiny_model()
+    assert staggered(model, 4) == staggered(model, 0)
+
+
+def test_a_request_whose_drafts_keep_failing_stops_drafting() -> None:
+    config = EngineConfig(num_blocks=32, max_num_seqs=2, max_model_len=128, speculative_tokens=4)
+    engine = LLMEngine(tiny_model(), config, frozenset())
+    seq = engine.add_request("r", [1, 2, 3, 1, 2, 3], SamplingParams(temperature=0, max_tokens=8))
+    assert engine._drafts_pay(seq)  # nothing drafted yet: probe
+    engine._spec_tally["r"] = (16, 4)  # 25% accepted after the probe
+    assert not engine._drafts_pay(seq)
+    engine._spec_tally["r"] = (16, 5)
+    assert engine._drafts_pay(seq)
+    engine.abort_request("r")
+    assert "r" not in engine._spec_tally
