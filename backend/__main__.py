@@ -54,7 +54,10 @@ def build_app(config: BackendConfig) -> web.Application:
     loaded = load_model(config.model)
     max_model_len = min(config.max_model_len, loaded.config.max_position_embeddings)
     attention = resolve_attention(
-        config.attention, config.device, config.torch_dtype, config.block_size  # type: ignore[arg-type]
+        config.attention,
+        config.device,
+        config.torch_dtype,
+        config.block_size,  # type: ignore[arg-type]
     )
     runtime = describe_runtime(config.device, config.torch_dtype, attention)
     log_runtime(runtime)

@@ -23,7 +23,16 @@ _DTYPES = {
 }
 _ATTENTION = ("auto", "sdpa", "flash")
 _WEIGHTS = ("quantized", "dequantized")
-_BOOLS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+_BOOLS = {
+    "true": True,
+    "1": True,
+    "yes": True,
+    "on": True,
+    "false": False,
+    "0": False,
+    "no": False,
+    "off": False,
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,7 +55,9 @@ class _EngineCollector(Collector):
 def _speculation_metrics(s: EngineStats) -> Iterator[Metric]:
     """Prompt-lookup speculation: counters, plus the acceptance rate and tokens per verify forward so far."""
     yield CounterMetricFamily(
-        "tokenedge_backend_spec_verify_steps", "Forwards that verified drafts.", value=s.spec_verify_steps_total
+        "tokenedge_backend_spec_verify_steps",
+        "Forwards that verified drafts.",
+        value=s.spec_verify_steps_total,
     )
     yield CounterMetricFamily(
         "tokenedge_backend_spec_draft_tokens", "Draft tokens proposed.", value=s.spec_draft_tokens_total

@@ -48,7 +48,9 @@ def describe_runtime(device: str, dtype: torch.dtype, attention: str) -> dict[st
 
 def log_runtime(info: dict[str, Any]) -> None:
     cpu = info.get("cpu", {})
-    isa = ", ".join(name for name in ("amx_tile", "avx512_bf16", "amx_fp16", "avx512", "avx2") if cpu.get(name))
+    isa = ", ".join(
+        name for name in ("amx_tile", "avx512_bf16", "amx_fp16", "avx512", "avx2") if cpu.get(name)
+    )
     log.info(
         "runtime: device=%s (%s) dtype=%s threads=%d matmul=%s attention=%s%s%s",
         info["device"],
@@ -131,9 +133,16 @@ def _sdpa_kernels(dev: torch.device, dtype: torch.dtype) -> dict[str, str]:
     prefill_mask = torch.ones(group * n, length, dtype=torch.bool, device=dev)
     decode_mask = torch.ones(1, 1, 1, length, dtype=torch.bool, device=dev)
     kernels = {
-        "prefill": choice(rand(kv_heads, group * n, head_dim), rand(kv_heads, length, head_dim), prefill_mask),
-        "decode": choice(rand(1, kv_heads, group, head_dim), rand(1, kv_heads, length, head_dim), decode_mask),
+        "prefill": choice(
+            rand(kv_heads, group * n, head_dim), rand(kv_heads, length, head_dim), prefill_mask
+        ),
+        "decode": choice(
+            rand(1, kv_heads, group, head_dim), rand(1, kv_heads, length, head_dim), decode_mask
+        ),
     }
-    if dev.type == "cuda" and dtype in (torch.float16, torch.bfloat16):  # SdpaBackend(cuda_flash_prefill=True)
+    if dev.type == "cuda" and dtype in (
+        torch.float16,
+        torch.bfloat16,
+    ):  # SdpaBackend(cuda_flash_prefill=True)
         kernels["prefill"] = "flash/efficient (torch, causal or lower-right bias)"
     return kernels

@@ -34,7 +34,9 @@ def agreement(loaded: LoadedModel, with_llamacpp: bool, threads: int) -> dict[st
         for text in json.loads(CORPUS.read_text())["documents"]:
             ids = loaded.tokenizer.encode(text)
             expected = reference.reference_logits(torch.tensor(ids)).argmax(dim=-1)[:-1]
-            hidden = ours(torch.tensor(ids), torch.arange(len(ids)), lambda _i, q, k, v: _causal_attention(q, k, v))
+            hidden = ours(
+                torch.tensor(ids), torch.arange(len(ids)), lambda _i, q, k, v: _causal_attention(q, k, v)
+            )
             got = ours.compute_logits(hidden, greedy=[True] * len(ids)).argmax(dim=-1)[:-1]
             agree["tokenedge"] += int((got == expected).sum())
             if cpp is not None:
@@ -44,13 +46,15 @@ def agreement(loaded: LoadedModel, with_llamacpp: bool, threads: int) -> dict[st
     finally:
         if cpp is not None:
             cpp.close()
-    return {side: count / total for side, count in agree.items() if side == "tokenedge" or cpp is not None} | {
-        "tokens": total
-    }
+    return {
+        side: count / total for side, count in agree.items() if side == "tokenedge" or cpp is not None
+    } | {"tokens": total}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-llamacpp", action="store_true")
     args = parser.parse_args(argv)

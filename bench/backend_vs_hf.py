@@ -171,9 +171,7 @@ def prefill_prompts(loaded: LoadedModel, rounds: int, length: int = PREFILL_TOKE
     return [ids[r * 7 : r * 7 + length] for r in range(rounds + 1)]
 
 
-async def measure(
-    loaded: LoadedModel, args: argparse.Namespace
-) -> dict[str, dict[str, float]]:
+async def measure(loaded: LoadedModel, args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Alternate the sides round by round and keep medians: the machine is shared and noisy."""
     batch, fills = prompts(loaded), prefill_prompts(loaded, args.rounds)
     new_tokens = args.max_new_tokens
@@ -222,7 +220,9 @@ def cpu_model() -> str:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return platform.processor()
-    return next((ln.partition(":")[2].strip() for ln in text.splitlines() if ln.startswith("model name")), "?")
+    return next(
+        (ln.partition(":")[2].strip() for ln in text.splitlines() if ln.startswith("model name")), "?"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -232,7 +232,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument("--weights", choices=("quantized", "dequantized"), default="quantized")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=2, help="torch and llama.cpp threads (0: torch default)")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="torch and llama.cpp threads (0: torch default)"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; medians are reported")
     parser.add_argument("--peers", nargs="*", default=["transformers", "llamacpp"])
     args = parser.parse_args(argv)

@@ -34,8 +34,11 @@ AUTH = {"Authorization": "Bearer bench-tenant"}
 
 
 def prompt(i: int, round_: int) -> dict[str, Any]:
-    return {"model": "bench-model", "temperature": 0,
-            "messages": [{"role": "user", "content": f"round {round_} question {i}"}]}
+    return {
+        "model": "bench-model",
+        "temperature": 0,
+        "messages": [{"role": "user", "content": f"round {round_} question {i}"}],
+    }
 
 
 async def ask(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[str, str, bytes]:
@@ -68,10 +71,16 @@ async def after_purge(urls: list[str], round_: int, old: dict[int, bytes]) -> tu
     return stale, l1
 
 
-async def one_purge(urls: list[str], redis_url: str, kind: str, round_: int, processes: int) -> dict[str, Any]:
+async def one_purge(
+    urls: list[str], redis_url: str, kind: str, round_: int, processes: int
+) -> dict[str, Any]:
     old, keys = await warm(urls, round_)
     scope = keys[0].split(":")[1]
-    body = {"key": {"keys": keys}, "tag": {"tags": [f"tenant:{scope}"]}, "model": {"tags": ["model:bench-model"]}}
+    body = {
+        "key": {"keys": keys},
+        "tag": {"tags": [f"tenant:{scope}"]},
+        "model": {"tags": ["model:bench-model"]},
+    }
     sub = aioredis.Redis.from_url(redis_url).pubsub()
     await sub.subscribe(ACK_CHANNEL)
     await sub.get_message(timeout=1.0)  # the subscribe confirmation
@@ -88,10 +97,16 @@ async def one_purge(urls: list[str], redis_url: str, kind: str, round_: int, pro
             acks.append((time.perf_counter() - started, orjson.loads(msg["data"])))
     await sub.aclose()
     stale, l1 = await after_purge(urls, round_, old)
-    return {"kind": kind, "confirmed": result.get("bus"), "acks": len(acks), "call_ms": call_s * 1e3,
-            "last_ack_ms": max((a[0] for a in acks), default=float("nan")) * 1e3,
-            "max_lag_ms": max((a[1]["lag_s"] for a in acks), default=float("nan")) * 1e3,
-            "stale_answers": stale, "l1_hits_after": l1}
+    return {
+        "kind": kind,
+        "confirmed": result.get("bus"),
+        "acks": len(acks),
+        "call_ms": call_s * 1e3,
+        "last_ack_ms": max((a[0] for a in acks), default=float("nan")) * 1e3,
+        "max_lag_ms": max((a[1]["lag_s"] for a in acks), default=float("nan")) * 1e3,
+        "stale_answers": stale,
+        "l1_hits_after": l1,
+    }
 
 
 def start_redis() -> tuple[subprocess.Popen[bytes], str]:
@@ -99,9 +114,23 @@ def start_redis() -> tuple[subprocess.Popen[bytes], str]:
     if binary is None:
         raise SystemExit("redis-server is not installed (scripts/install-system.sh)")
     port = free_port()
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-                             "no", "--dir", tempfile.mkdtemp(prefix="te-bench-redis-")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            tempfile.mkdtemp(prefix="te-bench-redis-"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return proc, f"redis://127.0.0.1:{port}/0"
 
 
@@ -109,19 +138,37 @@ def main(argv: list[str]) -> None:
     repeats = int(argv[0]) if argv else 5
     redis_proc, redis_url = start_redis()
     up_port, a_port, b_port = free_port(), free_port(), free_port()
-    env = {"TOKENEDGE_UPSTREAM_URL": f"http://127.0.0.1:{up_port}", "TOKENEDGE_CACHE_REDIS_URL": redis_url,
-           "TOKENEDGE_SERVER_ADMIN_TOKEN": "bench-admin", "TOKENEDGE_SERVER_HOST": "127.0.0.1"}
+    env = {
+        "TOKENEDGE_UPSTREAM_URL": f"http://127.0.0.1:{up_port}",
+        "TOKENEDGE_CACHE_REDIS_URL": redis_url,
+        "TOKENEDGE_SERVER_ADMIN_TOKEN": "bench-admin",
+        "TOKENEDGE_SERVER_HOST": "127.0.0.1",
+    }
     try:
-        time.sleep(0.3)  # redis-server start; the gateways below wait for it themselves (L1 off until subscribed)
-        with server([PYTHON, "-m", "bench.servers", "upstream", str(up_port)],
-                    f"http://127.0.0.1:{up_port}/health"), \
-             server([PYTHON, "-m", "gateway", "--workers", "2", "--port", str(a_port)],
-                    f"http://127.0.0.1:{a_port}/health", env), \
-             server([PYTHON, "-m", "gateway", "--port", str(b_port)], f"http://127.0.0.1:{b_port}/health", env):
+        time.sleep(
+            0.3
+        )  # redis-server start; the gateways below wait for it themselves (L1 off until subscribed)
+        with (
+            server(
+                [PYTHON, "-m", "bench.servers", "upstream", str(up_port)],
+                f"http://127.0.0.1:{up_port}/health",
+            ),
+            server(
+                [PYTHON, "-m", "gateway", "--workers", "2", "--port", str(a_port)],
+                f"http://127.0.0.1:{a_port}/health",
+                env,
+            ),
+            server(
+                [PYTHON, "-m", "gateway", "--port", str(b_port)], f"http://127.0.0.1:{b_port}/health", env
+            ),
+        ):
             urls = [f"http://127.0.0.1:{a_port}", f"http://127.0.0.1:{b_port}"]
             wait_http(urls[1] + "/health")
-            rows = [asyncio.run(one_purge(urls, redis_url, kind, r * 3 + k, processes=3))
-                    for r in range(repeats) for k, kind in enumerate(("key", "tag", "model"))]
+            rows = [
+                asyncio.run(one_purge(urls, redis_url, kind, r * 3 + k, processes=3))
+                for r in range(repeats)
+                for k, kind in enumerate(("key", "tag", "model"))
+            ]
     finally:
         redis_proc.terminate()
         redis_proc.wait()
@@ -130,15 +177,21 @@ def main(argv: list[str]) -> None:
 
 
 def print_rows(rows: list[dict[str, Any]]) -> None:
-    print(f"purge coherence: 3 processes (--workers 2 + 1 replica) on one Redis, {K} entries purged, "
-          f"{REQUESTS_AFTER} requests after each purge")
-    print(f"{'kind':<6} {'n':>3} {'confirmed':>9} {'stale':>6} {'call ms p50/max':>16} "
-          f"{'last ack ms p50/max':>20} {'lag ms max':>10}")
+    print(
+        f"purge coherence: 3 processes (--workers 2 + 1 replica) on one Redis, {K} entries purged, "
+        f"{REQUESTS_AFTER} requests after each purge"
+    )
+    print(
+        f"{'kind':<6} {'n':>3} {'confirmed':>9} {'stale':>6} {'call ms p50/max':>16} "
+        f"{'last ack ms p50/max':>20} {'lag ms max':>10}"
+    )
     for kind in ("key", "tag", "model"):
         mine = [r for r in rows if r["kind"] == kind]
         call = [r["call_ms"] for r in mine]
         last = [r["last_ack_ms"] for r in mine]
-        print(f"{kind:<6} {len(mine):>3} {min(r['confirmed'] for r in mine):>9} "
-              f"{sum(r['stale_answers'] for r in mine):>6} "
-              f"{statistics.median(call):>7.1f}/{max(call):<8.1f} {statistics.median(last):>9.1f}/{max(last):<10.1f} "
-              f"{max(r['max_lag_ms'] for r in mine):>10.2f}")
+        print(
+            f"{kind:<6} {len(mine):>3} {min(r['confirmed'] for r in mine):>9} "
+            f"{sum(r['stale_answers'] for r in mine):>6} "
+            f"{statistics.median(call):>7.1f}/{max(call):<8.1f} {statistics.median(last):>9.1f}/{max(last):<10.1f} "
+            f"{max(r['max_lag_ms'] for r in mine):>10.2f}"
+        )

@@ -22,9 +22,11 @@ from bench.harness import (
 )
 from bench.peers import bare_aiohttp
 
-REQUEST = (b'{"model":"bench-model","temperature":0,"max_tokens":64,'
-           b'"messages":[{"role":"system","content":"You are terse."},'
-           b'{"role":"user","content":"What is the capital of France?"}]}')
+REQUEST = (
+    b'{"model":"bench-model","temperature":0,"max_tokens":64,'
+    b'"messages":[{"role":"system","content":"You are terse."},'
+    b'{"role":"user","content":"What is the capital of France?"}]}'
+)
 HEADERS = {"Content-Type": "application/json", "Authorization": "Bearer bench-tenant"}
 
 
@@ -37,12 +39,19 @@ def post(url: str, body: bytes = REQUEST, headers: dict[str, str] = HEADERS) -> 
 def run(workers: int, duration_s: int, repeats: int, connections: int) -> dict[str, LoadResult]:
     with ExitStack() as stack:
         up_port, gw_port = free_port(), free_port()
-        stack.enter_context(server([PYTHON, "-m", "bench.servers", "upstream", str(up_port)],
-                                   f"http://127.0.0.1:{up_port}/health"))
-        gw = stack.enter_context(server(
-            [PYTHON, "-m", "gateway", "--workers", str(workers), "--port", str(gw_port)],
-            f"http://127.0.0.1:{gw_port}/health",
-            env={"TOKENEDGE_UPSTREAM_URL": f"http://127.0.0.1:{up_port}"}))
+        stack.enter_context(
+            server(
+                [PYTHON, "-m", "bench.servers", "upstream", str(up_port)],
+                f"http://127.0.0.1:{up_port}/health",
+            )
+        )
+        gw = stack.enter_context(
+            server(
+                [PYTHON, "-m", "gateway", "--workers", str(workers), "--port", str(gw_port)],
+                f"http://127.0.0.1:{gw_port}/health",
+                env={"TOKENEDGE_UPSTREAM_URL": f"http://127.0.0.1:{up_port}"},
+            )
+        )
         gw_url = f"http://127.0.0.1:{gw_port}/v1/chat/completions"
         hit_body = b""
         for _ in range(50):  # each worker has its own L1: post until one answers with a hit
@@ -57,11 +66,28 @@ def run(workers: int, duration_s: int, repeats: int, connections: int) -> dict[s
                 post(url)
         runs: dict[str, list[LoadResult]] = {"gateway L1 hit": [], "bare aiohttp (same bytes)": []}
         for _ in range(repeats):  # interleaved, so machine noise hits both alike
-            runs["gateway L1 hit"].append(wrk(gw_url, body=REQUEST, headers=HEADERS, duration_s=duration_s,
-                                              connections=connections, threads=1, pids=[gw.pid]))
-            runs["bare aiohttp (same bytes)"].append(wrk(bare_url, body=REQUEST, headers=HEADERS,
-                                                         duration_s=duration_s, connections=connections,
-                                                         threads=1, pids=bare_pids))
+            runs["gateway L1 hit"].append(
+                wrk(
+                    gw_url,
+                    body=REQUEST,
+                    headers=HEADERS,
+                    duration_s=duration_s,
+                    connections=connections,
+                    threads=1,
+                    pids=[gw.pid],
+                )
+            )
+            runs["bare aiohttp (same bytes)"].append(
+                wrk(
+                    bare_url,
+                    body=REQUEST,
+                    headers=HEADERS,
+                    duration_s=duration_s,
+                    connections=connections,
+                    threads=1,
+                    pids=bare_pids,
+                )
+            )
         return {name: median_result(results) for name, results in runs.items()}
 
 
@@ -75,8 +101,12 @@ def main(argv: list[str] | None = None) -> None:
     payload: dict[str, object] = {}
     for workers in args.workers:
         results = run(workers, args.duration, args.repeats, args.connections)
-        print_table(f"L1 hit vs bare aiohttp, {workers} worker(s), wrk -t1 -c{args.connections} "
-                    f"-d{args.duration}s, median of {args.repeats}", list(results.items()), "bare aiohttp (same bytes)")
+        print_table(
+            f"L1 hit vs bare aiohttp, {workers} worker(s), wrk -t1 -c{args.connections} "
+            f"-d{args.duration}s, median of {args.repeats}",
+            list(results.items()),
+            "bare aiohttp (same bytes)",
+        )
         ratio = results["gateway L1 hit"].rps / results["bare aiohttp (same bytes)"].rps
         print(f"ratio gateway/bare = {ratio:.2f}x (target >= 0.90x)")
         payload[f"workers_{workers}"] = {"results": results, "ratio": ratio}

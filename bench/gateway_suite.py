@@ -43,9 +43,24 @@ def prime(url: str) -> bytes:
 @contextmanager
 def redis_server() -> Iterator[str]:
     port = free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--logfile", ""], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--logfile",
+            "",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         wait_for_line(proc, "Ready to accept connections", "redis-server")
         yield f"redis://127.0.0.1:{port}/0"
@@ -67,21 +82,34 @@ def memcached_server() -> Iterator[str]:
 @contextmanager
 def gateway(upstream: str, workers: int, env: dict[str, str]) -> Iterator[tuple[str, list[int]]]:
     port = free_port()
-    with server([PYTHON, "-m", "gateway", "--workers", str(workers), "--port", str(port)],
-                f"http://127.0.0.1:{port}/health", env={"TOKENEDGE_UPSTREAM_URL": upstream, **env}) as proc:
+    with server(
+        [PYTHON, "-m", "gateway", "--workers", str(workers), "--port", str(port)],
+        f"http://127.0.0.1:{port}/health",
+        env={"TOKENEDGE_UPSTREAM_URL": upstream, **env},
+    ) as proc:
         yield f"http://127.0.0.1:{port}/v1/chat/completions", [proc.pid]
 
 
-def measure(targets: dict[str, Target], *, duration_s: int, repeats: int, connections: int,
-            warm: int) -> dict[str, LoadResult]:
+def measure(
+    targets: dict[str, Target], *, duration_s: int, repeats: int, connections: int, warm: int
+) -> dict[str, LoadResult]:
     for url, _pids, body, headers in targets.values():
         for i in range(warm):
             post(url, body.replace(UNIQUE, f"warm-{i}".encode()), headers)
     runs: dict[str, list[LoadResult]] = {name: [] for name in targets}
     for _ in range(repeats):  # interleaved repeats: noise on this shared machine hits every system alike
         for name, (url, pids, body, headers) in targets.items():
-            runs[name].append(wrk(url, body=body, headers=headers, duration_s=duration_s,
-                                  connections=connections, threads=1, pids=pids))
+            runs[name].append(
+                wrk(
+                    url,
+                    body=body,
+                    headers=headers,
+                    duration_s=duration_s,
+                    connections=connections,
+                    threads=1,
+                    pids=pids,
+                )
+            )
     return {name: median_result(results) for name, results in runs.items()}
 
 
@@ -89,14 +117,29 @@ def run(workers: int, args: argparse.Namespace) -> dict[str, LoadResult]:
     with ExitStack() as stack:
         up_port = free_port()
         upstream = f"http://127.0.0.1:{up_port}"
-        stack.enter_context(server([PYTHON, "-m", "bench.servers", "upstream", str(up_port)], f"{upstream}/health"))
+        stack.enter_context(
+            server([PYTHON, "-m", "bench.servers", "upstream", str(up_port)], f"{upstream}/health")
+        )
         redis_url = stack.enter_context(redis_server())
         l1_url, l1_pids = stack.enter_context(gateway(upstream, workers, {}))
-        l2_url, l2_pids = stack.enter_context(gateway(upstream, workers, {
-            "TOKENEDGE_CACHE_REDIS_URL": redis_url, "TOKENEDGE_CACHE_L1_MAX_BYTES": "0"}))
-        mc_url, mc_pids = stack.enter_context(gateway(upstream, workers, {
-            "TOKENEDGE_CACHE_L2": "memcached", "TOKENEDGE_CACHE_MEMCACHED_SERVERS": stack.enter_context(
-                memcached_server()), "TOKENEDGE_CACHE_MEMCACHED_L1_MAX_AGE_S": "0"}))
+        l2_url, l2_pids = stack.enter_context(
+            gateway(
+                upstream,
+                workers,
+                {"TOKENEDGE_CACHE_REDIS_URL": redis_url, "TOKENEDGE_CACHE_L1_MAX_BYTES": "0"},
+            )
+        )
+        mc_url, mc_pids = stack.enter_context(
+            gateway(
+                upstream,
+                workers,
+                {
+                    "TOKENEDGE_CACHE_L2": "memcached",
+                    "TOKENEDGE_CACHE_MEMCACHED_SERVERS": stack.enter_context(memcached_server()),
+                    "TOKENEDGE_CACHE_MEMCACHED_L1_MAX_AGE_S": "0",
+                },
+            )
+        )
         hit_body = prime(l1_url)
         targets: dict[str, Target] = {
             "gateway L1 hit": (l1_url, l1_pids, REQUEST, HEADERS),
@@ -109,7 +152,10 @@ def run(workers: int, args: argparse.Namespace) -> dict[str, LoadResult]:
         nginx_url, nginx_pids = stack.enter_context(nginx_fixed(hit_body, workers))
         targets["bare aiohttp (same bytes)"] = (bare_url, bare_pids, REQUEST, HEADERS)
         targets["nginx (same bytes)"] = (nginx_url, nginx_pids, REQUEST, HEADERS)
-        litellm_headers = {"Content-Type": "application/json", "Authorization": f"Bearer {LITELLM_MASTER_KEY}"}
+        litellm_headers = {
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {LITELLM_MASTER_KEY}",
+        }
         if not args.no_litellm and workers == 1:  # the target is per worker; one LiteLLM start costs ~45 s
             for cache in ("local", "redis"):
                 try:
@@ -118,8 +164,13 @@ def run(workers: int, args: argparse.Namespace) -> dict[str, LoadResult]:
                     print(f"LiteLLM ({cache}) unavailable: {exc}")
                     continue
                 targets[f"LiteLLM proxy hit ({cache} cache)"] = (url, pids, REQUEST, litellm_headers)
-        return measure(targets, duration_s=args.duration, repeats=args.repeats, connections=args.connections,
-                       warm=4 * workers)
+        return measure(
+            targets,
+            duration_s=args.duration,
+            repeats=args.repeats,
+            connections=args.connections,
+            warm=4 * workers,
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -133,14 +184,20 @@ def main(argv: list[str] | None = None) -> None:
     payload: dict[str, object] = {}
     for workers in args.workers:
         results = run(workers, args)
-        print_table(f"Gateway scenarios, {workers} worker(s), wrk -t1 -c{args.connections} -d{args.duration}s, "
-                    f"median of {args.repeats} interleaved runs (ratio vs bare aiohttp)",
-                    list(results.items()), "bare aiohttp (same bytes)")
+        print_table(
+            f"Gateway scenarios, {workers} worker(s), wrk -t1 -c{args.connections} -d{args.duration}s, "
+            f"median of {args.repeats} interleaved runs (ratio vs bare aiohttp)",
+            list(results.items()),
+            "bare aiohttp (same bytes)",
+        )
         l1, l2 = results["gateway L1 hit"], results["gateway L2 hit (L1 off)"]
         bare = results["bare aiohttp (same bytes)"]
         l2_mc = results["gateway L2 hit (Memcached, L1 off)"]
-        summary = {"l1_vs_bare": l1.rps / bare.rps, "l2_vs_l1": l2.rps / l1.rps,
-                   "l2_memcached_vs_l2_redis": l2_mc.rps / l2.rps}
+        summary = {
+            "l1_vs_bare": l1.rps / bare.rps,
+            "l2_vs_l1": l2.rps / l1.rps,
+            "l2_memcached_vs_l2_redis": l2_mc.rps / l2.rps,
+        }
         for name, result in results.items():
             if name.startswith("LiteLLM"):
                 summary[f"l1_vs_{name}"] = l1.rps / result.rps

@@ -55,10 +55,17 @@ def wait_http(url: str, timeout_s: float = 30.0) -> None:
 
 
 @contextmanager
-def server(argv: Sequence[str], ready_url: str, env: Mapping[str, str] | None = None,
-           ready_timeout_s: float = 30.0) -> Iterator[subprocess.Popen]:
-    proc = subprocess.Popen(list(argv), env={**os.environ, **(env or {})}, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+def server(
+    argv: Sequence[str], ready_url: str, env: Mapping[str, str] | None = None, ready_timeout_s: float = 30.0
+) -> Iterator[subprocess.Popen]:
+    proc = subprocess.Popen(
+        list(argv),
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         wait_http(ready_url, ready_timeout_s)
         yield proc
@@ -112,24 +119,53 @@ def _latency(text: str, pct: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2)] if match else float("nan")
 
 
-def wrk(url: str, *, body: bytes | None, headers: Mapping[str, str], duration_s: int, connections: int,
-        threads: int, pids: Sequence[int]) -> LoadResult:
+def wrk(
+    url: str,
+    *,
+    body: bytes | None,
+    headers: Mapping[str, str],
+    duration_s: int,
+    connections: int,
+    threads: int,
+    pids: Sequence[int],
+) -> LoadResult:
     script = tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False)  # noqa: SIM115 - wrk reads it by name
     lines = [f'wrk.method = "{"POST" if body is not None else "GET"}"']
     if body is not None:
         lines.append(f"wrk.body = {json.dumps(body.decode())}")
     lines += [f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}" for k, v in headers.items()]
     if body is not None and UNIQUE in body:  # a fresh body per request: every request is a real miss
-        lines += ["counter = 0", "seed = tostring(math.random(1, 1000000000))", "request = function()",
-                  "  counter = counter + 1",
-                  f'  local b = string.gsub(wrk.body, "{UNIQUE.decode()}", seed .. "-" .. counter)',
-                  "  return wrk.format(nil, nil, nil, b)", "end"]
+        lines += [
+            "counter = 0",
+            "seed = tostring(math.random(1, 1000000000))",
+            "request = function()",
+            "  counter = counter + 1",
+            f'  local b = string.gsub(wrk.body, "{UNIQUE.decode()}", seed .. "-" .. counter)',
+            "  return wrk.format(nil, nil, nil, b)",
+            "end",
+        ]
     script.write("\n".join(lines) + "\n")
     script.close()
     cpu_before = cpu_seconds(pids)
-    out = subprocess.run([ensure_wrk(), "-t", str(threads), "-c", str(connections), "-d", f"{duration_s}s",
-                          "--latency", "-s", script.name, url], capture_output=True, text=True,
-                         timeout=duration_s + 30, check=True).stdout
+    out = subprocess.run(
+        [
+            ensure_wrk(),
+            "-t",
+            str(threads),
+            "-c",
+            str(connections),
+            "-d",
+            f"{duration_s}s",
+            "--latency",
+            "-s",
+            script.name,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=duration_s + 30,
+        check=True,
+    ).stdout
     cpu = cpu_seconds(pids) - cpu_before
     os.unlink(script.name)
     total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
@@ -139,25 +175,38 @@ def wrk(url: str, *, body: bytes | None, headers: Mapping[str, str], duration_s:
     if socket_errors:
         errors += sum(int(g) for g in socket_errors.groups())
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    return LoadResult(rps=rps, p50_ms=_latency(out, "50"), p99_ms=_latency(out, "99"),
-                      cpu_us_per_req=cpu / max(total, 1) * 1e6, requests=total, errors=errors)
+    return LoadResult(
+        rps=rps,
+        p50_ms=_latency(out, "50"),
+        p99_ms=_latency(out, "99"),
+        cpu_us_per_req=cpu / max(total, 1) * 1e6,
+        requests=total,
+        errors=errors,
+    )
 
 
 def median_result(results: Sequence[LoadResult]) -> LoadResult:
     return LoadResult(
-        rps=statistics.median(r.rps for r in results), p50_ms=statistics.median(r.p50_ms for r in results),
+        rps=statistics.median(r.rps for r in results),
+        p50_ms=statistics.median(r.p50_ms for r in results),
         p99_ms=statistics.median(r.p99_ms for r in results),
         cpu_us_per_req=statistics.median(r.cpu_us_per_req for r in results),
-        requests=sum(r.requests for r in results), errors=sum(r.errors for r in results))
+        requests=sum(r.requests for r in results),
+        errors=sum(r.errors for r in results),
+    )
 
 
 def print_table(title: str, rows: Sequence[tuple[str, LoadResult]], baseline: str) -> None:
     base = dict(rows)[baseline].rps
     print(f"\n{title}")
-    print(f"{'system':<34} {'rps':>10} {'ratio':>7} {'p50 ms':>8} {'p99 ms':>8} {'CPU us/req':>11} {'errors':>7}")
+    print(
+        f"{'system':<34} {'rps':>10} {'ratio':>7} {'p50 ms':>8} {'p99 ms':>8} {'CPU us/req':>11} {'errors':>7}"
+    )
     for name, r in rows:
-        print(f"{name:<34} {r.rps:>10.0f} {r.rps / base:>6.2f}x {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} "
-              f"{r.cpu_us_per_req:>11.1f} {r.errors:>7}")
+        print(
+            f"{name:<34} {r.rps:>10.0f} {r.rps / base:>6.2f}x {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} "
+            f"{r.cpu_us_per_req:>11.1f} {r.errors:>7}"
+        )
 
 
 def write_results(name: str, payload: Mapping[str, object]) -> Path:

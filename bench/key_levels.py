@@ -62,7 +62,9 @@ def served_by(keys: list[str]) -> Iterator[tuple[int, int]]:
             first[key] = i
 
 
-async def answers(tok: Tokenizer, prompts: list[tuple[int, ...]], max_tokens: int) -> dict[tuple[int, ...], list[int]]:
+async def answers(
+    tok: Tokenizer, prompts: list[tuple[int, ...]], max_tokens: int
+) -> dict[tuple[int, ...], list[int]]:
     """Greedy continuations of every prompt, all submitted at once (the engine batches them)."""
     import torch
 
@@ -75,8 +77,11 @@ async def answers(tok: Tokenizer, prompts: list[tuple[int, ...]], max_tokens: in
     loaded = load_model(None, progress=False)
     model = LlamaModel(loaded.config, dtype=torch.float32)
     model.load_weights(loaded.weights)
-    engine = AsyncEngine(model, EngineConfig(num_blocks=1024, max_num_seqs=64, max_num_batched_tokens=2048,
-                                             max_model_len=512), loaded.tokenizer.eos_token_ids)
+    engine = AsyncEngine(
+        model,
+        EngineConfig(num_blocks=1024, max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=512),
+        loaded.tokenizer.eos_token_ids,
+    )
     await engine.start()
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
 
@@ -112,15 +117,32 @@ def main(argv: list[str]) -> None:
         elapsed = time.perf_counter() - started
         wrong = {level: sum(outs[ids[i]] != outs[ids[j]] for i, j in differs[level]) for level in LEVELS}
     n = len(requests)
-    print(f"\nKey levels on the mixed workload: {n} requests ({n // 2} corpus variants + their JSON-only twins)")
+    print(
+        f"\nKey levels on the mixed workload: {n} requests ({n // 2} corpus variants + their JSON-only twins)"
+    )
     print(f"{'level':<12} {'hits':>6} {'hit rate':>9} {'input ids differ':>17} {'wrong answers':>14}")
     for level in LEVELS:
         w = "-" if wrong[level] is None else str(wrong[level])
-        print(f"{level:<12} {len(hits[level]):>6} {len(hits[level]) / n:>8.1%} {len(differs[level]):>17} {w:>14}")
+        print(
+            f"{level:<12} {len(hits[level]):>6} {len(hits[level]) / n:>8.1%} {len(differs[level]):>17} {w:>14}"
+        )
     extra = len(hits["normalized"]) - len(hits["tokens"])
-    print(f"normalized over tokens: {extra:+d} hits; wrong answers among normalized hits: {wrong['normalized']}"
-          + (f" (model: SmolLM2 fp32 greedy 24 tokens, {elapsed:.0f} s)" if elapsed else ""))
-    path = write_results("key_levels", {"requests": n, "levels": {
-        level: {"hits": len(hits[level]), "input_ids_differ": len(differs[level]), "wrong": wrong[level]}
-        for level in LEVELS}})
+    print(
+        f"normalized over tokens: {extra:+d} hits; wrong answers among normalized hits: {wrong['normalized']}"
+        + (f" (model: SmolLM2 fp32 greedy 24 tokens, {elapsed:.0f} s)" if elapsed else "")
+    )
+    path = write_results(
+        "key_levels",
+        {
+            "requests": n,
+            "levels": {
+                level: {
+                    "hits": len(hits[level]),
+                    "input_ids_differ": len(differs[level]),
+                    "wrong": wrong[level],
+                }
+                for level in LEVELS
+            },
+        },
+    )
     print(f"results: {path}")

@@ -38,17 +38,30 @@ class SlowUpstream:
         return app
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model",
-                                                              "tokenedge": {"revision": "r1"}}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": "m", "object": "model", "tokenedge": {"revision": "r1"}}]}
+        )
 
     async def chat(self, request: web.Request) -> web.Response:
         self.calls += 1
         n = self.calls
         await asyncio.sleep(GENERATION_S)  # the model generating
-        return web.json_response({"id": f"c{n}", "object": "chat.completion", "created": 1, "model": "m",
-                                  "choices": [{"index": 0, "message": {"role": "assistant", "content": f"#{n}"},
-                                               "finish_reason": "stop"}],
-                                  "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}})
+        return web.json_response(
+            {
+                "id": f"c{n}",
+                "object": "chat.completion",
+                "created": 1,
+                "model": "m",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": f"#{n}"},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+            }
+        )
 
 
 def body(text: str) -> bytes:
@@ -68,10 +81,14 @@ def pct(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
-async def run_mode(upstream_url: str, redis: RedisServer, fake: SlowUpstream, *, leases: bool,
-                   tag: str) -> dict[str, float]:
+async def run_mode(
+    upstream_url: str, redis: RedisServer, fake: SlowUpstream, *, leases: bool, tag: str
+) -> dict[str, float]:
     redis.flush()
-    env = {"TOKENEDGE_CACHE_REDIS_URL": redis.url, "TOKENEDGE_CACHE_LEASE_ENABLED": "true" if leases else "false"}
+    env = {
+        "TOKENEDGE_CACHE_REDIS_URL": redis.url,
+        "TOKENEDGE_CACHE_LEASE_ENABLED": "true" if leases else "false",
+    }
     async with replicas(upstream_url, 2, env) as (a, b), aiohttp.ClientSession() as session:
         await timed_post(session, a.url, body(f"{tag} warm a"))  # catalogs and pools warm
         await timed_post(session, b.url, body(f"{tag} warm b"))
@@ -79,11 +96,18 @@ async def run_mode(upstream_url: str, redis: RedisServer, fake: SlowUpstream, *,
         herd: list[float] = []
         for r in range(ROUNDS):
             data = body(f"{tag} herd {r}")
-            herd += await asyncio.gather(*(timed_post(session, (a, b)[i % 2].url, data) for i in range(FANOUT)))
+            herd += await asyncio.gather(
+                *(timed_post(session, (a, b)[i % 2].url, data) for i in range(FANOUT))
+            )
         herd_calls = fake.calls
         solo = [await timed_post(session, a.url, body(f"{tag} solo {i}")) for i in range(SOLO)]
-    return {"calls_per_prompt": herd_calls / ROUNDS, "herd_p50_ms": pct(herd, 0.5), "herd_p99_ms": pct(herd, 0.99),
-            "solo_p50_ms": pct(solo, 0.5), "solo_overhead_ms": statistics.median(solo) * 1000 - GENERATION_S * 1000}
+    return {
+        "calls_per_prompt": herd_calls / ROUNDS,
+        "herd_p50_ms": pct(herd, 0.5),
+        "herd_p99_ms": pct(herd, 0.99),
+        "solo_p50_ms": pct(solo, 0.5),
+        "solo_overhead_ms": statistics.median(solo) * 1000 - GENERATION_S * 1000,
+    }
 
 
 async def bench() -> None:
@@ -102,13 +126,19 @@ async def bench() -> None:
     finally:
         await server.close()
         redis.stop()
-    print(f"\nleases: 2 replicas, one Redis, upstream {GENERATION_S * 1000:.0f} ms per completion; "
-          f"herd = {ROUNDS} prompts x {FANOUT} concurrent identical requests; solo = {SOLO} sequential unique misses")
-    print("| mode | upstream calls per prompt | herd p50 ms | herd p99 ms | solo miss p50 ms | solo overhead ms |")
+    print(
+        f"\nleases: 2 replicas, one Redis, upstream {GENERATION_S * 1000:.0f} ms per completion; "
+        f"herd = {ROUNDS} prompts x {FANOUT} concurrent identical requests; solo = {SOLO} sequential unique misses"
+    )
+    print(
+        "| mode | upstream calls per prompt | herd p50 ms | herd p99 ms | solo miss p50 ms | solo overhead ms |"
+    )
     print("|---|---|---|---|---|---|")
     for name, row in rows:
-        print(f"| {name} | {row['calls_per_prompt']:.2f} | {row['herd_p50_ms']:.1f} | {row['herd_p99_ms']:.1f} | "
-              f"{row['solo_p50_ms']:.1f} | {row['solo_overhead_ms']:.1f} |")
+        print(
+            f"| {name} | {row['calls_per_prompt']:.2f} | {row['herd_p50_ms']:.1f} | {row['herd_p99_ms']:.1f} | "
+            f"{row['solo_p50_ms']:.1f} | {row['solo_overhead_ms']:.1f} |"
+        )
 
 
 def main(argv: Sequence[str] = ()) -> None:

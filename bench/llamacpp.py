@@ -53,7 +53,9 @@ class LlamaCpp:
         worker = Path(__file__).with_name("llamacpp_worker.py")
         self.proc = subprocess.Popen(
             [str(ensure_venv()), str(worker), str(model_path), str(threads)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         hello = self._read()
         self.system_info = str(hello.get("system_info", ""))

@@ -15,10 +15,17 @@ import llama_cpp
 def main() -> None:
     path, threads = sys.argv[1], int(sys.argv[2])
     llm = llama_cpp.Llama(
-        model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=2048, n_batch=512,
-        logits_all=True, verbose=False,
+        model_path=path,
+        n_threads=threads,
+        n_threads_batch=threads,
+        n_ctx=2048,
+        n_batch=512,
+        logits_all=True,
+        verbose=False,
     )
-    print(json.dumps({"ready": True, "system_info": llama_cpp.llama_print_system_info().decode()}), flush=True)
+    print(
+        json.dumps({"ready": True, "system_info": llama_cpp.llama_print_system_info().decode()}), flush=True
+    )
     for line in sys.stdin:
         cmd = json.loads(line)
         llm.reset()

@@ -73,8 +73,11 @@ def ensure_litellm() -> Path | None:
     binary = LITELLM_VENV / "bin" / "litellm"
     if not binary.exists():
         subprocess.run([PYTHON, "-m", "venv", str(LITELLM_VENV)], check=True)
-        result = subprocess.run([str(LITELLM_VENV / "bin" / "pip"), "install", "-q", "litellm[proxy]"],
-                                capture_output=True, text=True)
+        result = subprocess.run(
+            [str(LITELLM_VENV / "bin" / "pip"), "install", "-q", "litellm[proxy]"],
+            capture_output=True,
+            text=True,
+        )
         if result.returncode != 0:
             print(f"LiteLLM could not be installed; skipping it:\n{result.stderr[-2000:]}")
             return None
@@ -82,7 +85,9 @@ def ensure_litellm() -> Path | None:
 
 
 @contextmanager
-def litellm_proxy(upstream_url: str, cache: str, redis_url: str | None, workers: int) -> Iterator[tuple[str, list[int]]]:
+def litellm_proxy(
+    upstream_url: str, cache: str, redis_url: str | None, workers: int
+) -> Iterator[tuple[str, list[int]]]:
     binary = ensure_litellm()
     if binary is None:
         raise RuntimeError("litellm unavailable")
@@ -105,10 +110,25 @@ litellm_settings:
 {cache_params}general_settings:
   master_key: {LITELLM_MASTER_KEY}
 """)
-    env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR", "NO_DOCS": "True",
-           "DISABLE_ADMIN_UI": "True", "LITELLM_TELEMETRY": "False"}
-    argv = [str(binary), "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port),
-            "--num_workers", str(workers)]
-    with server(argv, f"http://127.0.0.1:{port}/health/liveliness", env={**os.environ, **env},
-                ready_timeout_s=180) as proc:
+    env = {
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_LOG": "ERROR",
+        "NO_DOCS": "True",
+        "DISABLE_ADMIN_UI": "True",
+        "LITELLM_TELEMETRY": "False",
+    }
+    argv = [
+        str(binary),
+        "--config",
+        str(cfg),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num_workers",
+        str(workers),
+    ]
+    with server(
+        argv, f"http://127.0.0.1:{port}/health/liveliness", env={**os.environ, **env}, ready_timeout_s=180
+    ) as proc:
         yield f"http://127.0.0.1:{port}/v1/chat/completions", [proc.pid]

@@ -12,16 +12,31 @@ from pathlib import Path
 import orjson
 from aiohttp import web
 
-MODELS = orjson.dumps({"object": "list", "data": [{"id": "bench-model", "object": "model",
-                                                    "tokenedge": {"revision": "bench-rev"}}]})
+MODELS = orjson.dumps(
+    {
+        "object": "list",
+        "data": [{"id": "bench-model", "object": "model", "tokenedge": {"revision": "bench-rev"}}],
+    }
+)
 
 
 def completion(n: int) -> bytes:
-    return orjson.dumps({
-        "id": f"chatcmpl-{n}", "object": "chat.completion", "created": 1700000000, "model": "bench-model",
-        "choices": [{"index": 0, "finish_reason": "stop", "message": {
-            "role": "assistant", "content": "The capital of France is Paris. " * 12}}],
-        "usage": {"prompt_tokens": 24, "completion_tokens": 64, "total_tokens": 88}})
+    return orjson.dumps(
+        {
+            "id": f"chatcmpl-{n}",
+            "object": "chat.completion",
+            "created": 1700000000,
+            "model": "bench-model",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": "The capital of France is Paris. " * 12},
+                }
+            ],
+            "usage": {"prompt_tokens": 24, "completion_tokens": 64, "total_tokens": 88},
+        }
+    )
 
 
 def upstream_app() -> web.Application:
@@ -64,8 +79,9 @@ def main() -> None:
     except ImportError:
         pass
     app = upstream_app() if kind == "upstream" else bare_app(Path(sys.argv[3]).read_bytes())
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None,
-                reuse_port="--reuse-port" in sys.argv)
+    web.run_app(
+        app, host="127.0.0.1", port=port, access_log=None, print=None, reuse_port="--reuse-port" in sys.argv
+    )
 
 
 if __name__ == "__main__":

@@ -81,7 +81,9 @@ def measure(loaded: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--k", type=int, default=4, help="drafts per verify")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
@@ -91,7 +93,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     result = measure(load_model(None, progress=False), args)
-    print(f"\nspeculation k={args.k}, --weights {args.weights}, {torch.get_num_threads()} threads, outputs identical")
+    print(
+        f"\nspeculation k={args.k}, --weights {args.weights}, {torch.get_num_threads()} threads, outputs identical"
+    )
     print(f"{'workload':<10}{'off tok/s':>11}{'on tok/s':>10}{'ratio':>8}{'accept':>8}{'tok/verify':>12}")
     for name, r in result.items():
         print(

@@ -41,8 +41,10 @@ UNIQUE = "Customer question: my order 88123 arrived damaged on 2026-11-02, what 
 
 def texts() -> dict[str, tuple[str, str]]:
     """name -> (plain text, phrase-heavy text) of about the same length."""
-    para = ("The quick brown fox jumps over the lazy dog while 12 engineers measure latency in microseconds. "
-            "Caches help only when the same question comes back; tokenizers are the first gate of the path.\n")
+    para = (
+        "The quick brown fox jumps over the lazy dog while 12 engineers measure latency in microseconds. "
+        "Caches help only when the same question comes back; tokenizers are the first gate of the path.\n"
+    )
     out = {}
     for name, size in (("short", 60), ("medium", 2_000), ("20k", 20_000)):
         plain = (para * (size // len(para) + 1))[:size]
@@ -50,8 +52,8 @@ def texts() -> dict[str, tuple[str, str]]:
             phrased = PHRASES[1] + "Q?\n"  # 70 chars: one phrase plus a unique line
         else:
             body = "".join(PHRASES)
-            phrased = (body * (size // len(body) + 1))[:size - len(UNIQUE)]
-            phrased = phrased[:phrased.rfind("\n") + 1] + UNIQUE
+            phrased = (body * (size // len(body) + 1))[: size - len(UNIQUE)]
+            phrased = phrased[: phrased.rfind("\n") + 1] + UNIQUE
         out[name] = (plain, phrased)
     return out
 
@@ -74,7 +76,9 @@ def per_call_us(fn: Callable[[], object], *, min_time_s: float = 0.3, repeats: i
     return min(samples)  # the machine is shared: the fastest repeat is the least disturbed one
 
 
-def paired_us(fns: dict[str, Callable[[], object]], *, batch_s: float = 0.04, repeats: int = 11) -> dict[str, float]:
+def paired_us(
+    fns: dict[str, Callable[[], object]], *, batch_s: float = 0.04, repeats: int = 11
+) -> dict[str, float]:
     """Per-call µs of several functions measured in alternation (drift on a shared machine hits all alike)."""
     sizes = {}
     for name, fn in fns.items():
@@ -97,7 +101,9 @@ def paired_us(fns: dict[str, Callable[[], object]], *, batch_s: float = 0.04, re
     return best
 
 
-def per_fresh_call_us(fn: Callable[[str], object], text: str, *, count: int = 100_000, repeats: int = 9) -> float:
+def per_fresh_call_us(
+    fn: Callable[[str], object], text: str, *, count: int = 100_000, repeats: int = 9
+) -> float:
     """`fn` on fresh, never-hashed copies of `text`, as each request's JSON parser hands the encoder a new str."""
     count = max(50, min(count, 20_000_000 // max(len(text), 1)))
     samples = []
@@ -129,9 +135,18 @@ def encode_table(encoder: ModelEncoder, spliced: ModelEncoder) -> list[dict[str,
         phrased_plain = per_call_us(lambda: encoder.encode_uncached(phrased))
         phrased_spliced = per_call_us(lambda: spliced.encode_uncached(phrased))
         assert spliced.encode_uncached(phrased) == encoder.encode_uncached(phrased)
-        rows.append({"text": name, "chars": len(plain), "uncached_us": uncached, "cache_hit_us": hit,
-                     "hit_speedup": uncached / hit, "phrase_text_plain_us": phrased_plain,
-                     "phrase_spliced_us": phrased_spliced, "splice_speedup": phrased_plain / phrased_spliced})
+        rows.append(
+            {
+                "text": name,
+                "chars": len(plain),
+                "uncached_us": uncached,
+                "cache_hit_us": hit,
+                "hit_speedup": uncached / hit,
+                "phrase_text_plain_us": phrased_plain,
+                "phrase_spliced_us": phrased_spliced,
+                "splice_speedup": phrased_plain / phrased_spliced,
+            }
+        )
     return rows
 
 
@@ -148,8 +163,12 @@ def transport_table(tok: Any, encoder: ModelEncoder) -> list[dict[str, Any]]:
     usage = {"prompt_tokens": 1, "completion_tokens": 48, "total_tokens": 49}
     rows = []
     for name, (plain, _) in texts().items():
-        body = {"model": "m", "temperature": 0, "max_tokens": 48, "messages": [
-            {"role": "system", "content": PHRASES[0]}, {"role": "user", "content": plain}]}
+        body = {
+            "model": "m",
+            "temperature": 0,
+            "max_tokens": 48,
+            "messages": [{"role": "system", "content": PHRASES[0]}, {"role": "user", "content": plain}],
+        }
         raw = orjson.dumps(body)
 
         def json_backend() -> None:  # the backend's JSON path: parse, validate, template, tokenize
@@ -158,8 +177,21 @@ def transport_table(tok: Any, encoder: ModelEncoder) -> list[dict[str, Any]]:
 
         def json_response() -> None:  # backend serializes, gateway parses it for the cache entry
             text = "".join(answer)
-            out = json.dumps({**meta, "object": "chat.completion", "choices": [{"index": 0, "message": {
-                "role": "assistant", "content": text}, "logprobs": None, "finish_reason": "stop"}], "usage": usage})
+            out = json.dumps(
+                {
+                    **meta,
+                    "object": "chat.completion",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": text},
+                            "logprobs": None,
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": usage,
+                }
+            )
             orjson.loads(out)
 
         def gateway_count() -> None:  # the gateway's context check on a miss (cold token cache)
@@ -178,8 +210,13 @@ def transport_table(tok: Any, encoder: ModelEncoder) -> list[dict[str, Any]]:
             check_ids(got, served)
 
         def binary_response() -> None:
-            frames = b"".join([frame({"meta": meta}), frame({"i": 0, "t": "".join(answer), "f": "stop"}),
-                               frame({"usage": usage})])  # non-stream: the backend sends one frame per choice
+            frames = b"".join(
+                [
+                    frame({"meta": meta}),
+                    frame({"i": 0, "t": "".join(answer), "f": "stop"}),
+                    frame({"usage": usage}),
+                ]
+            )  # non-stream: the backend sends one frame per choice
             render = Rendering("chat", 1, False)
             for event in FrameReader().feed(frames):
                 if "meta" in event:
@@ -190,15 +227,31 @@ def transport_table(tok: Any, encoder: ModelEncoder) -> list[dict[str, Any]]:
                     render.add(event)
 
         ids = encoder.encode_chat(body["messages"])
-        t = paired_us({"j_req": json_backend, "count": gateway_count, "b_req": binary_gateway,
-                       "j_resp": json_response, "b_resp": binary_response})
+        t = paired_us(
+            {
+                "j_req": json_backend,
+                "count": gateway_count,
+                "b_req": binary_gateway,
+                "j_resp": json_response,
+                "b_resp": binary_response,
+            }
+        )
         j_req, count, b_req, j_resp, b_resp = t["j_req"], t["count"], t["b_req"], t["j_resp"], t["b_resp"]
-        rows.append({"prompt": name, "prompt_tokens": len(ids), "json_wire_bytes": len(raw),
-                     "binary_wire_bytes": len(request_body("chat/completions", body, ids, encoder.version)),
-                     "json_request_us": j_req, "json_plus_gateway_count_us": j_req + count,
-                     "binary_request_us": b_req, "json_response_us": j_resp, "binary_response_us": b_resp,
-                     "saving_vs_json": (j_req + j_resp) / (b_req + b_resp),
-                     "saving_vs_json_counted": (j_req + count + j_resp) / (b_req + b_resp)})
+        rows.append(
+            {
+                "prompt": name,
+                "prompt_tokens": len(ids),
+                "json_wire_bytes": len(raw),
+                "binary_wire_bytes": len(request_body("chat/completions", body, ids, encoder.version)),
+                "json_request_us": j_req,
+                "json_plus_gateway_count_us": j_req + count,
+                "binary_request_us": b_req,
+                "json_response_us": j_resp,
+                "binary_response_us": b_resp,
+                "saving_vs_json": (j_req + j_resp) / (b_req + b_resp),
+                "saving_vs_json_counted": (j_req + count + j_resp) / (b_req + b_resp),
+            }
+        )
     return rows
 
 
@@ -211,33 +264,49 @@ def main(argv: list[str]) -> None:
 
         spec = TokenizerRegistry(None, cache_dir=RESULTS, clock=time.time).cl100k()
         enc = spec.encoding
-        tok = Tokenizer(name="cl100k", pattern=enc._pat_str, mergeable_ranks=enc._mergeable_ranks,
-                        special_tokens={"<|im_start|>": 100264, "<|im_end|>": 100265}, vocab_size=100266,
-                        bos_token_id=None, eos_token_ids=[100265],
-                        chat_template="{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
-                                      "<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
+        tok = Tokenizer(
+            name="cl100k",
+            pattern=enc._pat_str,
+            mergeable_ranks=enc._mergeable_ranks,
+            special_tokens={"<|im_start|>": 100264, "<|im_end|>": 100265},
+            vocab_size=100266,
+            bos_token_id=None,
+            eos_token_ids=[100265],
+            chat_template="{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+            "<|im_end|>\n{% endfor %}<|im_start|>assistant\n",
+        )
         spec = spec_from_export(tok.export())
     encoder = ModelEncoder(spec, TokenCache(64 << 20))
     spliced = ModelEncoder(spec, TokenCache(0), PHRASES)
     encode_rows = encode_table(encoder, spliced)
     transport_rows = transport_table(tok, ModelEncoder(spec, TokenCache(64 << 20)))
     print(f"tokenizer: {label}\n")
-    print(f"{'text':>7} {'chars':>6} {'uncached µs':>12} {'cache hit µs':>13} {'hit ×':>7} "
-          f"{'phrase-text plain µs':>21} {'spliced µs':>11} {'splice ×':>9}")
+    print(
+        f"{'text':>7} {'chars':>6} {'uncached µs':>12} {'cache hit µs':>13} {'hit ×':>7} "
+        f"{'phrase-text plain µs':>21} {'spliced µs':>11} {'splice ×':>9}"
+    )
     for r in encode_rows:
-        print(f"{r['text']:>7} {r['chars']:>6} {r['uncached_us']:>12.2f} {r['cache_hit_us']:>13.3f} "
-              f"{r['hit_speedup']:>7.1f} {r['phrase_text_plain_us']:>21.2f} {r['phrase_spliced_us']:>11.2f} "
-              f"{r['splice_speedup']:>9.2f}")
-    print(f"\n{'prompt':>7} {'tokens':>7} {'JSON B':>8} {'bin B':>8} {'JSON req µs':>12} {'+count µs':>10} "
-          f"{'bin req µs':>11} {'JSON resp µs':>13} {'bin resp µs':>12} {'JSON/bin':>9} {'counted/bin':>12}")
+        print(
+            f"{r['text']:>7} {r['chars']:>6} {r['uncached_us']:>12.2f} {r['cache_hit_us']:>13.3f} "
+            f"{r['hit_speedup']:>7.1f} {r['phrase_text_plain_us']:>21.2f} {r['phrase_spliced_us']:>11.2f} "
+            f"{r['splice_speedup']:>9.2f}"
+        )
+    print(
+        f"\n{'prompt':>7} {'tokens':>7} {'JSON B':>8} {'bin B':>8} {'JSON req µs':>12} {'+count µs':>10} "
+        f"{'bin req µs':>11} {'JSON resp µs':>13} {'bin resp µs':>12} {'JSON/bin':>9} {'counted/bin':>12}"
+    )
     for r in transport_rows:
-        print(f"{r['prompt']:>7} {r['prompt_tokens']:>7} {r['json_wire_bytes']:>8} {r['binary_wire_bytes']:>8} "
-              f"{r['json_request_us']:>12.1f} {r['json_plus_gateway_count_us']:>10.1f} {r['binary_request_us']:>11.1f} "
-              f"{r['json_response_us']:>13.1f} {r['binary_response_us']:>12.1f} {r['saving_vs_json']:>9.2f} "
-              f"{r['saving_vs_json_counted']:>12.2f}")
+        print(
+            f"{r['prompt']:>7} {r['prompt_tokens']:>7} {r['json_wire_bytes']:>8} {r['binary_wire_bytes']:>8} "
+            f"{r['json_request_us']:>12.1f} {r['json_plus_gateway_count_us']:>10.1f} {r['binary_request_us']:>11.1f} "
+            f"{r['json_response_us']:>13.1f} {r['binary_response_us']:>12.1f} {r['saving_vs_json']:>9.2f} "
+            f"{r['saving_vs_json_counted']:>12.2f}"
+        )
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "token_path.json"
-    out.write_text(json.dumps({"tokenizer": label, "encode": encode_rows, "transport": transport_rows}, indent=2))
+    out.write_text(
+        json.dumps({"tokenizer": label, "encode": encode_rows, "transport": transport_rows}, indent=2)
+    )
     print(f"\nwrote {out}")
 
 

@@ -29,7 +29,9 @@ from tests.support.services import RedisServer
 
 HOT = 100
 WARM_RATE = 400.0
-ANON = {"Content-Type": "application/json"}  # `gateway warm` re-asks credential-less (anon) and public requests
+ANON = {
+    "Content-Type": "application/json"
+}  # `gateway warm` re-asks credential-less (anon) and public requests
 
 
 class RevisedUpstream(SlowUpstream):
@@ -38,8 +40,12 @@ class RevisedUpstream(SlowUpstream):
         self.revision = "r1"
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model",
-                                                              "tokenedge": {"revision": self.revision}}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [{"id": "m", "object": "model", "tokenedge": {"revision": self.revision}}],
+            }
+        )
 
 
 async def first_pass(session: aiohttp.ClientSession, url: str, tag: str) -> tuple[list[float], int]:
@@ -59,7 +65,10 @@ async def fill_concurrently(session: aiohttp.ClientSession, url: str, tag: str) 
     gate = asyncio.Semaphore(25)
 
     async def one(i: int) -> None:
-        async with gate, session.post(url + "/v1/chat/completions", data=body(f"{tag} {i}"), headers=ANON) as resp:
+        async with (
+            gate,
+            session.post(url + "/v1/chat/completions", data=body(f"{tag} {i}"), headers=ANON) as resp,
+        ):
             await resp.read()
             assert resp.status == 200, resp.status
 
@@ -77,8 +86,9 @@ async def seconds_to_ready(session: aiohttp.ClientSession, replica: Replica, sta
         await asyncio.sleep(0.02)
 
 
-async def run_mode(upstream_url: str, redis: RedisServer, fake: RevisedUpstream, *, warm: bool,
-                   tag: str) -> dict[str, float]:
+async def run_mode(
+    upstream_url: str, redis: RedisServer, fake: RevisedUpstream, *, warm: bool, tag: str
+) -> dict[str, float]:
     redis.flush()
     fake.revision = "r1"
     env = {"TOKENEDGE_CACHE_REDIS_URL": redis.url, "TOKENEDGE_CACHE_WARM_FILL_TOP": str(HOT if warm else 0)}
@@ -101,9 +111,21 @@ async def run_mode(upstream_url: str, redis: RedisServer, fake: RevisedUpstream,
         if warm:
             started = time.perf_counter()
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "gateway", "warm", "--top", str(HOT), "--rate", str(WARM_RATE),
-                "--concurrency", "8", "--url", third.url, env={**os.environ, "TOKENEDGE_CACHE_REDIS_URL": redis.url},
-                stdout=asyncio.subprocess.DEVNULL)
+                sys.executable,
+                "-m",
+                "gateway",
+                "warm",
+                "--top",
+                str(HOT),
+                "--rate",
+                str(WARM_RATE),
+                "--concurrency",
+                "8",
+                "--url",
+                third.url,
+                env={**os.environ, "TOKENEDGE_CACHE_REDIS_URL": redis.url},
+                stdout=asyncio.subprocess.DEVNULL,
+            )
             await proc.wait()
             row["warm_s"] = time.perf_counter() - started
         calls = fake.calls
@@ -129,14 +151,20 @@ async def bench() -> None:
     finally:
         await server.close()
         redis.stop()
-    print(f"\nwarm-up: {HOT} hot prompts, one Redis, upstream {GENERATION_S * 1000:.0f} ms per completion; "
-          f"`gateway warm` at {WARM_RATE:.0f}/s")
-    print("| mode | new replica: s to /ready | first pass from L1 | first pass p50 ms | `gateway warm` s | "
-          "new revision: upstream calls in first pass | p50 ms |")
+    print(
+        f"\nwarm-up: {HOT} hot prompts, one Redis, upstream {GENERATION_S * 1000:.0f} ms per completion; "
+        f"`gateway warm` at {WARM_RATE:.0f}/s"
+    )
+    print(
+        "| mode | new replica: s to /ready | first pass from L1 | first pass p50 ms | `gateway warm` s | "
+        "new revision: upstream calls in first pass | p50 ms |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name, row in rows:
-        print(f"| {name} | {row['ready_s']:.2f} | {row['l1_share']:.0%} | {row['new_p50_ms']:.2f} | "
-              f"{row['warm_s']:.2f} | {row['rev_calls']:.0f} | {row['rev_p50_ms']:.1f} |")
+        print(
+            f"| {name} | {row['ready_s']:.2f} | {row['l1_share']:.0%} | {row['new_p50_ms']:.2f} | "
+            f"{row['warm_s']:.2f} | {row['rev_calls']:.0f} | {row['rev_p50_ms']:.1f} |"
+        )
 
 
 def main(argv: Sequence[str] = ()) -> None:

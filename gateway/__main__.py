@@ -23,7 +23,11 @@ from gateway.coherence.local_bus import LocalBusEnd, LocalHub
 from gateway.config import ConfigError, GatewayConfig, load_config
 
 PROG = "tokenedge-gateway"
-_FLAGS = {"workers": "TOKENEDGE_SERVER_WORKERS", "host": "TOKENEDGE_SERVER_HOST", "port": "TOKENEDGE_SERVER_PORT"}
+_FLAGS = {
+    "workers": "TOKENEDGE_SERVER_WORKERS",
+    "host": "TOKENEDGE_SERVER_HOST",
+    "port": "TOKENEDGE_SERVER_PORT",
+}
 
 
 def check_bind(host: str, port: int) -> None:
@@ -35,7 +39,9 @@ def check_bind(host: str, port: int) -> None:
         raise ConfigError(f"cannot resolve {where}: {exc.strerror}") from None
     family, kind, proto, _, address = infos[0]
     with socket.socket(family, kind, proto) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp does: TIME_WAIT is no conflict
+        sock.setsockopt(
+            socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+        )  # as aiohttp does: TIME_WAIT is no conflict
         try:
             sock.bind(address)
         except OSError as exc:
@@ -60,13 +66,18 @@ def serve(config: GatewayConfig, *, reuse_port: bool, local_bus: LocalBusEnd | N
     try:
         serve_edge(app, host=config.server.host, port=config.server.port, reuse_port=reuse_port)
     except OSError as exc:  # lost a race after check_bind: still one line, never a traceback
-        print(f"{PROG}: configuration error: cannot listen on {config.server.host}:{config.server.port}: "
-              f"{exc.strerror or exc}", file=sys.stderr)
+        print(
+            f"{PROG}: configuration error: cannot listen on {config.server.host}:{config.server.port}: "
+            f"{exc.strerror or exc}",
+            file=sys.stderr,
+        )
         sys.exit(2)
 
 
 def _worker(config: GatewayConfig, local_bus: LocalBusEnd | None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
+    )
     serve(config, reuse_port=True, local_bus=local_bus)
 
 
@@ -83,9 +94,15 @@ def run_workers(config: GatewayConfig) -> int:
     target = importlib.import_module("gateway.__main__")._worker
     # Without Redis the workers' L1s stay coherent through the parent: it relays every purge between them.
     hub = None if config.cache.redis_url else LocalHub(config.server.workers)
-    procs = [ctx.Process(target=target, args=(config, hub.worker_ends[i] if hub else None),
-                         name=f"tokenedge-worker-{i}", daemon=False)
-             for i in range(config.server.workers)]
+    procs = [
+        ctx.Process(
+            target=target,
+            args=(config, hub.worker_ends[i] if hub else None),
+            name=f"tokenedge-worker-{i}",
+            daemon=False,
+        )
+        for i in range(config.server.workers)
+    ]
     for proc in procs:
         proc.start()
     if hub is not None:
@@ -107,25 +124,42 @@ def run_workers(config: GatewayConfig) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=PROG,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Every setting can also be set as TOKENEDGE_{SECTION}_{SETTING} (e.g. TOKENEDGE_CACHE_REDIS_URL, "
-               "TOKENEDGE_ROUTES_CHAT_COMPLETIONS_TTL_S); configs/gateway.toml lists them all. Precedence: "
-               "flags, then the environment, then the file, then the defaults.")
-    parser.add_argument("--config", default=os.environ.get("TOKENEDGE_CONFIG"), metavar="PATH",
-                        help="TOML config file (default: $TOKENEDGE_CONFIG, else the embedded defaults)")
-    parser.add_argument("--workers", type=int, help="worker processes sharing the port (overrides server.workers)")
+        "TOKENEDGE_ROUTES_CHAT_COMPLETIONS_TTL_S); configs/gateway.toml lists them all. Precedence: "
+        "flags, then the environment, then the file, then the defaults.",
+    )
+    parser.add_argument(
+        "--config",
+        default=os.environ.get("TOKENEDGE_CONFIG"),
+        metavar="PATH",
+        help="TOML config file (default: $TOKENEDGE_CONFIG, else the embedded defaults)",
+    )
+    parser.add_argument(
+        "--workers", type=int, help="worker processes sharing the port (overrides server.workers)"
+    )
     parser.add_argument("--host", help="address to listen on (overrides server.host)")
     parser.add_argument("--port", type=int, help="port to listen on (overrides server.port)")
-    parser.add_argument("--print-config", action="store_true",
-                        help="print the effective config as TOML, with each value's source, and exit")
-    parser.add_argument("--print-url", action="store_true",
-                        help="print the URL the gateway would listen on (http://HOST:PORT) and exit")
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the effective config as TOML, with each value's source, and exit",
+    )
+    parser.add_argument(
+        "--print-url",
+        action="store_true",
+        help="print the URL the gateway would listen on (http://HOST:PORT) and exit",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["warm"]:  # `python -m gateway warm --top N`: re-ask the hottest requests (gateway/reask.py)
+    if argv[:1] == [
+        "warm"
+    ]:  # `python -m gateway warm --top N`: re-ask the hottest requests (gateway/reask.py)
         from gateway import reask
 
         return reask.main(argv[1:], dict(os.environ))
@@ -153,13 +187,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.print_url:
         host = config.server.host
-        print(f"http://{f'[{host}]' if ':' in host else host}:{config.server.port}")  # RFC 3986: IPv6 in brackets
+        print(
+            f"http://{f'[{host}]' if ':' in host else host}:{config.server.port}"
+        )  # RFC 3986: IPv6 in brackets
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
+    )
     logging.getLogger("tokenedge.gateway").info(
-        "gateway on http://%s:%d -> %s (%d worker(s), L1 %d MiB, L2 %s)", config.server.host, config.server.port,
-        config.upstream.url, config.server.workers, config.cache.l1_max_bytes >> 20,
-        "redis" if config.cache.redis_url else "off")
+        "gateway on http://%s:%d -> %s (%d worker(s), L1 %d MiB, L2 %s)",
+        config.server.host,
+        config.server.port,
+        config.upstream.url,
+        config.server.workers,
+        config.cache.l1_max_bytes >> 20,
+        "redis" if config.cache.redis_url else "off",
+    )
     if config.server.workers > 1:
         return run_workers(config)
     serve(config, reuse_port=False)

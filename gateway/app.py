@@ -40,8 +40,14 @@ from gateway.warm import warm_ctx
 
 log = logging.getLogger("tokenedge.gateway")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_HTTP_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                     405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+_HTTP_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
 
 
 @web.middleware
@@ -64,16 +70,24 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return gone  # never written: aiohttp notes the reset at debug level
     except Exception:  # the one place a gateway bug is caught: logged in full, rendered as JSON
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(500, "internal gateway error; the request was not cached",
-                              type_="internal_error", code="internal_error")
+        return error_response(
+            500,
+            "internal gateway error; the request was not cached",
+            type_="internal_error",
+            code="internal_error",
+        )
     if isinstance(response, web.HTTPException) and response.status >= 400:
         return _http_error(response)  # aiohttp's router returns (not raises) some of its own errors
     return response
 
 
 def _http_error(exc: web.HTTPException) -> web.Response:
-    response = error_response(exc.status, exc.reason, type_=_HTTP_ERROR_TYPES.get(exc.status, "invalid_request_error"),
-                              code=exc.reason.lower().replace(" ", "_"))
+    response = error_response(
+        exc.status,
+        exc.reason,
+        type_=_HTTP_ERROR_TYPES.get(exc.status, "invalid_request_error"),
+        code=exc.reason.lower().replace(" ", "_"),
+    )
     if "Allow" in exc.headers:
         response.headers["Allow"] = exc.headers["Allow"]
     return response
@@ -102,36 +116,54 @@ def _bus(config: GatewayConfig, local_bus: LocalBusEnd | None) -> Bus | None:
     if config.cache.redis_url:
         # Redis Cluster broadcasts PUBLISH to every node: the bus talks to the first listed node. While that node
         # is down, the subscription is lost and L1 stays off (never stale), until it is back.
-        url = node_urls(config.cache.redis_url)[0] if is_cluster_url(config.cache.redis_url) else config.cache.redis_url
-        return RedisBus(url, timeout_s=config.cache.redis_timeout_s,
-                        ping_interval_s=config.cache.bus_ping_interval_s)
+        url = (
+            node_urls(config.cache.redis_url)[0]
+            if is_cluster_url(config.cache.redis_url)
+            else config.cache.redis_url
+        )
+        return RedisBus(
+            url, timeout_s=config.cache.redis_timeout_s, ping_interval_s=config.cache.bus_ping_interval_s
+        )
     if local_bus is not None:
         return LocalBus(local_bus.sock, local_bus.peers)
     return None
 
 
-def _revision_watcher(config: GatewayConfig, session: aiohttp.ClientSession,
-                      catalog: ModelCatalog) -> asyncio.Task[None] | None:
+def _revision_watcher(
+    config: GatewayConfig, session: aiohttp.ClientSession, catalog: ModelCatalog
+) -> asyncio.Task[None] | None:
     if not config.upstream.revision_push:
         return None
     headers = {"Authorization": f"Bearer {config.upstream.api_key}"} if config.upstream.api_key else {}
     return asyncio.ensure_future(RevisionWatcher(config.upstream.url, session, catalog, headers).run())
 
 
-def _cache_ctx(metrics: GatewayMetrics, clock: Callable[[], float], config: GatewayConfig,
-               local_bus: LocalBusEnd | None):
+def _cache_ctx(
+    metrics: GatewayMetrics, clock: Callable[[], float], config: GatewayConfig, local_bus: LocalBusEnd | None
+):
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         session = Upstream.make_session(config.upstream)
         upstream = Upstream(config.upstream, session)
         l2 = build_l2(config.cache, metrics, clock)  # Redis, Memcached or none (cache.l2)
         cache = TieredCache(build_l1(config.cache, clock), l2, metrics)
-        catalog = ModelCatalog(upstream, ttl_s=config.upstream.models_ttl_s,
-                               fallback_revision=config.upstream.model_revision, clock=clock)
+        catalog = ModelCatalog(
+            upstream,
+            ttl_s=config.upstream.models_ttl_s,
+            fallback_revision=config.upstream.model_revision,
+            clock=clock,
+        )
         coherence = Coherence(cache.l1, catalog, _bus(config, local_bus), clock)
         await coherence.start()
         watcher = _revision_watcher(config, session, catalog)
-        app[STATE] = GatewayState(config=config, metrics=metrics, clock=clock, cache=cache, upstream=upstream,
-                                  catalog=catalog, coherence=coherence)
+        app[STATE] = GatewayState(
+            config=config,
+            metrics=metrics,
+            clock=clock,
+            cache=cache,
+            upstream=upstream,
+            catalog=catalog,
+            coherence=coherence,
+        )
         metrics.prices = parse_prices(config.dashboard.prices)
         try:
             yield
@@ -147,13 +179,20 @@ def _cache_ctx(metrics: GatewayMetrics, clock: Callable[[], float], config: Gate
     return ctx
 
 
-def create_app(config: GatewayConfig, *, clock: Callable[[], float] = time.time,
-               metrics: GatewayMetrics | None = None, cdn: CdnConfig | None = None,
-               local_bus: LocalBusEnd | None = None) -> web.Application:
+def create_app(
+    config: GatewayConfig,
+    *,
+    clock: Callable[[], float] = time.time,
+    metrics: GatewayMetrics | None = None,
+    cdn: CdnConfig | None = None,
+    local_bus: LocalBusEnd | None = None,
+) -> web.Application:
     """The gateway app; `cdn` lists the CDNs that `/admin/purge` fans out to (none by default); `local_bus` is
     this worker's end of the parent's invalidation relay (`--workers N` without Redis)."""
-    app = web.Application(middlewares=[error_middleware, relay.path_guard, edge_middleware],
-                          client_max_size=config.server.max_body_bytes)
+    app = web.Application(
+        middlewares=[error_middleware, relay.path_guard, edge_middleware],
+        client_max_size=config.server.max_body_bytes,
+    )
     app.cleanup_ctx.append(_cache_ctx(metrics or GatewayMetrics(), clock, config, local_bus))
     app.cleanup_ctx.append(lease_ctx)  # cross-replica leases on L2 misses (Redis L2 only)
     app.cleanup_ctx.append(tenancy.tenancy_ctx)  # the scope secret (config, Redis or the state file)

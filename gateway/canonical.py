@@ -24,7 +24,9 @@ from typing import Any, Final, assert_never
 
 import orjson
 
-CANON_VERSION: Final = 2  # 2: `exact` keeps content parts; `standard` became the opt-in `normalized`; `tokens`
+CANON_VERSION: Final = (
+    2  # 2: `exact` keeps content parts; `standard` became the opt-in `normalized`; `tokens`
+)
 
 
 class Level(StrEnum):
@@ -36,10 +38,13 @@ class Level(StrEnum):
     AGGRESSIVE = "aggressive"
 
 
-AUTO: Final = "auto"  # a route setting, never a key level: `tokens` where the model's ids are known, else `exact`
+AUTO: Final = (
+    "auto"  # a route setting, never a key level: `tokens` where the model's ids are known, else `exact`
+)
 ROUTE_LEVELS: Final = (AUTO, *(level.value for level in Level))
 TEXT_FIELDS: Final[Mapping[str, str]] = MappingProxyType(
-    {"chat/completions": "messages", "completions": "prompt", "embeddings": "input"})
+    {"chat/completions": "messages", "completions": "prompt", "embeddings": "input"}
+)
 
 
 class CanonicalizationError(ValueError):

@@ -68,8 +68,9 @@ def parse_models(body: bytes) -> dict[str, ModelInfo]:
 
 
 class ModelCatalog:
-    def __init__(self, upstream: Upstream, *, ttl_s: float, fallback_revision: str,
-                 clock: Callable[[], float]) -> None:
+    def __init__(
+        self, upstream: Upstream, *, ttl_s: float, fallback_revision: str, clock: Callable[[], float]
+    ) -> None:
         self._upstream = upstream
         self._ttl_s = ttl_s
         self._fallback = fallback_revision or UNVERSIONED
@@ -77,7 +78,9 @@ class ModelCatalog:
         self._models: dict[str, ModelInfo] = {}
         self._fetched_at: float | None = None
         self._refresh: asyncio.Task[None] | None = None
-        self._responses: TTLCache[str, UpstreamResponse] = TTLCache(maxsize=4096, ttl=max(ttl_s, 1e-9), timer=clock)
+        self._responses: TTLCache[str, UpstreamResponse] = TTLCache(
+            maxsize=4096, ttl=max(ttl_s, 1e-9), timer=clock
+        )
         self.listener: RevisionListener | None = None
         self._log = RateLimitedLog(log, 10.0, clock)  # while a push stream is down, every lookup may ask
         self.push_live = False  # the upstream's revision stream is connected: its revisions need no polling
@@ -88,8 +91,10 @@ class ModelCatalog:
         info = self._models.get(model)
         if info is not None and info.revision == revision:
             return False
-        self._models = {**self._models, model: dataclasses.replace(info, revision=revision) if info
-                        else ModelInfo(revision=revision)}
+        self._models = {
+            **self._models,
+            model: dataclasses.replace(info, revision=revision) if info else ModelInfo(revision=revision),
+        }
         self._responses.clear()  # a cached /v1/models body would still name the old revision
         self._fetched_at = None  # the rest of the model's details (tokenizer, ...) may have changed: ask once
         if notify and self.listener is not None:
@@ -152,8 +157,9 @@ class ModelCatalog:
         try:
             resp = await self._upstream.request("GET", "/v1/models", headers)
         except UpstreamError as exc:
-            self._log.warning("fetch", "model catalog refresh failed, keeping last known revisions: %s",
-                              exc.message)
+            self._log.warning(
+                "fetch", "model catalog refresh failed, keeping last known revisions: %s", exc.message
+            )
             if self._fetched_at is None:
                 self._fetched_at = self._clock() - self._ttl_s + 1.0  # retry within a second, not per request
             return

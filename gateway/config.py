@@ -33,7 +33,8 @@ RouteLevel = Literal["auto", "exact", "tokens", "normalized", "aggressive"]  # g
 # Values that used to be valid: the message says what they are called now.
 _RENAMED: dict[Any, str] = {
     "standard": "level 'standard' is now called 'normalized' and is opt-in (it rewrites text, so it may serve an "
-                "answer the model would not give to the exact text); the safe default is 'auto'"}
+    "answer the model would not give to the exact text); the safe default is 'auto'"
+}
 ENV_PREFIX = "TOKENEDGE_"
 # Read by other components, not by this config: the config file path, the CDN purge clients, and the backend
 # (which checks its own `TOKENEDGE_BACKEND_*`).
@@ -62,8 +63,12 @@ class ServerConfig:
     tenant_trusted_cidrs: tuple[str, ...] = ()  # proxies whose tenant_header is honoured
     tenant_proxy_secret: str = ""  # or: requests carrying X-Tokenedge-Proxy-Secret with this value
     credential_headers: tuple[str, ...] = ()  # extra headers that identify the caller upstream (in the scope)
-    refuse_anonymous: bool = False  # 401 for cacheable requests with no credential instead of the shared `anon`
-    scope_secret: str = ""  # keys tenant scopes; empty: created once (Redis SET NX, else state_dir/scope_secret)
+    refuse_anonymous: bool = (
+        False  # 401 for cacheable requests with no credential instead of the shared `anon`
+    )
+    scope_secret: str = (
+        ""  # keys tenant scopes; empty: created once (Redis SET NX, else state_dir/scope_secret)
+    )
     state_dir: str = ".tokenedge"
     uvloop: bool = True
     dashboard_public_on_loopback: bool = True
@@ -80,14 +85,18 @@ class ServerConfig:
         _require(1 <= self.workers <= 256, f"server.workers must be 1-256, got {self.workers}")
         _require(self.max_body_bytes >= 1024, "server.max_body_bytes must be at least 1024")
         _require(0.0 <= self.access_log_sample_rate <= 1.0, "server.access_log_sample_rate must be in [0, 1]")
-        _require(not self.tenant_header or bool(self.tenant_trusted_cidrs or self.tenant_proxy_secret),
-                 "server.tenant_header needs server.tenant_trusted_cidrs or server.tenant_proxy_secret: "
-                 "a tenant header from an untrusted client is ignored")
+        _require(
+            not self.tenant_header or bool(self.tenant_trusted_cidrs or self.tenant_proxy_secret),
+            "server.tenant_header needs server.tenant_trusted_cidrs or server.tenant_proxy_secret: "
+            "a tenant header from an untrusted client is ignored",
+        )
         for cidr in self.tenant_trusted_cidrs:
             try:
                 ipaddress.ip_network(cidr, strict=False)
             except ValueError:
-                raise ConfigError(f"server.tenant_trusted_cidrs: {cidr!r} is not an address or CIDR") from None
+                raise ConfigError(
+                    f"server.tenant_trusted_cidrs: {cidr!r} is not an address or CIDR"
+                ) from None
         for name in ("header_read_timeout_s", "header_total_s", "body_read_timeout_s", "body_total_s"):
             _require(getattr(self, name) > 0, f"server.{name} must be > 0")
         _require(self.max_connections >= 1, "server.max_connections must be >= 1")
@@ -97,24 +106,35 @@ class ServerConfig:
 class UpstreamConfig:
     url: str = "http://127.0.0.1:8000"
     api_key: str = ""  # when set, injected upstream instead of forwarding the client's Authorization
-    relay_routes: tuple[str, ...] = ()  # extra /v1/ paths relayed untouched ("files", "files/*", "batches/**")
+    relay_routes: tuple[
+        str, ...
+    ] = ()  # extra /v1/ paths relayed untouched ("files", "files/*", "batches/**")
     connect_timeout_s: float = 2.0
     read_timeout_s: float = 120.0  # per socket read (sock_read), never a total: long generations are not cut
     model_revision: str = ""  # used when the upstream's /v1/models reports none
     models_ttl_s: float = 30.0
     max_connections: int = 256
-    revision_push: bool = True  # follow the upstream's revision stream (GET /tokenedge/revisions) when offered
+    revision_push: bool = (
+        True  # follow the upstream's revision stream (GET /tokenedge/revisions) when offered
+    )
 
     def __post_init__(self) -> None:
-        _require(self.url.startswith(("http://", "https://")), f"upstream.url must be http(s)://..., got {self.url!r}")
+        _require(
+            self.url.startswith(("http://", "https://")),
+            f"upstream.url must be http(s)://..., got {self.url!r}",
+        )
         _require(self.connect_timeout_s > 0, "upstream.connect_timeout_s must be > 0")
         _require(self.read_timeout_s > 0, "upstream.read_timeout_s must be > 0")
         _require(self.models_ttl_s >= 0, "upstream.models_ttl_s must be >= 0")
         _require(self.max_connections >= 1, "upstream.max_connections must be >= 1")
         for route in self.relay_routes:
-            _require(bool(route) and not route.startswith("/") and "**" not in route.split("/")[:-1]
-                     and all(s and s not in (".", "..") and not set(s) & set("\\;%?#") for s in route.split("/")),
-                     f"upstream.relay_routes: {route!r} must be a path under /v1/ like 'files' or 'files/*'")
+            _require(
+                bool(route)
+                and not route.startswith("/")
+                and "**" not in route.split("/")[:-1]
+                and all(s and s not in (".", "..") and not set(s) & set("\\;%?#") for s in route.split("/")),
+                f"upstream.relay_routes: {route!r} must be a path under /v1/ like 'files' or 'files/*'",
+            )
 
     def __repr__(self) -> str:
         return f"UpstreamConfig(url={self.url!r}, api_key={'***' if self.api_key else ''!r})"
@@ -126,22 +146,38 @@ class CacheConfig:
     redis_url: str = ""  # empty: L1 only (the embedded default)
     redis_timeout_s: float = 0.25
     redis_retry_after_s: float = 1.0  # after an L2 failure, skip L2 this long before trying again
-    l2: Literal["", "redis", "memcached"] = ""  # empty: redis when redis_url is set, memcached when only servers are
+    l2: Literal["", "redis", "memcached"] = (
+        ""  # empty: redis when redis_url is set, memcached when only servers are
+    )
     memcached_servers: tuple[str, ...] = ()  # host:port each; keys spread over them by rendezvous hashing
     memcached_timeout_s: float = 0.25
     memcached_retry_after_s: float = 1.0
-    memcached_max_item_bytes: int = 1024 * 1024  # memcached's item limit (-I); bigger records are refused, counted
-    memcached_l1_max_age_s: float = 2.0  # with a Memcached L2 (no invalidation bus): L1 lifetime cap, 0 turns L1 off
-    bus_ping_interval_s: float = 1.0  # idle invalidation subscription pings Redis this often; 3 unanswered: L1 off
+    memcached_max_item_bytes: int = (
+        1024 * 1024
+    )  # memcached's item limit (-I); bigger records are refused, counted
+    memcached_l1_max_age_s: float = (
+        2.0  # with a Memcached L2 (no invalidation bus): L1 lifetime cap, 0 turns L1 off
+    )
+    bus_ping_interval_s: float = (
+        1.0  # idle invalidation subscription pings Redis this often; 3 unanswered: L1 off
+    )
     max_entry_bytes: int = 2 * 1024 * 1024
     stale_if_error_s: int = 600
     cdn_tag_headers: tuple[str, ...] = ("surrogate-key", "cache-tag", "xkey")
-    lease_enabled: bool = True  # with a Redis L2: one replica fills a missed key, the others wait (gateway/lease.py)
-    lease_ttl_s: float = 2.0  # renewed while the holder lives; a dead holder delays the others at most this long
+    lease_enabled: bool = (
+        True  # with a Redis L2: one replica fills a missed key, the others wait (gateway/lease.py)
+    )
+    lease_ttl_s: float = (
+        2.0  # renewed while the holder lives; a dead holder delays the others at most this long
+    )
     lease_max_wait_s: float = 30.0  # a waiter past this goes upstream itself
     lease_streams: bool = True  # streamed misses wait for another replica's stored entry and replay it
-    hot_record_enabled: bool = True  # with a Redis L2: a decayed hot-key count for warm-up (gateway/hotrecord.py)
-    hot_record_max_keys: int = 10000  # the record keeps this many hottest keys (and their replayable requests)
+    hot_record_enabled: bool = (
+        True  # with a Redis L2: a decayed hot-key count for warm-up (gateway/hotrecord.py)
+    )
+    hot_record_max_keys: int = (
+        10000  # the record keeps this many hottest keys (and their replayable requests)
+    )
     hot_record_batch: int = 256  # distinct keys counted locally before one background flush to Redis
     hot_record_flush_s: float = 10.0  # and a flush at least this often
     hot_record_half_life_s: float = 3600.0  # scores halve over this long
@@ -151,25 +187,37 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         _require(self.l1_max_bytes >= 0, "cache.l1_max_bytes must be >= 0")
-        _require(self.redis_url == "" or self.redis_url.startswith(
-            ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")),
-                 f"cache.redis_url must be redis://, rediss://, unix:// or redis+cluster://, got {self.redis_url!r}")
+        _require(
+            self.redis_url == ""
+            or self.redis_url.startswith(
+                ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
+            ),
+            f"cache.redis_url must be redis://, rediss://, unix:// or redis+cluster://, got {self.redis_url!r}",
+        )
         if self.redis_url.startswith(("redis+cluster://", "rediss+cluster://")):
             nodes = self.redis_url.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1].split(",")
-            _require(all(n.rpartition(":")[0] and n.rpartition(":")[2].isdigit() for n in nodes),
-                     f"cache.redis_url: cluster nodes must be host:port[,host:port...], got {self.redis_url!r}")
+            _require(
+                all(n.rpartition(":")[0] and n.rpartition(":")[2].isdigit() for n in nodes),
+                f"cache.redis_url: cluster nodes must be host:port[,host:port...], got {self.redis_url!r}",
+            )
         _require(self.redis_timeout_s > 0, "cache.redis_timeout_s must be > 0")
         _require(self.redis_retry_after_s >= 0, "cache.redis_retry_after_s must be >= 0")
         _require(self.l2 != "redis" or bool(self.redis_url), "cache.l2 = 'redis' needs cache.redis_url")
-        _require(self.l2 != "memcached" or bool(self.memcached_servers),
-                 "cache.l2 = 'memcached' needs cache.memcached_servers (host:port, ...)")
+        _require(
+            self.l2 != "memcached" or bool(self.memcached_servers),
+            "cache.l2 = 'memcached' needs cache.memcached_servers (host:port, ...)",
+        )
         for server in self.memcached_servers:
             host, sep, port = server.rpartition(":")
-            _require(bool(sep and host) and port.isdigit() and 0 < int(port) < 65536,
-                     f"cache.memcached_servers entries must be host:port, got {server!r}")
+            _require(
+                bool(sep and host) and port.isdigit() and 0 < int(port) < 65536,
+                f"cache.memcached_servers entries must be host:port, got {server!r}",
+            )
         _require(self.memcached_timeout_s > 0, "cache.memcached_timeout_s must be > 0")
         _require(self.memcached_retry_after_s >= 0, "cache.memcached_retry_after_s must be >= 0")
-        _require(self.memcached_max_item_bytes >= 1024, "cache.memcached_max_item_bytes must be at least 1024")
+        _require(
+            self.memcached_max_item_bytes >= 1024, "cache.memcached_max_item_bytes must be at least 1024"
+        )
         _require(self.memcached_l1_max_age_s >= 0, "cache.memcached_l1_max_age_s must be >= 0")
         _require(self.bus_ping_interval_s > 0, "cache.bus_ping_interval_s must be > 0")
         _require(self.max_entry_bytes >= 1024, "cache.max_entry_bytes must be at least 1024")
@@ -194,7 +242,9 @@ class CacheConfig:
 
 @dataclass(frozen=True, slots=True)
 class RouteConfig:
-    level: RouteLevel = AUTO  # auto: `tokens` where the model's tokenizer (and chat template) is known, else `exact`
+    level: RouteLevel = (
+        AUTO  # auto: `tokens` where the model's tokenizer (and chat template) is known, else `exact`
+    )
     scope: Literal["tenant", "public"] = "tenant"
     ttl_s: int = 3600
     enabled: bool = True
@@ -202,9 +252,16 @@ class RouteConfig:
     allow_n_gt_1: bool = False
 
     def __post_init__(self) -> None:
-        _require(self.level in ROUTE_LEVELS, _RENAMED.get(self.level, f"route level must be one of "
-                                                           f"{', '.join(ROUTE_LEVELS)}, got {self.level!r}"))
-        _require(self.scope in ("tenant", "public"), f"route scope must be 'tenant' or 'public', got {self.scope!r}")
+        _require(
+            self.level in ROUTE_LEVELS,
+            _RENAMED.get(
+                self.level, f"route level must be one of {', '.join(ROUTE_LEVELS)}, got {self.level!r}"
+            ),
+        )
+        _require(
+            self.scope in ("tenant", "public"),
+            f"route scope must be 'tenant' or 'public', got {self.scope!r}",
+        )
         _require(self.ttl_s >= 1, f"route ttl_s must be >= 1, got {self.ttl_s}")
 
 
@@ -244,7 +301,9 @@ class DashboardConfig:
     # USD per million tokens, "MODEL=INPUT/OUTPUT" (e.g. "gpt-4o-mini=0.15/0.60"); "*" prices any other model.
     prices: tuple[str, ...] = ()
     top_keys: int = 20  # rows in the hot-keys table
-    show_prompts: bool = False  # the hot-keys table shows the start of each key's prompt (off: never any text)
+    show_prompts: bool = (
+        False  # the hot-keys table shows the start of each key's prompt (off: never any text)
+    )
 
     def __post_init__(self) -> None:
         from gateway.dashboard.cost import parse_prices
@@ -272,8 +331,11 @@ class GatewayConfig:
 
     def __post_init__(self) -> None:
         for endpoint in self.routes:
-            _require(endpoint in CACHEABLE_ENDPOINTS, f"routes.{endpoint!r}: cacheable routes are "
-                     f"{', '.join(CACHEABLE_ENDPOINTS)}{_did_you_mean(endpoint, CACHEABLE_ENDPOINTS)}")
+            _require(
+                endpoint in CACHEABLE_ENDPOINTS,
+                f"routes.{endpoint!r}: cacheable routes are "
+                f"{', '.join(CACHEABLE_ENDPOINTS)}{_did_you_mean(endpoint, CACHEABLE_ENDPOINTS)}",
+            )
         missing = [e for e in CACHEABLE_ENDPOINTS if e not in self.routes]
         if missing:
             object.__setattr__(self, "routes", {**self.routes, **{e: RouteConfig() for e in missing}})
@@ -285,7 +347,9 @@ class GatewayConfig:
             raise ConfigError(f"unknown config section [{name}]{_did_you_mean(name, [*sections, ROUTES])}")
         routes_raw = data.get(ROUTES, {})
         _require(isinstance(routes_raw, Mapping), "routes must be a table")
-        built: dict[str, Any] = {name: _build(klass, data.get(name, {}), name) for name, klass in sections.items()}
+        built: dict[str, Any] = {
+            name: _build(klass, data.get(name, {}), name) for name, klass in sections.items()
+        }
         routes = {name: _build(RouteConfig, raw, f"routes.{name}") for name, raw in routes_raw.items()}
         return cls(**built, routes=routes)
 
@@ -296,15 +360,23 @@ ROUTES = "routes"
 def section_types() -> dict[str, type]:
     """Section name -> its dataclass, read from `GatewayConfig` (routes, keyed by endpoint, apart)."""
     hints = typing.get_type_hints(GatewayConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(GatewayConfig)
-            if dataclasses.is_dataclass(hints[f.name])}
+    return {
+        f.name: hints[f.name]
+        for f in dataclasses.fields(GatewayConfig)
+        if dataclasses.is_dataclass(hints[f.name])
+    }
 
 
 def setting_paths() -> list[tuple[str, ...]]:
     """Every setting: `(section, field)`, and `("routes", endpoint, field)` for each cacheable route."""
-    paths: list[tuple[str, ...]] = [(name, f.name) for name, klass in section_types().items()
-                                    for f in dataclasses.fields(klass)]
-    paths += [(ROUTES, endpoint, f.name) for endpoint in CACHEABLE_ENDPOINTS for f in dataclasses.fields(RouteConfig)]
+    paths: list[tuple[str, ...]] = [
+        (name, f.name) for name, klass in section_types().items() for f in dataclasses.fields(klass)
+    ]
+    paths += [
+        (ROUTES, endpoint, f.name)
+        for endpoint in CACHEABLE_ENDPOINTS
+        for f in dataclasses.fields(RouteConfig)
+    ]
     return paths
 
 
@@ -317,8 +389,12 @@ def dotted(path: tuple[str, ...]) -> str:
     return ".".join(f'"{p}"' if "/" in p else p for p in path)
 
 
-def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None, *,
-                sources: dict[str, str] | None = None) -> GatewayConfig:
+def load_config(
+    path: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    sources: dict[str, str] | None = None,
+) -> GatewayConfig:
     """TOML file (optional), then `TOKENEDGE_*` overrides (module docstring); `sources` gets each setting's origin.
 
     `sources` maps every dotted setting (`server.port`, `routes."chat/completions".level`) to `default`, the file
@@ -353,12 +429,18 @@ def _apply_env(data: dict[str, Any], environ: Mapping[str, str]) -> dict[tuple[s
     known = {env_name(setting): setting for setting in setting_paths()}
     applied: dict[tuple[str, ...], str] = {}
     for name in sorted(environ):
-        if not name.startswith(ENV_PREFIX) or name in FOREIGN_ENV_NAMES or name.startswith(FOREIGN_ENV_PREFIXES):
+        if (
+            not name.startswith(ENV_PREFIX)
+            or name in FOREIGN_ENV_NAMES
+            or name.startswith(FOREIGN_ENV_PREFIXES)
+        ):
             continue
         setting = known.get(name)
         if setting is None:
-            raise ConfigError(f"unknown environment variable {name}{_did_you_mean(name, [*known, *CDN_ENV_NAMES])}"
-                              " (TOKENEDGE_{SECTION}_{SETTING}, see configs/gateway.toml)")
+            raise ConfigError(
+                f"unknown environment variable {name}{_did_you_mean(name, [*known, *CDN_ENV_NAMES])}"
+                " (TOKENEDGE_{SECTION}_{SETTING}, see configs/gateway.toml)"
+            )
         table = data
         for part in setting[:-1]:
             existing = table.get(part)
@@ -403,7 +485,9 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         try:
             number = hint(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"{where} must be {'an integer' if hint is int else 'a number'}, got {value!r}") from None
+            raise ConfigError(
+                f"{where} must be {'an integer' if hint is int else 'a number'}, got {value!r}"
+            ) from None
         if hint is int and isinstance(value, float) and value != number:
             raise ConfigError(f"{where} must be an integer, got {value!r}")
         return number
@@ -420,8 +504,10 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         if isinstance(value, str) and value in _RENAMED and value not in typing.get_args(hint):
             raise ConfigError(f"{where}: {_RENAMED[value]}")
         if value not in typing.get_args(hint):
-            raise ConfigError(f"{where} must be one of {typing.get_args(hint)}, got {value!r}"
-                              f"{_did_you_mean(str(value), [str(v) for v in typing.get_args(hint)])}")
+            raise ConfigError(
+                f"{where} must be one of {typing.get_args(hint)}, got {value!r}"
+                f"{_did_you_mean(str(value), [str(v) for v in typing.get_args(hint)])}"
+            )
         return value
     if origin in (types.UnionType, typing.Union):
         return value

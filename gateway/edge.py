@@ -38,10 +38,13 @@ from gateway.state import STATE
 log = logging.getLogger("tokenedge.edge")
 IDLE, HEAD, HANDLING = 0, 1, 2
 SWEEP_MAX_S: Final = 0.5
-_TIMEOUT_BODY = error_body("the request was not received in time", type_="invalid_request_error",
-                           code="request_timeout")
-_TIMEOUT_RESPONSE = (b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                     b"Content-Length: " + str(len(_TIMEOUT_BODY)).encode() + b"\r\n\r\n" + _TIMEOUT_BODY)
+_TIMEOUT_BODY = error_body(
+    "the request was not received in time", type_="invalid_request_error", code="request_timeout"
+)
+_TIMEOUT_RESPONSE = (
+    b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    b"Content-Length: " + str(len(_TIMEOUT_BODY)).encode() + b"\r\n\r\n" + _TIMEOUT_BODY
+)
 
 
 class SlowClient(GatewayError):
@@ -110,8 +113,10 @@ class EdgeRequestHandler(RequestHandler):
 
     def expired(self, now: float) -> bool:
         config = self.edge.config
-        return self.phase == HEAD and (now - self.last_rx > config.header_read_timeout_s
-                                       or now - self.head_started > config.header_total_s)
+        return self.phase == HEAD and (
+            now - self.last_rx > config.header_read_timeout_s
+            or now - self.head_started > config.header_total_s
+        )
 
     def close_slow(self) -> None:
         self.edge.count("header")
@@ -120,21 +125,24 @@ class EdgeRequestHandler(RequestHandler):
             self.transport.write(_TIMEOUT_RESPONSE)
         self.force_close()
 
-    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
+    def handle_error(
+        self, request: Any, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
         """aiohttp's parser errors and last-resort failures: JSON, and a traceback only for a real 500."""
         if request.writer.output_size > 0:
             raise ConnectionError("response already started")
         if status >= 500 and not isinstance(exc, ConnectionError):
             self.logger.exception("error handling a request", exc_info=exc)
-            response = error_response(status, "internal gateway error", type_="internal_error",
-                                      code="internal_error")
+            response = error_response(
+                status, "internal gateway error", type_="internal_error", code="internal_error"
+            )
         else:
             first_line = (message or "").strip().splitlines()[:1]
             log.debug("protocol error %d from a client: %s", status, first_line or type(exc).__name__)
             text = "malformed HTTP request" + (f": {first_line[0][:200]}" if first_line else "")
-            response = error_response(status if status < 500 else 400, text, type_="invalid_request_error",
-                                      code="bad_http_request")
+            response = error_response(
+                status if status < 500 else 400, text, type_="invalid_request_error", code="bad_http_request"
+            )
         response.force_close()
         return response
 
@@ -204,8 +212,14 @@ class EdgeRunner(web.AppRunner):
         kwargs.setdefault("keepalive_timeout", 75.0)
         kwargs["debug"] = app._debug
         kwargs.update(app._handler_args or {})
-        return EdgeServer(app._handle, request_factory=app._make_request, loop=asyncio.get_running_loop(),
-                          config=state.config.server, metrics=state.metrics, **kwargs)
+        return EdgeServer(
+            app._handle,
+            request_factory=app._make_request,
+            loop=asyncio.get_running_loop(),
+            config=state.config.server,
+            metrics=state.metrics,
+            **kwargs,
+        )
 
 
 class EdgeTestServer(TestServer):
@@ -244,7 +258,9 @@ async def read_body_within_deadlines(request: web.Request) -> None:
     server = state.config.server
     declared = request.content_length
     if declared is not None and declared > server.max_body_bytes:
-        raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {server.max_body_bytes} bytes")
+        raise PayloadTooLarge(
+            f"request body of {declared} bytes exceeds the limit of {server.max_body_bytes} bytes"
+        )
     loop = asyncio.get_running_loop()
     deadline = loop.time() + server.body_total_s
     chunks: list[bytes] = []
@@ -283,4 +299,3 @@ def serve(app: web.Application, *, host: str, port: int, reuse_port: bool) -> No
 
     with contextlib.suppress(web.GracefulExit, KeyboardInterrupt):
         asyncio.run(main())
-

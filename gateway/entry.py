@@ -37,7 +37,9 @@ class Entry:
     etag: str  # strong validator: a hash of the body
     tags: tuple[str, ...]
     usage: Mapping[str, Any] | None = None
-    stream_chunks: tuple[bytes, ...] | None = None  # the upstream's `data:` payloads, in order, without [DONE]
+    stream_chunks: tuple[bytes, ...] | None = (
+        None  # the upstream's `data:` payloads, in order, without [DONE]
+    )
 
     def __post_init__(self) -> None:
         # Kept for the entry's lifetime, counted by `size_bytes`: exact-size objects only (see gateway.sizing).
@@ -57,9 +59,19 @@ class Entry:
 
         Checked against tracemalloc in tests/gateway/test_memory_tier.py. The endpoint is a shared constant.
         """
-        total = (held(self) + held(self.key) + held(self.body) + held(self.model) + held(self.revision)
-                 + held(self.created_at) + json_held(self.ttl_s) + json_held(self.stale_if_error_s)
-                 + held(self.etag) + held(self.tags) + sum(held(tag) for tag in self.tags))
+        total = (
+            held(self)
+            + held(self.key)
+            + held(self.body)
+            + held(self.model)
+            + held(self.revision)
+            + held(self.created_at)
+            + json_held(self.ttl_s)
+            + json_held(self.stale_if_error_s)
+            + held(self.etag)
+            + held(self.tags)
+            + sum(held(tag) for tag in self.tags)
+        )
         if self.usage is not None:
             total += json_held(self.usage)
         if self.stream_chunks is not None:
@@ -72,19 +84,23 @@ def make_etag(body: bytes) -> str:
 
 
 def encode(entry: Entry) -> bytes:
-    header = orjson.dumps({
-        "key": entry.key,
-        "endpoint": entry.endpoint,
-        "model": entry.model,
-        "revision": entry.revision,
-        "created_at": entry.created_at,
-        "ttl_s": entry.ttl_s,
-        "stale_if_error_s": entry.stale_if_error_s,
-        "etag": entry.etag,
-        "tags": entry.tags,
-        "usage": entry.usage,
-        "stream_chunks": [c.decode() for c in entry.stream_chunks] if entry.stream_chunks is not None else None,
-    })
+    header = orjson.dumps(
+        {
+            "key": entry.key,
+            "endpoint": entry.endpoint,
+            "model": entry.model,
+            "revision": entry.revision,
+            "created_at": entry.created_at,
+            "ttl_s": entry.ttl_s,
+            "stale_if_error_s": entry.stale_if_error_s,
+            "etag": entry.etag,
+            "tags": entry.tags,
+            "usage": entry.usage,
+            "stream_chunks": [c.decode() for c in entry.stream_chunks]
+            if entry.stream_chunks is not None
+            else None,
+        }
+    )
     return _PREFIX.pack(_MAGIC, ENTRY_FORMAT, len(header)) + header + entry.body
 
 
@@ -96,12 +112,12 @@ def decode(raw: bytes) -> Entry | None:
     if magic != _MAGIC or version != ENTRY_FORMAT or _PREFIX.size + header_len > len(raw):
         return None
     try:
-        header = orjson.loads(raw[_PREFIX.size:_PREFIX.size + header_len])
+        header = orjson.loads(raw[_PREFIX.size : _PREFIX.size + header_len])
         chunks = header["stream_chunks"]
         return Entry(
             key=header["key"],
             endpoint=header["endpoint"],
-            body=raw[_PREFIX.size + header_len:],
+            body=raw[_PREFIX.size + header_len :],
             model=header["model"],
             revision=header["revision"],
             created_at=float(header["created_at"]),

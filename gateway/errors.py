@@ -31,8 +31,14 @@ class GatewayError(Exception):
     type = "internal_error"
     code: str | None = None
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
@@ -41,8 +47,14 @@ class GatewayError(Exception):
         self.headers = headers or {}
 
     def to_response(self, extra_headers: dict[str, str] | None = None) -> web.Response:
-        return error_response(self.status, self.message, type_=self.type, code=self.code, param=self.param,
-                              headers={**self.headers, **(extra_headers or {})})
+        return error_response(
+            self.status,
+            self.message,
+            type_=self.type,
+            code=self.code,
+            param=self.param,
+            headers={**self.headers, **(extra_headers or {})},
+        )
 
 
 class BadRequest(GatewayError):
@@ -120,7 +132,18 @@ def error_body(message: str, *, type_: str, code: str | None = None, param: str 
     return orjson.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
 
 
-def error_response(status: int, message: str, *, type_: str, code: str | None = None, param: str | None = None,
-                   headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=error_body(message, type_=type_, code=code, param=param),
-                        content_type="application/json", headers=headers)
+def error_response(
+    status: int,
+    message: str,
+    *,
+    type_: str,
+    code: str | None = None,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    return web.Response(
+        status=status,
+        body=error_body(message, type_=type_, code=code, param=param),
+        content_type="application/json",
+        headers=headers,
+    )

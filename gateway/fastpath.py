@@ -38,9 +38,21 @@ from gateway.warm import count_hit
 
 # Request headers the fast path leaves to the normal one: conditionals (RFC 9110 §13), cache directives (the policy
 # reads them), the admin debug header (Server-Timing), and body framing it does not expect on a plain request.
-_SLOW_HEADERS = frozenset(name.lower().encode("ascii") for name in (
-    "If-None-Match", "If-Modified-Since", "If-Match", "If-Unmodified-Since", "If-Range", "Range",
-    "Cache-Control", "Pragma", DEBUG_HEADER, "Expect"))
+_SLOW_HEADERS = frozenset(
+    name.lower().encode("ascii")
+    for name in (
+        "If-None-Match",
+        "If-Modified-Since",
+        "If-Match",
+        "If-Unmodified-Since",
+        "If-Range",
+        "Range",
+        "Cache-Control",
+        "Pragma",
+        DEBUG_HEADER,
+        "Expect",
+    )
+)
 NO_DIRECTIVES = RequestDirectives()
 # The full response of a hot entry for the current second, outside the entry (entries never grow after they are
 # stored: their size is charged to L1 once). Bounded in count and in response size: at most 16 MiB.
@@ -63,8 +75,15 @@ def _safe(value: str) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
-def _constant_head(key: str, etag: str, ttl_s: int, stale_if_error_s: int, tags: tuple[str, ...],
-                   tag_targets: tuple[str, ...], body_len: int) -> tuple[bytes, int] | None:
+def _constant_head(
+    key: str,
+    etag: str,
+    ttl_s: int,
+    stale_if_error_s: int,
+    tags: tuple[str, ...],
+    tag_targets: tuple[str, ...],
+    body_len: int,
+) -> tuple[bytes, int] | None:
     """Status line and every header that does not change per request, encoded; None if one is not transportable.
 
     Memoized by its inputs (like `headers._header_block`), so an L2 hit, a new Entry object each time, reuses it.
@@ -82,8 +101,15 @@ def _varying(entry: Entry, now: float, tier: str, date: bytes) -> bytes:
     return b"Cache-Status: %s\r\nAge: %s\r\nDate: %s\r\n" % (status.encode(), age.encode(), date)
 
 
-def wire(entry: Entry, now: float, tier: str, targets: tuple[str, ...], *, head_only: bool = False,
-         close: bool = False) -> tuple[bytes, int] | None:
+def wire(
+    entry: Entry,
+    now: float,
+    tier: str,
+    targets: tuple[str, ...],
+    *,
+    head_only: bool = False,
+    close: bool = False,
+) -> tuple[bytes, int] | None:
     """The whole response for a fresh hit, and how many tags the block dropped; None when it cannot be fast."""
     date = http_date(time.time())
     stamp = (int(entry.age_s(now)), date, tier, targets)
@@ -93,8 +119,9 @@ def wire(entry: Entry, now: float, tier: str, targets: tuple[str, ...], *, head_
         cached = _WIRES.get(ident)
         if cached is not None and cached[0] == stamp:
             return cached[1], cached[2]
-    const = _constant_head(entry.key, entry.etag, entry.ttl_s, entry.stale_if_error_s, entry.tags, targets,
-                           len(entry.body))
+    const = _constant_head(
+        entry.key, entry.etag, entry.ttl_s, entry.stale_if_error_s, entry.tags, targets, len(entry.body)
+    )
     if const is None:
         return None
     head, truncated = const
@@ -156,13 +183,20 @@ def eligible(request: web.Request) -> bool:
     return len(request.app.on_response_prepare) <= 1
 
 
-def hit_response(request: web.Request, state: GatewayState, entry: Entry, now: float, tier: str, *,
-                 checked: bool = False) -> HitResponse | None:
+def hit_response(
+    request: web.Request, state: GatewayState, entry: Entry, now: float, tier: str, *, checked: bool = False
+) -> HitResponse | None:
     """The fast response for a fresh hit, or None when the normal path must serve it."""
     if not checked and not eligible(request):
         return None
-    built = wire(entry, now, tier, state.config.cache.cdn_tag_headers, head_only=request.method == "HEAD",
-                 close=not request.keep_alive)
+    built = wire(
+        entry,
+        now,
+        tier,
+        state.config.cache.cdn_tag_headers,
+        head_only=request.method == "HEAD",
+        close=not request.keep_alive,
+    )
     if built is None:
         return None
     data, truncated = built
@@ -187,8 +221,9 @@ def _lookup(parsed: ParsedRequest, state: GatewayState, endpoint: str) -> Lookup
     return fast if isinstance(fast, Lookup) else None
 
 
-def try_hit(request: web.Request, state: GatewayState, endpoint: str, raw: bytes,
-            timer: StageTimer) -> HitResponse | None:
+def try_hit(
+    request: web.Request, state: GatewayState, endpoint: str, raw: bytes, timer: StageTimer
+) -> HitResponse | None:
     """An L1 hit for request bytes the memo already knows, keyed as the normal path last keyed them; else None.
 
     Every step that is not a plain dict or L1 lookup (parse, validate, canonicalize, derive, a catalog refresh,
@@ -212,8 +247,10 @@ def try_hit(request: web.Request, state: GatewayState, endpoint: str, raw: bytes
     if entry is None:
         return None  # nothing counted or lapped: the normal path does the whole lookup
     now = state.clock()
-    if freshness(age_s=entry.age_s(now), ttl_s=entry.ttl_s,
-                 stale_if_error_s=entry.stale_if_error_s) is not Freshness.FRESH:
+    if (
+        freshness(age_s=entry.age_s(now), ttl_s=entry.ttl_s, stale_if_error_s=entry.stale_if_error_s)
+        is not Freshness.FRESH
+    ):
         return None
     looked_up = perf_counter()
     response = hit_response(request, state, entry, now, "l1", checked=True)

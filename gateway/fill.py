@@ -51,7 +51,9 @@ def completion_facts(body: bytes) -> tuple[list[str | None], Mapping[str, Any] |
     if not isinstance(doc, dict):
         return None
     choices = doc.get("choices")
-    reasons = [c.get("finish_reason") for c in choices if isinstance(c, dict)] if isinstance(choices, list) else []
+    reasons = (
+        [c.get("finish_reason") for c in choices if isinstance(c, dict)] if isinstance(choices, list) else []
+    )
     usage = doc.get("usage")
     return reasons, usage if isinstance(usage, dict) else None
 
@@ -72,17 +74,26 @@ async def fill(state: GatewayState, req: FillRequest) -> FillResult:
     state.metrics.upstream_duration.labels(req.endpoint).observe(time.perf_counter() - started)
     facts = completion_facts(resp.body) if resp.status == 200 else None
     encoded = resp.headers.get("Content-Encoding", "identity").lower() not in ("identity", "")
-    refusal = store_refusal(status=resp.status, body_bytes=len(resp.body),
-                            max_entry_bytes=state.config.cache.max_entry_bytes,
-                            complete=facts is not None and not encoded,
-                            finish_reasons=facts[0] if facts else ())
+    refusal = store_refusal(
+        status=resp.status,
+        body_bytes=len(resp.body),
+        max_entry_bytes=state.config.cache.max_entry_bytes,
+        complete=facts is not None and not encoded,
+        finish_reasons=facts[0] if facts else (),
+    )
     if refusal is None and revision_moved(state, req, resp.headers):
         refusal = Reason.REVISION
     if refusal is not None or facts is None:
         return FillResult(resp, None, refusal or Reason.INCOMPLETE)
     entry = Entry(
-        key=req.key.key, endpoint=req.endpoint, body=resp.body, model=req.model, revision=req.revision,
-        created_at=state.clock(), ttl_s=req.ttl_s, stale_if_error_s=state.config.cache.stale_if_error_s,
+        key=req.key.key,
+        endpoint=req.endpoint,
+        body=resp.body,
+        model=req.model,
+        revision=req.revision,
+        created_at=state.clock(),
+        ttl_s=req.ttl_s,
+        stale_if_error_s=state.config.cache.stale_if_error_s,
         etag=make_etag(resp.body),
         tags=entry_tags(model=req.model, revision=req.revision, scope=req.key.scope, digest=req.key.digest),
         usage=facts[1],

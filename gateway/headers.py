@@ -27,14 +27,21 @@ def entry_headers(entry: Entry, *, tag_targets: Sequence[str]) -> tuple[dict[str
     Memoized by their inputs in one bounded table (not on the entry, whose L1 size must not grow after it is
     stored): a hit on a recently served entry pays for a dict copy, not for tag encoding.
     """
-    headers, truncated = _header_block(entry.key, entry.etag, entry.ttl_s, entry.stale_if_error_s, entry.tags,
-                                       tuple(tag_targets))
+    headers, truncated = _header_block(
+        entry.key, entry.etag, entry.ttl_s, entry.stale_if_error_s, entry.tags, tuple(tag_targets)
+    )
     return dict(headers), truncated
 
 
 @functools.lru_cache(maxsize=4096)
-def _header_block(key: str, etag: str, ttl_s: int, stale_if_error_s: int, tags: tuple[str, ...],
-                  tag_targets: tuple[str, ...]) -> tuple[dict[str, str], int]:
+def _header_block(
+    key: str,
+    etag: str,
+    ttl_s: int,
+    stale_if_error_s: int,
+    tags: tuple[str, ...],
+    tag_targets: tuple[str, ...],
+) -> tuple[dict[str, str], int]:
     """A pure function of its arguments (callers copy the dict), so memoizing it is safe across entries."""
     public = key.split(":", 2)[1] == PUBLIC_SCOPE
     edge = f"max-age={ttl_s}"
@@ -55,7 +62,9 @@ def _header_block(key: str, etag: str, ttl_s: int, stale_if_error_s: int, tags: 
     return headers, truncated
 
 
-header_block = _header_block  # the shared block by its inputs (gateway.fastpath encodes it; callers never mutate)
+header_block = (
+    _header_block  # the shared block by its inputs (gateway.fastpath encodes it; callers never mutate)
+)
 
 
 def hit_status(entry: Entry, now: float, *, tier: str) -> tuple[str, str]:
@@ -90,8 +99,15 @@ def bypass_status(reason: str) -> str:
 BYPASS_CACHE_CONTROL = "no-store"
 
 
-def unstored_response(status: int, upstream_headers: Mapping[str, str], body: bytes, *, collapsed: bool,
-                      detail: str | None, level: str = "") -> web.Response:
+def unstored_response(
+    status: int,
+    upstream_headers: Mapping[str, str],
+    body: bytes,
+    *,
+    collapsed: bool,
+    detail: str | None,
+    level: str = "",
+) -> web.Response:
     """An upstream answer relayed with its own status and body, marked as not stored (JSON and stream paths)."""
     headers = relay_headers(upstream_headers)
     headers[CACHE_STATUS] = miss_status(stored=False, collapsed=collapsed, detail=detail, level=level)

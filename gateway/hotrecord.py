@@ -84,8 +84,17 @@ class Replayable:
 
 
 def encode_request(req: Replayable) -> bytes:
-    return orjson.dumps({"v": RECORD_VERSION, "key": req.key, "endpoint": req.endpoint, "path": req.path,
-                         "model": req.model, "revision": req.revision, "body": req.body.decode()})
+    return orjson.dumps(
+        {
+            "v": RECORD_VERSION,
+            "key": req.key,
+            "endpoint": req.endpoint,
+            "path": req.path,
+            "model": req.model,
+            "revision": req.revision,
+            "body": req.body.decode(),
+        }
+    )
 
 
 def decode_request(raw: bytes | str | None) -> Replayable | None:
@@ -96,8 +105,14 @@ def decode_request(raw: bytes | str | None) -> Replayable | None:
         doc = orjson.loads(raw)
         if not isinstance(doc, dict) or doc.get("v") != RECORD_VERSION:
             return None
-        return Replayable(str(doc["key"]), str(doc["endpoint"]), str(doc["path"]), str(doc["model"]),
-                          str(doc["revision"]), str(doc["body"]).encode())
+        return Replayable(
+            str(doc["key"]),
+            str(doc["endpoint"]),
+            str(doc["path"]),
+            str(doc["model"]),
+            str(doc["revision"]),
+            str(doc["body"]).encode(),
+        )
     except (orjson.JSONDecodeError, KeyError, UnicodeEncodeError):
         return None
 
@@ -105,8 +120,9 @@ def decode_request(raw: bytes | str | None) -> Replayable | None:
 class HotRecord:
     """Local batches of hits and stores, flushed to the shared record; reads for warm-up."""
 
-    def __init__(self, client: aioredis.Redis, settings: HotSettings, clock: Callable[[], float],
-                 flushes: Counter) -> None:
+    def __init__(
+        self, client: aioredis.Redis, settings: HotSettings, clock: Callable[[], float], flushes: Counter
+    ) -> None:
         self._client = client
         self._settings = settings
         self._clock = clock
@@ -130,8 +146,11 @@ class HotRecord:
 
     def stored(self, req: Replayable, scope: str) -> None:
         """A store counts as an access; the request itself is kept only when the gateway may re-ask it."""
-        if (scope in REPLAYABLE_SCOPES and len(req.body) <= self._settings.max_request_bytes
-                and len(self._requests) < 4 * self._settings.batch):
+        if (
+            scope in REPLAYABLE_SCOPES
+            and len(req.body) <= self._settings.max_request_bytes
+            and len(self._requests) < 4 * self._settings.batch
+        ):
             self._requests[req.key] = encode_request(req)
         self.hit(req.key)
 
@@ -145,15 +164,20 @@ class HotRecord:
         if not counts and not requests:
             return
         self._counts, self._requests = {}, {}
-        args: list[bytes | str | int | float] = [int(self._clock() * 1000), max(1, int(self._settings.half_life_s * 1000)),
-                              self._settings.max_keys, len(counts)]
+        args: list[bytes | str | int | float] = [
+            int(self._clock() * 1000),
+            max(1, int(self._settings.half_life_s * 1000)),
+            self._settings.max_keys,
+            len(counts),
+        ]
         for key, count in counts.items():
             args += [key, count]
         for key, raw in requests.items():
             args += [key, raw]
         try:
-            await asyncio.wait_for(self._script(keys=[SCORES, REQUESTS, DECAYED_AT], args=args),
-                                   self._settings.timeout_s)
+            await asyncio.wait_for(
+                self._script(keys=[SCORES, REQUESTS, DECAYED_AT], args=args), self._settings.timeout_s
+            )
         except (RedisError, OSError, TimeoutError) as exc:
             self._flushes.labels("error").inc()
             log.warning("hot-key record flush dropped %d keys: %s", len(counts), exc)

@@ -62,8 +62,13 @@ def derive_key(
     *, scope: str, endpoint: str, level: Level, model_revision: str, canonical: Mapping[str, Any]
 ) -> CacheKey:
     """The key of a canonical request (from `canonicalize`) in `scope`; BLAKE2b-256 of canonical JSON."""
-    return derive_key_from_bytes(scope=scope, endpoint=endpoint, level=level, model_revision=model_revision,
-                                 canonical_bytes=canonical_json(canonical))
+    return derive_key_from_bytes(
+        scope=scope,
+        endpoint=endpoint,
+        level=level,
+        model_revision=model_revision,
+        canonical_bytes=canonical_json(canonical),
+    )
 
 
 def derive_key_from_bytes(
@@ -74,11 +79,21 @@ def derive_key_from_bytes(
     The material is exactly `canonical_json({"v", "endpoint", "level", "revision", "request"})`, spelled out in
     sorted key order so the request is not walked again.
     """
-    material = b"".join((
-        b'{"endpoint":', orjson.dumps(endpoint), b',"level":', orjson.dumps(Level(level).value),
-        b',"request":', canonical_bytes, b',"revision":', orjson.dumps(model_revision),
-        b',"v":', str(CANON_VERSION).encode(), b"}",
-    ))
+    material = b"".join(
+        (
+            b'{"endpoint":',
+            orjson.dumps(endpoint),
+            b',"level":',
+            orjson.dumps(Level(level).value),
+            b',"request":',
+            canonical_bytes,
+            b',"revision":',
+            orjson.dumps(model_revision),
+            b',"v":',
+            str(CANON_VERSION).encode(),
+            b"}",
+        )
+    )
     return CacheKey(scope=scope, digest=hashlib.blake2b(material, digest_size=32).hexdigest())
 
 

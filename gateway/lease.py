@@ -93,8 +93,9 @@ class Lease:
 
 
 class Leases:
-    def __init__(self, client: aioredis.Redis, settings: LeaseSettings, counter: Counter,
-                 clock: Callable[[], float]) -> None:
+    def __init__(
+        self, client: aioredis.Redis, settings: LeaseSettings, counter: Counter, clock: Callable[[], float]
+    ) -> None:
         self._client = client
         self._settings = settings
         self._counter = counter
@@ -117,7 +118,9 @@ class Leases:
             woken = self._wait_for(key)  # registered before the attempt, so no release can slip between them
             try:
                 token = secrets.token_hex(8)
-                answer = int(await self._redis(self._acquire(keys=[LEASE_PREFIX + key], args=[token, ttl_ms])))
+                answer = int(
+                    await self._redis(self._acquire(keys=[LEASE_PREFIX + key], args=[token, ttl_ms]))
+                )
                 if answer == ACQUIRED:
                     return await self._acquired(key, token, read, started)
                 self.count("wait")
@@ -125,7 +128,9 @@ class Leases:
                 if left <= 0:
                     self.count("timeout")
                     return None
-                wait_s = min(left, answer / 1000 if answer > 0 else self._settings.ttl_s, self._settings.ttl_s)
+                wait_s = min(
+                    left, answer / 1000 if answer > 0 else self._settings.ttl_s, self._settings.ttl_s
+                )
                 stored = await self._wake(woken, wait_s)
             except (RedisError, TimeoutError) as exc:
                 self.count("error")
@@ -144,7 +149,9 @@ class Leases:
     async def _acquired(self, key: str, token: str, read: Reader, started: float) -> Entry | Lease:
         lease = Lease(self, key, token)
         try:
-            entry = await self._fresh(read, started)  # a holder may have stored and released just before we asked
+            entry = await self._fresh(
+                read, started
+            )  # a holder may have stored and released just before we asked
         except BaseException:
             lease.abandon()  # cancelled here: stop renewing, so the lease lapses within one TTL
             raise
@@ -246,13 +253,28 @@ async def lease_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     url, timeout_s = config.redis_url, config.redis_timeout_s
-    client: aioredis.Redis = cluster_client(url, timeout_s=timeout_s) if is_cluster_url(  # type: ignore[assignment]
-        url) else aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    client: aioredis.Redis = (
+        cluster_client(url, timeout_s=timeout_s)
+        if is_cluster_url(  # type: ignore[assignment]
+            url
+        )
+        else aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    )
     subscribers = subscriber_clients(url, timeout_s=timeout_s)
-    counter = Counter("tokenedge_lease", "Cross-replica lease outcomes on L2 misses", ["outcome"],
-                      registry=state.metrics.registry)
-    leases = Leases(client, LeaseSettings(ttl_s=config.lease_ttl_s, max_wait_s=config.lease_max_wait_s,
-                                          timeout_s=config.redis_timeout_s * 4), counter, state.clock)
+    counter = Counter(
+        "tokenedge_lease",
+        "Cross-replica lease outcomes on L2 misses",
+        ["outcome"],
+        registry=state.metrics.registry,
+    )
+    leases = Leases(
+        client,
+        LeaseSettings(
+            ttl_s=config.lease_ttl_s, max_wait_s=config.lease_max_wait_s, timeout_s=config.redis_timeout_s * 4
+        ),
+        counter,
+        state.clock,
+    )
     listener = asyncio.ensure_future(leases.listen(subscribers))
     state.extensions[EXTENSION] = leases
     try:

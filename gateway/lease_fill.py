@@ -101,7 +101,9 @@ async def _leased_tee(state: GatewayState, flight: StreamFlight, req: FillReques
         return
     try:
         got: Entry | Lease | None = await leases.acquire_or_wait(req.key.key, _reader(state, req.key.key))
-    except Exception:  # a lease bug must not leave the flight's subscribers waiting for a head: stream unleased
+    except (
+        Exception
+    ):  # a lease bug must not leave the flight's subscribers waiting for a head: stream unleased
         log.exception("lease acquisition failed for %s; streaming without a lease", req.key.key)
         got = None
     if isinstance(got, Entry):

@@ -28,8 +28,9 @@ class CacheRead:
     now: float
 
 
-async def read_cache(request: web.Request, state: GatewayState, key: str, lookup: Lookup,
-                     directives: RequestDirectives) -> CacheRead:
+async def read_cache(
+    request: web.Request, state: GatewayState, key: str, lookup: Lookup, directives: RequestDirectives
+) -> CacheRead:
     if not lookup.read:
         return CacheRead(None, None, state.clock())
     found = await state.cache.get(key)

@@ -76,13 +76,22 @@ class RequestMemo:
 
     def set_canonical(self, parsed: ParsedRequest, canonical: bytes, level: Level, tokenizer: str) -> bytes:
         canonical = compact(canonical)  # orjson output keeps its growth buffer (gateway.sizing)
-        self._charge(parsed, held(canonical) - (held(parsed.canonical) if parsed.canonical is not None else 0))
+        self._charge(
+            parsed, held(canonical) - (held(parsed.canonical) if parsed.canonical is not None else 0)
+        )
         parsed.canonical, parsed.canonical_level, parsed.canonical_tokenizer = canonical, level, tokenizer
         return canonical
 
-    def set_key(self, parsed: ParsedRequest, key: CacheKey, level: Level, context: tuple[str, str, str]) -> None:
-        self._charge(parsed, _key_bytes(key) + _context_bytes(context)
-                     - _key_bytes(parsed.key) - _context_bytes(parsed.key_context))
+    def set_key(
+        self, parsed: ParsedRequest, key: CacheKey, level: Level, context: tuple[str, str, str]
+    ) -> None:
+        self._charge(
+            parsed,
+            _key_bytes(key)
+            + _context_bytes(context)
+            - _key_bytes(parsed.key)
+            - _context_bytes(parsed.key_context),
+        )
         parsed.key, parsed.key_level, parsed.key_context = key, level, context
 
     def _charge(self, parsed: ParsedRequest, delta: int) -> None:

@@ -37,61 +37,147 @@ Samples = dict[str, list[tuple[dict[str, str], float]]]
 ENTRIES = "tokenedge_cache_entries"
 BYTES = "tokenedge_cache_bytes"
 
-ROUTES: tuple[str, ...] = ("chat/completions", "completions", "embeddings")  # gateway.config.CACHEABLE_ENDPOINTS
+ROUTES: tuple[str, ...] = (
+    "chat/completions",
+    "completions",
+    "embeddings",
+)  # gateway.config.CACHEABLE_ENDPOINTS
 TIERS: tuple[str, ...] = ("l1", "l2")
 LOOKUP_OUTCOMES: tuple[str, ...] = ("hit", "miss", "error")
 # One (result, reason) per result, so `sum by (result)` has every result from the first scrape; other reasons
 # appear with their first event (the reason set is open: upstream error codes, refusals).
-KNOWN_RESULTS: tuple[tuple[str, str], ...] = (("hit", "l1"), ("hit", "l2"), ("miss", "stored"),
-                                               ("coalesced", "stored"), ("stale", "error"),
-                                               ("bypass", "temperature"), ("error", "error"))
+KNOWN_RESULTS: tuple[tuple[str, str], ...] = (
+    ("hit", "l1"),
+    ("hit", "l2"),
+    ("miss", "stored"),
+    ("coalesced", "stored"),
+    ("stale", "error"),
+    ("bypass", "temperature"),
+    ("error", "error"),
+)
 CHARTED_LATENCY_RESULTS: tuple[str, ...] = ("hit", "miss", "coalesced", "stale")
-LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                   1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+LATENCY_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+)
 
 
 class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("tokenedge_requests", "Requests by route, result and reason",
-                                ["route", "result", "reason"], registry=r)
-        self.lookups = Counter("tokenedge_cache_lookups", "Cache lookups by tier and outcome",
-                               ["tier", "outcome"], registry=r)
-        self.request_duration = Histogram("tokenedge_request_duration_seconds", "Gateway request latency",
-                                          ["route", "result"], buckets=LATENCY_BUCKETS, registry=r)
-        self.upstream_duration = Histogram("tokenedge_upstream_duration_seconds", "Upstream call latency",
-                                           ["route"], buckets=LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram("tokenedge_time_to_first_token_seconds", "Time to first streamed token",
-                              ["route", "result"], buckets=LATENCY_BUCKETS, registry=r)
-        self.stage_duration = Histogram("tokenedge_stage_duration_seconds",
-                                        "Per-request latency breakdown by stage", ["stage"],
-                                        buckets=LATENCY_BUCKETS, registry=r)
-        self.tokenize_duration = Histogram("tokenedge_tokenize_duration_seconds", "Tokenization latency",
-                                           buckets=LATENCY_BUCKETS, registry=r)
-        self.tokens_saved = Counter("tokenedge_tokens_saved", "Prompt + completion tokens served from cache",
-                                    registry=r)
-        self.bytes_from_cache = Counter("tokenedge_bytes_served_from_cache", "Body bytes served from cache",
-                                        registry=r)
-        self.cache_errors = Counter("tokenedge_cache_errors", "Cache tier failures (served degraded)",
-                                    ["tier"], registry=r)
-        self.cache_stores = Counter("tokenedge_cache_stores", "Entries written, by tier", ["tier"], registry=r)
-        self.cache_refusals = Counter("tokenedge_cache_store_refusals", "Entries a tier refused to store, by reason",
-                                      ["tier", "reason"], registry=r)
-        self.cache_entries = Gauge("tokenedge_cache_entries", "Entries held, by tier", ["tier"],
-                                   multiprocess_mode="livesum", registry=r)
-        self.cache_bytes = Gauge("tokenedge_cache_bytes", "Bytes held, by tier", ["tier"],
-                                 multiprocess_mode="livesum", registry=r)
-        self.cache_evictions = Gauge("tokenedge_cache_evictions", "Capacity evictions since start, by tier",
-                                     ["tier"], multiprocess_mode="livesum", registry=r)
-        self.upstream_up = Gauge("tokenedge_upstream_up", "1 when the last upstream contact succeeded",
-                                 multiprocess_mode="livemin", registry=r)
-        self.slow_clients = Counter("tokenedge_slow_clients", "Connections closed at the edge: a request head or "
-                                    "body too slow, or over the connection cap", ["phase"], registry=r)
-        self.tag_truncations = Counter("tokenedge_tag_header_truncations", "Tags dropped to fit CDN header limits",
-                                       registry=r)
-        self.cost_saved = Counter("tokenedge_cost_saved_usd", "Estimated upstream cost of the answers served from "
-                                  "cache, in USD (dashboard.prices)", registry=r)
+        self.requests = Counter(
+            "tokenedge_requests",
+            "Requests by route, result and reason",
+            ["route", "result", "reason"],
+            registry=r,
+        )
+        self.lookups = Counter(
+            "tokenedge_cache_lookups", "Cache lookups by tier and outcome", ["tier", "outcome"], registry=r
+        )
+        self.request_duration = Histogram(
+            "tokenedge_request_duration_seconds",
+            "Gateway request latency",
+            ["route", "result"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.upstream_duration = Histogram(
+            "tokenedge_upstream_duration_seconds",
+            "Upstream call latency",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "tokenedge_time_to_first_token_seconds",
+            "Time to first streamed token",
+            ["route", "result"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.stage_duration = Histogram(
+            "tokenedge_stage_duration_seconds",
+            "Per-request latency breakdown by stage",
+            ["stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokenize_duration = Histogram(
+            "tokenedge_tokenize_duration_seconds", "Tokenization latency", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.tokens_saved = Counter(
+            "tokenedge_tokens_saved", "Prompt + completion tokens served from cache", registry=r
+        )
+        self.bytes_from_cache = Counter(
+            "tokenedge_bytes_served_from_cache", "Body bytes served from cache", registry=r
+        )
+        self.cache_errors = Counter(
+            "tokenedge_cache_errors", "Cache tier failures (served degraded)", ["tier"], registry=r
+        )
+        self.cache_stores = Counter(
+            "tokenedge_cache_stores", "Entries written, by tier", ["tier"], registry=r
+        )
+        self.cache_refusals = Counter(
+            "tokenedge_cache_store_refusals",
+            "Entries a tier refused to store, by reason",
+            ["tier", "reason"],
+            registry=r,
+        )
+        self.cache_entries = Gauge(
+            "tokenedge_cache_entries",
+            "Entries held, by tier",
+            ["tier"],
+            multiprocess_mode="livesum",
+            registry=r,
+        )
+        self.cache_bytes = Gauge(
+            "tokenedge_cache_bytes", "Bytes held, by tier", ["tier"], multiprocess_mode="livesum", registry=r
+        )
+        self.cache_evictions = Gauge(
+            "tokenedge_cache_evictions",
+            "Capacity evictions since start, by tier",
+            ["tier"],
+            multiprocess_mode="livesum",
+            registry=r,
+        )
+        self.upstream_up = Gauge(
+            "tokenedge_upstream_up",
+            "1 when the last upstream contact succeeded",
+            multiprocess_mode="livemin",
+            registry=r,
+        )
+        self.slow_clients = Counter(
+            "tokenedge_slow_clients",
+            "Connections closed at the edge: a request head or body too slow, or over the connection cap",
+            ["phase"],
+            registry=r,
+        )
+        self.tag_truncations = Counter(
+            "tokenedge_tag_header_truncations", "Tags dropped to fit CDN header limits", registry=r
+        )
+        self.cost_saved = Counter(
+            "tokenedge_cost_saved_usd",
+            "Estimated upstream cost of the answers served from cache, in USD (dashboard.prices)",
+            registry=r,
+        )
 
         self._stages: dict[str, Histogram] = {}
         self.tally = Tally()  # the hot path records here; flushed into the objects above (gateway/tally.py)
@@ -140,7 +226,9 @@ class GatewayMetrics:
         self.tally.flush()
         return generate_latest(_WithSharedTiers(self._source(), shared or {}))
 
-    def samples(self, shared: Mapping[str, tuple[int, int]] | None = None, *, charted_only: bool = False) -> Samples:
+    def samples(
+        self, shared: Mapping[str, tuple[int, int]] | None = None, *, charted_only: bool = False
+    ) -> Samples:
         """Sample name -> [(labels, value)], exactly what `render` writes (the same collectors), without the text.
 
         `charted_only`: just the families the dashboard's history keeps (a tenth of the work in one process).
@@ -181,8 +269,10 @@ class _WithSharedTiers(Collector):
                 seen.add(metric.name)
                 index = 0 if metric.name == ENTRIES else 1
                 metric.samples = [s for s in metric.samples if s.labels.get("tier") not in self._shared]
-                metric.samples.extend(Sample(metric.name, {"tier": tier}, float(sizes[index]))
-                                      for tier, sizes in self._shared.items())
+                metric.samples.extend(
+                    Sample(metric.name, {"tier": tier}, float(sizes[index]))
+                    for tier, sizes in self._shared.items()
+                )
             yield metric
         for name, index, doc in ((ENTRIES, 0, "Entries held, by tier"), (BYTES, 1, "Bytes held, by tier")):
             if self._shared and name not in seen:

@@ -51,9 +51,15 @@ def select(recorded: Sequence[Replayable | None], top: int, revision: str | None
     return chosen
 
 
-async def reask(items: Sequence[Replayable], send: Send, *, rate_per_s: float, concurrency: int,
-                clock: Callable[[], float] = time.monotonic,
-                sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> Counter[str]:
+async def reask(
+    items: Sequence[Replayable],
+    send: Send,
+    *,
+    rate_per_s: float,
+    concurrency: int,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> Counter[str]:
     """Send each item, the i-th no earlier than start + i / rate; outcomes counted (hit, stored, status-NNN...)."""
     outcomes: Counter[str] = Counter()
     gate = asyncio.Semaphore(concurrency)
@@ -95,8 +101,9 @@ def unstreamed(body: bytes) -> bytes:
 def http_sender(session: aiohttp.ClientSession, base_url: str) -> Send:
     async def send(item: Replayable) -> str:
         try:
-            async with session.post(base_url + item.path, data=unstreamed(item.body),
-                                    headers={"Content-Type": "application/json"}) as resp:
+            async with session.post(
+                base_url + item.path, data=unstreamed(item.body), headers={"Content-Type": "application/json"}
+            ) as resp:
                 await resp.read()
                 status = resp.headers.get("Cache-Status", "")
         except (aiohttp.ClientError, TimeoutError):
@@ -116,23 +123,37 @@ def gateway_url(config: GatewayConfig) -> str:
 async def recorded_requests(config: GatewayConfig) -> list[Replayable | None]:
     """Every recorded request, hottest first (bounded by `cache.hot_record_max_keys`)."""
     c = config.cache
-    client: aioredis.Redis = cluster_client(c.redis_url, timeout_s=5.0) if is_cluster_url(  # type: ignore[assignment]
-        c.redis_url) else aioredis.Redis.from_url(c.redis_url, socket_timeout=5.0)
-    settings = HotSettings(max_keys=c.hot_record_max_keys, batch=1, flush_s=1.0, half_life_s=1.0,
-                           max_request_bytes=0, timeout_s=5.0)
-    record = HotRecord(client, settings, time.time, Metric("unused", "", ["outcome"], registry=CollectorRegistry()))
+    client: aioredis.Redis = (
+        cluster_client(c.redis_url, timeout_s=5.0)
+        if is_cluster_url(  # type: ignore[assignment]
+            c.redis_url
+        )
+        else aioredis.Redis.from_url(c.redis_url, socket_timeout=5.0)
+    )
+    settings = HotSettings(
+        max_keys=c.hot_record_max_keys,
+        batch=1,
+        flush_s=1.0,
+        half_life_s=1.0,
+        max_request_bytes=0,
+        timeout_s=5.0,
+    )
+    record = HotRecord(
+        client, settings, time.time, Metric("unused", "", ["outcome"], registry=CollectorRegistry())
+    )
     try:
         keys = await record.top(c.hot_record_max_keys)
         out: list[Replayable | None] = []
         for start in range(0, len(keys), READ_CHUNK):
-            out += await record.requests(keys[start:start + READ_CHUNK])
+            out += await record.requests(keys[start : start + READ_CHUNK])
         return out
     finally:
         await client.aclose()
 
 
-async def warm(config: GatewayConfig, *, top: int, rate_per_s: float, concurrency: int, url: str,
-               revision: str | None) -> Counter[str]:
+async def warm(
+    config: GatewayConfig, *, top: int, rate_per_s: float, concurrency: int, url: str, revision: str | None
+) -> Counter[str]:
     items = select(await recorded_requests(config), top, revision)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=config.upstream.read_timeout_s)
     async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -140,8 +161,11 @@ async def warm(config: GatewayConfig, *, top: int, rate_per_s: float, concurrenc
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tokenedge-gateway warm", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="tokenedge-gateway warm",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--config", metavar="PATH", help="TOML config file (default: $TOKENEDGE_CONFIG)")
     parser.add_argument("--top", type=int, required=True, help="how many of the hottest distinct requests")
     parser.add_argument("--rate", type=float, default=5.0, help="requests started per second (default 5)")
@@ -162,11 +186,21 @@ def main(argv: Sequence[str], env: dict[str, str]) -> int:
         print(f"tokenedge-gateway warm: configuration error: {exc}", file=sys.stderr)
         return 2
     if config.cache.l2_kind != "redis":
-        print("tokenedge-gateway warm: needs a Redis L2 (cache.redis_url): the hot-key record lives there",
-              file=sys.stderr)
+        print(
+            "tokenedge-gateway warm: needs a Redis L2 (cache.redis_url): the hot-key record lives there",
+            file=sys.stderr,
+        )
         return 2
-    outcomes = asyncio.run(warm(config, top=args.top, rate_per_s=args.rate, concurrency=args.concurrency,
-                                url=(args.url or gateway_url(config)).rstrip("/"), revision=args.revision))
+    outcomes = asyncio.run(
+        warm(
+            config,
+            top=args.top,
+            rate_per_s=args.rate,
+            concurrency=args.concurrency,
+            url=(args.url or gateway_url(config)).rstrip("/"),
+            revision=args.revision,
+        )
+    )
     summary = ", ".join(f"{name} {count}" for name, count in sorted(outcomes.items())) or "nothing recorded"
     print(f"re-asked {sum(outcomes.values())} request(s): {summary}")
     failed = sum(count for name, count in outcomes.items() if name not in ("hit", "stored", "not-stored"))

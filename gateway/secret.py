@@ -34,15 +34,21 @@ async def load_scope_secret(config: GatewayConfig) -> bytes:
         try:
             return await _from_redis(config.cache.redis_url, config.cache.redis_timeout_s)
         except (RedisError, OSError, TimeoutError) as exc:
-            log.warning("scope secret: Redis unreachable (%s); using the file under %s, so replicas will not share "
-                        "entries until it is reachable at start", type(exc).__name__, config.server.state_dir)
+            log.warning(
+                "scope secret: Redis unreachable (%s); using the file under %s, so replicas will not share "
+                "entries until it is reachable at start",
+                type(exc).__name__,
+                config.server.state_dir,
+            )
     return file_secret(Path(config.server.state_dir))
 
 
 async def _from_redis(url: str, timeout_s: float) -> bytes:
     client: aioredis.Redis | RedisCluster = (
-        cluster_client(url, timeout_s=max(timeout_s, 2.0)) if is_cluster_url(url)
-        else aioredis.Redis.from_url(url, socket_timeout=max(timeout_s, 2.0), socket_connect_timeout=2.0))
+        cluster_client(url, timeout_s=max(timeout_s, 2.0))
+        if is_cluster_url(url)
+        else aioredis.Redis.from_url(url, socket_timeout=max(timeout_s, 2.0), socket_connect_timeout=2.0)
+    )
     try:
         await client.set(SECRET_KEY, secrets.token_hex(32), nx=True)
         value = await client.get(SECRET_KEY)

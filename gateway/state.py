@@ -33,17 +33,24 @@ class GatewayState:
     policies: dict[str, RoutePolicy] = field(default_factory=dict)  # per cacheable endpoint, built at startup
     stream_flights: StreamFlights = field(default_factory=StreamFlights)
     extensions: dict[str, object] = field(default_factory=dict)  # CDN purge clients, token registry, ...
-    dashboard: DashboardState = field(default_factory=DashboardState)  # history rings, hot keys (gateway.dashboard)
+    dashboard: DashboardState = field(
+        default_factory=DashboardState
+    )  # history rings, hot keys (gateway.dashboard)
     coherence: Coherence | None = None  # the invalidation bus end of this process (gateway.coherence)
-
 
     def __post_init__(self) -> None:
         stale_s = self.config.cache.stale_if_error_s
         for endpoint, route in self.config.routes.items():
-            self.policies.setdefault(endpoint, RoutePolicy(
-                enabled=route.enabled, ttl_s=route.ttl_s, allow_seeded=route.allow_seeded,
-                allow_n_gt_1=route.allow_n_gt_1, stale_if_error_s=stale_s))
-
+            self.policies.setdefault(
+                endpoint,
+                RoutePolicy(
+                    enabled=route.enabled,
+                    ttl_s=route.ttl_s,
+                    allow_seeded=route.allow_seeded,
+                    allow_n_gt_1=route.allow_n_gt_1,
+                    stale_if_error_s=stale_s,
+                ),
+            )
 
 
 STATE: web.AppKey[GatewayState] = web.AppKey("tokenedge_state", GatewayState)

@@ -21,8 +21,19 @@ STAGES: tuple[str, ...] = ("parse", "l1", "l2", "upstream", "serialize")
 
 
 class StageTimer:
-    __slots__ = ("_mark", "done", "first_token_at", "key", "prepared_at", "reason", "result", "route", "stages",
-                 "started", "status")
+    __slots__ = (
+        "_mark",
+        "done",
+        "first_token_at",
+        "key",
+        "prepared_at",
+        "reason",
+        "result",
+        "route",
+        "stages",
+        "started",
+        "status",
+    )
 
     def __init__(self, route: str) -> None:
         self.route = route

@@ -20,12 +20,25 @@ from gateway.config import UpstreamConfig
 from gateway.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
 
 # RFC 9110 §7.6.1: connection-specific fields a proxy must not forward, plus fields the proxy recomputes.
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization", "te",
-    "trailer", "transfer-encoding", "upgrade", "host", "content-length",
-})
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
 # Request fields the gateway consumes itself.
-GATEWAY_ONLY = frozenset({"cache-control", "pragma", "x-tokenedge-debug", "if-none-match", "x-tokenedge-proxy-secret"})
+GATEWAY_ONLY = frozenset(
+    {"cache-control", "pragma", "x-tokenedge-debug", "if-none-match", "x-tokenedge-proxy-secret"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +72,17 @@ def relay_headers(upstream: Mapping[str, str]) -> CIMultiDict[str]:
     out: CIMultiDict[str] = CIMultiDict()
     for name, value in upstream.items():
         lower = name.lower()
-        if lower in HOP_BY_HOP or lower in ("date", "server", "content-type", "cache-control", "age", "etag",
-                                            "expires", "set-cookie", "x-tokenedge-revision"):
+        if lower in HOP_BY_HOP or lower in (
+            "date",
+            "server",
+            "content-type",
+            "cache-control",
+            "age",
+            "etag",
+            "expires",
+            "set-cookie",
+            "x-tokenedge-revision",
+        ):
             continue
         out.add(name, value)
     return out
@@ -71,17 +93,25 @@ class Upstream:
         self.config = config
         self._session = session
         self._base = config.url.rstrip("/")
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=config.connect_timeout_s,
-                                              sock_connect=config.connect_timeout_s,
-                                              sock_read=config.read_timeout_s)
+        self._timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=config.connect_timeout_s,
+            sock_connect=config.connect_timeout_s,
+            sock_read=config.read_timeout_s,
+        )
 
     @staticmethod
     def make_session(config: UpstreamConfig) -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(limit=config.max_connections, keepalive_timeout=30, ttl_dns_cache=300)
-        return aiohttp.ClientSession(connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",))
+        connector = aiohttp.TCPConnector(
+            limit=config.max_connections, keepalive_timeout=30, ttl_dns_cache=300
+        )
+        return aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
+        )
 
-    async def request(self, method: str, path_qs: str, headers: Mapping[str, str],
-                      body: bytes | None = None) -> UpstreamResponse:
+    async def request(
+        self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None = None
+    ) -> UpstreamResponse:
         async with self.open(method, path_qs, headers, body) as resp:
             try:
                 data = await resp.read()
@@ -90,11 +120,18 @@ class Upstream:
             return UpstreamResponse(resp.status, resp.headers, data)
 
     @asynccontextmanager
-    async def open(self, method: str, path_qs: str, headers: Mapping[str, str],
-                   body: bytes | None = None) -> AsyncIterator[aiohttp.ClientResponse]:
+    async def open(
+        self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None = None
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
         try:
-            resp = await self._session.request(method, self._base + path_qs, headers=headers, data=body,
-                                               timeout=self._timeout, allow_redirects=False)
+            resp = await self._session.request(
+                method,
+                self._base + path_qs,
+                headers=headers,
+                data=body,
+                timeout=self._timeout,
+                allow_redirects=False,
+            )
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise translate(exc) from exc
         try:

@@ -85,8 +85,10 @@ def _fail(param: str, expected: str, value: Any) -> BadRequest:
 
 
 _NUMERIC_RANGES: dict[str, tuple[float, float]] = {
-    "temperature": (0.0, 2.0), "top_p": (0.0, 1.0),
-    "presence_penalty": (-2.0, 2.0), "frequency_penalty": (-2.0, 2.0),
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
 }
 
 
@@ -107,8 +109,11 @@ def _check_common(body: Mapping[str, Any]) -> None:
     if "stream" in body and body["stream"] is not None and not isinstance(body["stream"], bool):
         raise _fail("stream", "a boolean", body["stream"])
     stop = body.get("stop")
-    if stop is not None and not isinstance(stop, str) and not (
-            isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+    if (
+        stop is not None
+        and not isinstance(stop, str)
+        and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+    ):
         raise _fail("stop", "a string or a list of strings", stop)
     for name in ("stream_options", "logit_bias", "metadata", "response_format"):
         value = body.get(name)
@@ -129,8 +134,11 @@ def _is_text_or_tokens(value: Any) -> bool:
         return True
     if not isinstance(value, list) or not value:
         return False
-    return (all(isinstance(v, str) for v in value) or all(_is_int(v) for v in value)
-            or all(isinstance(v, list) and v and all(_is_int(t) for t in v) for v in value))
+    return (
+        all(isinstance(v, str) for v in value)
+        or all(_is_int(v) for v in value)
+        or all(isinstance(v, list) and v and all(_is_int(t) for t in v) for v in value)
+    )
 
 
 def validate(endpoint: str, body: Mapping[str, Any]) -> None:

@@ -74,8 +74,10 @@ def count_hit(state: GatewayState, key: str) -> None:
 def count_store(state: GatewayState, req: FillRequest) -> None:
     record = hot_record_of(state)
     if record is not None:
-        record.stored(Replayable(req.key.key, req.endpoint, req.path_qs, req.model, req.revision, req.body),
-                      req.key.scope)
+        record.stored(
+            Replayable(req.key.key, req.endpoint, req.path_qs, req.model, req.revision, req.body),
+            req.key.scope,
+        )
 
 
 async def fill_l1(state: GatewayState, record: HotRecord, top: int, warmup: Warmup) -> None:
@@ -94,10 +96,17 @@ async def fill_l1(state: GatewayState, record: HotRecord, top: int, warmup: Warm
     now = state.clock()
     filled: dict[str, str] = {}
     for key, entry in reversed(list(zip(keys, entries, strict=True))):
-        if entry is not None and entry.key == key and entry.age_s(now) <= entry.ttl_s and state.cache.l1.set(entry):
+        if (
+            entry is not None
+            and entry.key == key
+            and entry.age_s(now) <= entry.ttl_s
+            and state.cache.l1.set(entry)
+        ):
             filled[key] = entry.etag
     again = await read_batched(l2, list(filled))
-    gone = [key for key, entry in zip(filled, again, strict=True) if entry is None or entry.etag != filled[key]]
+    gone = [
+        key for key, entry in zip(filled, again, strict=True) if entry is None or entry.etag != filled[key]
+    ]
     state.cache.l1.delete(gone)
     warmup.filled = len(filled) - len(gone)
 
@@ -105,14 +114,16 @@ async def fill_l1(state: GatewayState, record: HotRecord, top: int, warmup: Warm
 async def read_batched(l2: Tier, keys: list[str]) -> list[Entry | None]:
     entries: list[Entry | None] = []
     for start in range(0, len(keys), FILL_BATCH):
-        entries += await l2.get_many(keys[start:start + FILL_BATCH])
+        entries += await l2.get_many(keys[start : start + FILL_BATCH])
     return entries
 
 
 async def run_fill(state: GatewayState, record: HotRecord, warmup: Warmup) -> None:
     config = state.config.cache
     try:
-        await asyncio.wait_for(fill_l1(state, record, config.warm_fill_top, warmup), config.warm_fill_timeout_s)
+        await asyncio.wait_for(
+            fill_l1(state, record, config.warm_fill_top, warmup), config.warm_fill_timeout_s
+        )
         warmup.outcome = "filled"
     except TimeoutError:
         warmup.outcome = "timeout"
@@ -132,9 +143,14 @@ def _client(url: str, timeout_s: float) -> aioredis.Redis:
 
 def settings_of(state: GatewayState) -> HotSettings:
     c = state.config.cache
-    return HotSettings(max_keys=c.hot_record_max_keys, batch=c.hot_record_batch, flush_s=c.hot_record_flush_s,
-                       half_life_s=c.hot_record_half_life_s, max_request_bytes=c.hot_record_max_request_bytes,
-                       timeout_s=c.redis_timeout_s * 4)
+    return HotSettings(
+        max_keys=c.hot_record_max_keys,
+        batch=c.hot_record_batch,
+        flush_s=c.hot_record_flush_s,
+        half_life_s=c.hot_record_half_life_s,
+        max_request_bytes=c.hot_record_max_request_bytes,
+        timeout_s=c.redis_timeout_s * 4,
+    )
 
 
 async def warm_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -145,8 +161,12 @@ async def warm_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     client = _client(config.redis_url, config.redis_timeout_s)
-    flushes = Counter("tokenedge_hot_record_flushes", "Hot-key record flushes to Redis", ["outcome"],
-                      registry=state.metrics.registry)
+    flushes = Counter(
+        "tokenedge_hot_record_flushes",
+        "Hot-key record flushes to Redis",
+        ["outcome"],
+        registry=state.metrics.registry,
+    )
     record = HotRecord(client, settings_of(state), state.clock, flushes)
     state.extensions[HOT] = record
     tasks = [asyncio.ensure_future(record.run())]

@@ -48,9 +48,13 @@ def _graph() -> dict[str, set[str]]:
 
 
 def test_gateway_and_backend_never_import_each_other() -> None:
-    crossings = sorted((a, b) for a, targets in _graph().items() for b in targets
-                       if {a.split(".")[0], b.split(".")[0]} == {"gateway", "backend"}
-                       or (a.startswith("tokenedge_wire") and not b.startswith("tokenedge_wire")))
+    crossings = sorted(
+        (a, b)
+        for a, targets in _graph().items()
+        for b in targets
+        if {a.split(".")[0], b.split(".")[0]} == {"gateway", "backend"}
+        or (a.startswith("tokenedge_wire") and not b.startswith("tokenedge_wire"))
+    )
     assert not crossings, crossings
 
 
@@ -66,7 +70,7 @@ def test_no_module_imports_itself_back() -> None:
         stack.append(node)
         for nxt in sorted(edges[node]):
             if state.get(nxt) == 1:
-                cycles.append([*stack[stack.index(nxt):], nxt])
+                cycles.append([*stack[stack.index(nxt) :], nxt])
             elif nxt not in state:
                 visit(nxt, stack)
         stack.pop()
@@ -87,8 +91,14 @@ def _layout_rows() -> dict[str, str]:
 
 def test_the_readme_layout_names_every_top_level_folder() -> None:
     named = " ".join(_layout_rows())
-    folders = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != "build"
-               and not p.name.endswith(".egg-info")}
+    folders = {
+        p.name
+        for p in ROOT.iterdir()
+        if p.is_dir()
+        and not p.name.startswith(".")
+        and p.name != "build"
+        and not p.name.endswith(".egg-info")
+    }
     missing = sorted(f for f in folders if f"`{f}/`" not in named)
     assert not missing, f"README layout lacks {missing}"
 

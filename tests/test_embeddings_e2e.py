@@ -41,23 +41,45 @@ async def embed_twice(client: AsyncOpenAI, **kwargs: Any) -> list[list[float]]:
 
 async def test_smollm2_embeddings_and_models_through_make_run() -> None:
     backend_port, gateway_port = free_port(), free_port()
-    env = {**os.environ, "TOKENEDGE_BACKEND_PORT": str(backend_port), "TOKENEDGE_SERVER_PORT": str(gateway_port),
-           "TOKENEDGE_UPSTREAM_URL": f"http://127.0.0.1:{backend_port}", "TOKENEDGE_BACKEND_NUM_BLOCKS": "256"}
-    proc = await asyncio.create_subprocess_exec("bash", str(ROOT / "scripts" / "run.sh"), cwd=ROOT, env=env,
-                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-                                                start_new_session=True)
+    env = {
+        **os.environ,
+        "TOKENEDGE_BACKEND_PORT": str(backend_port),
+        "TOKENEDGE_SERVER_PORT": str(gateway_port),
+        "TOKENEDGE_UPSTREAM_URL": f"http://127.0.0.1:{backend_port}",
+        "TOKENEDGE_BACKEND_NUM_BLOCKS": "256",
+    }
+    proc = await asyncio.create_subprocess_exec(
+        "bash",
+        str(ROOT / "scripts" / "run.sh"),
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         async with aiohttp.ClientSession() as session:
             await wait_ready(session, f"http://127.0.0.1:{backend_port}/health", proc)
             await wait_ready(session, f"http://127.0.0.1:{gateway_port}/health", proc)
-        gateway = AsyncOpenAI(base_url=f"http://127.0.0.1:{gateway_port}/v1", api_key="e2e-key", max_retries=0)
+        gateway = AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{gateway_port}/v1", api_key="e2e-key", max_retries=0
+        )
         backend = AsyncOpenAI(base_url=f"http://127.0.0.1:{backend_port}/v1", api_key="unused", max_retries=0)
         async with gateway, backend:
-            (one,) = await embed_twice(gateway, input="The capital of France is Paris.", encoding_format="float")
-            listed = await embed_twice(gateway, input=["Paris is in France.", "The capital of France is Paris."],
-                                       encoding_format="float")
-            (packed,) = await embed_twice(gateway, input="The capital of France is Paris.")  # the client's base64
-            assert np.allclose(listed[1], one, atol=1e-5) and np.array_equal(np.float32(packed), np.float32(one))
+            (one,) = await embed_twice(
+                gateway, input="The capital of France is Paris.", encoding_format="float"
+            )
+            listed = await embed_twice(
+                gateway,
+                input=["Paris is in France.", "The capital of France is Paris."],
+                encoding_format="float",
+            )
+            (packed,) = await embed_twice(
+                gateway, input="The capital of France is Paris."
+            )  # the client's base64
+            assert np.allclose(listed[1], one, atol=1e-5) and np.array_equal(
+                np.float32(packed), np.float32(one)
+            )
             assert not np.allclose(listed[0], one, atol=1e-2)
 
             model = await backend.models.retrieve(MODEL)
@@ -65,7 +87,11 @@ async def test_smollm2_embeddings_and_models_through_make_run() -> None:
             runtime = extra["tokenedge"]["runtime"]
             assert runtime["device"] == "cpu" and runtime["dtype"] == "bfloat16" and runtime["threads"] >= 1
             assert runtime["attention"] == "sdpa" and runtime["matmul"] and runtime["cpu"]["capability"]
-            assert extra["tokenedge"]["embeddings"] == {"pooling": "last", "normalization": "l2", "dimensions": 576}
+            assert extra["tokenedge"]["embeddings"] == {
+                "pooling": "last",
+                "normalization": "l2",
+                "dimensions": 576,
+            }
             assert (await gateway.models.retrieve(MODEL)).id == MODEL
             with pytest.raises(openai.NotFoundError):
                 await backend.models.retrieve("gpt-9")

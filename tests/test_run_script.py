@@ -40,12 +40,22 @@ def port_is_free(port: int) -> bool:
 
 async def test_run_script_serves_a_miss_then_a_hit_and_one_sigint_stops_both() -> None:
     backend_port, gateway_port = free_port(), free_port()
-    env = {**os.environ, "TOKENEDGE_BACKEND_PORT": str(backend_port), "TOKENEDGE_SERVER_PORT": str(gateway_port),
-           "TOKENEDGE_UPSTREAM_URL": f"http://127.0.0.1:{backend_port}",
-           "TOKENEDGE_BACKEND_NUM_BLOCKS": "256"}
-    proc = await asyncio.create_subprocess_exec("bash", str(ROOT / "scripts" / "run.sh"), cwd=ROOT, env=env,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-                                                start_new_session=True)
+    env = {
+        **os.environ,
+        "TOKENEDGE_BACKEND_PORT": str(backend_port),
+        "TOKENEDGE_SERVER_PORT": str(gateway_port),
+        "TOKENEDGE_UPSTREAM_URL": f"http://127.0.0.1:{backend_port}",
+        "TOKENEDGE_BACKEND_NUM_BLOCKS": "256",
+    }
+    proc = await asyncio.create_subprocess_exec(
+        "bash",
+        str(ROOT / "scripts" / "run.sh"),
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        start_new_session=True,
+    )
     assert proc.stdout is not None
     try:
         banner = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
@@ -54,12 +64,19 @@ async def test_run_script_serves_a_miss_then_a_hit_and_one_sigint_stops_both() -
         async with aiohttp.ClientSession() as session:
             await wait_ready(session, f"http://127.0.0.1:{backend_port}/health", proc)
             await wait_ready(session, f"http://127.0.0.1:{gateway_port}/health", proc)
-            body = {"model": "SmolLM2-135M-Instruct", "temperature": 0, "max_tokens": 8,
-                    "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+            body = {
+                "model": "SmolLM2-135M-Instruct",
+                "temperature": 0,
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            }
             statuses = []
             for _ in range(2):
-                async with session.post(f"http://127.0.0.1:{gateway_port}/v1/chat/completions", json=body,
-                                        headers={"Authorization": "Bearer run-test"}) as resp:
+                async with session.post(
+                    f"http://127.0.0.1:{gateway_port}/v1/chat/completions",
+                    json=body,
+                    headers={"Authorization": "Bearer run-test"},
+                ) as resp:
                     assert resp.status == 200, await resp.text()
                     statuses.append(resp.headers["Cache-Status"])
         assert statuses[0].startswith("tokenedge; fwd=miss; stored")

@@ -33,7 +33,9 @@ def message_problem(index: int, message: Any) -> Problem | None:
         return Problem(f"{where}.role", f"one of {', '.join(ROLES)}", role)
     content = message.get("content")
     if content is None and role in CONTENT_REQUIRED:
-        return Problem(f"{where}.content", f"a string or a list of parts for role {role!r} (not null)", content)
+        return Problem(
+            f"{where}.content", f"a string or a list of parts for role {role!r} (not null)", content
+        )
     if content is not None and not isinstance(content, str | list):
         return Problem(f"{where}.content", "a string, a list of parts or null", content)
     return None

@@ -46,7 +46,7 @@ def decode_request(body: bytes) -> tuple[dict[str, Any], array[int]]:
     if 8 + head_len > len(body):
         raise WireError(f"truncated header: {head_len} bytes announced, {len(body) - 8} present")
     try:
-        header = orjson.loads(body[8:8 + head_len])
+        header = orjson.loads(body[8 : 8 + head_len])
     except orjson.JSONDecodeError:
         raise WireError("the header is not valid JSON") from None
     if not isinstance(header, dict):
@@ -55,7 +55,7 @@ def decode_request(body: bytes) -> tuple[dict[str, Any], array[int]]:
     if rest % 4:
         raise WireError(f"the token array is {rest} bytes long, not a multiple of 4 (int32 ids)")
     ids = array("i")
-    ids.frombytes(body[8 + head_len:])
+    ids.frombytes(body[8 + head_len :])
     if sys.byteorder != "little":
         ids.byteswap()
     return header, ids
@@ -83,8 +83,8 @@ class FrameReader:
                 raise WireError(f"an event frame of {size} bytes exceeds {self.max_frame_bytes}")
             if len(self._buf) < 4 + size:
                 return
-            data = bytes(self._buf[4:4 + size])
-            del self._buf[:4 + size]
+            data = bytes(self._buf[4 : 4 + size])
+            del self._buf[: 4 + size]
             try:
                 event = orjson.loads(data)
             except orjson.JSONDecodeError:

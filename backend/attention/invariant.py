@@ -79,12 +79,20 @@ class InvariantSdpaBackend:
         for bucket, rows in sorted(singles.items()):
             calls.append(self._gathered(ctx, rows, bucket, device))
         in_order = len(calls) == 1 and (
-            len(singles) == 0 or [t for t, _, _ in next(iter(singles.values()))] == list(range(ctx.num_tokens))
+            len(singles) == 0
+            or [t for t, _, _ in next(iter(singles.values()))] == list(range(ctx.num_tokens))
         )
         return InvariantPlan(ctx, tuple(calls), in_order)
 
     def _segment(
-        self, ctx: AttentionContext, seq: int, start: int, end: int, first_len: int, bucket: int, dev: torch.device
+        self,
+        ctx: AttentionContext,
+        seq: int,
+        start: int,
+        end: int,
+        first_len: int,
+        bucket: int,
+        dev: torch.device,
     ) -> _Call:
         """Rows start..end-1 of sequence `seq` (one bucket), over its blocks expanded across the rows."""
         num_blocks = bucket * self.split // ctx.block_size

@@ -60,7 +60,9 @@ def make_attention_backend(
 ) -> AttentionBackend:
     if batch_invariant:
         if requested == "flash":
-            raise ValueError("attention='flash' is not batch-invariant: use 'auto' or turn batch_invariant off")
+            raise ValueError(
+                "attention='flash' is not batch-invariant: use 'auto' or turn batch_invariant off"
+            )
         return InvariantSdpaBackend(num_heads, num_kv_heads, head_dim, block_size)
     name = resolve_attention(requested, device, dtype, block_size)
     if name == "flash":

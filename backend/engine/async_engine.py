@@ -163,7 +163,9 @@ class AsyncEngine:
                 self._publish()
                 continue
             self._publish()
-            deliveries: list[tuple[asyncio.Queue[_Delivery], _Delivery]] = []  # one hand-off to the event loop per step, however many tokens it made
+            deliveries: list[
+                tuple[asyncio.Queue[_Delivery], _Delivery]
+            ] = []  # one hand-off to the event loop per step, however many tokens it made
             for output in outputs:
                 out = self._outputs.get(output.request_id)
                 if out is not None:

@@ -146,7 +146,9 @@ class LLMEngine:
         for seq, token, reason in new_tokens:
             assert reason != "abort"
             outputs.append(
-                StepOutput(seq.request_id, TokenOut(token, reason, seq.num_prompt_tokens, seq.num_cached_tokens))
+                StepOutput(
+                    seq.request_id, TokenOut(token, reason, seq.num_prompt_tokens, seq.num_cached_tokens)
+                )
             )
             if reason is not None:
                 del self._seqs[seq.request_id]
@@ -172,8 +174,11 @@ class LLMEngine:
 
     def _propose_drafts(self) -> None:
         """Append drafts to greedy decodes while every decode still fits the step's token budget."""
-        decodes = [s for s in self.scheduler.running if s.num_computed_tokens == s.num_tokens - 1
-                   and not isinstance(s, EmbeddingSequence)]  # an embedding's last prompt token drafts nothing
+        decodes = [
+            s
+            for s in self.scheduler.running
+            if s.num_computed_tokens == s.num_tokens - 1 and not isinstance(s, EmbeddingSequence)
+        ]  # an embedding's last prompt token drafts nothing
         room = self.config.max_num_batched_tokens - len(decodes)
         spec = self.speculative
         for seq in decodes:

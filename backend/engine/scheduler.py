@@ -63,7 +63,9 @@ class Scheduler:
         preempted = False
         # decodes first (stable sort), so a long prefill chunk never starves the streams already running
         # (a decode verifying speculative drafts is still a decode: it comes first, whole)
-        for seq in sorted(self.running, key=lambda s: s.num_tokens - len(s.draft) - s.num_computed_tokens > 1):
+        for seq in sorted(
+            self.running, key=lambda s: s.num_tokens - len(s.draft) - s.num_computed_tokens > 1
+        ):
             if budget == 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:

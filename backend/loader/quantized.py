@@ -49,7 +49,9 @@ class Int4Blocks:
         return Int4Blocks(self.codes[order], self.scales[order], self.zeros[order])
 
 
-def int4_blocks(raw: np.ndarray, kind: gguf.GGMLQuantizationType, shape: tuple[int, int]) -> Int4Blocks | None:
+def int4_blocks(
+    raw: np.ndarray, kind: gguf.GGMLQuantizationType, shape: tuple[int, int]
+) -> Int4Blocks | None:
     """The blocks of a Q4_0/Q4_1 tensor ([N, K] as numpy rows); None for any other type."""
     block_bytes = _BLOCK_BYTES.get(kind)
     if block_bytes is None:

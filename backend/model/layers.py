@@ -48,7 +48,9 @@ class TiledLinear(nn.Linear):
         self.tiling = memo[key]
 
 
-def _linear(in_features: int, out_features: int, dtype: torch.dtype, device: str | torch.device) -> TiledLinear:
+def _linear(
+    in_features: int, out_features: int, dtype: torch.dtype, device: str | torch.device
+) -> TiledLinear:
     layer = TiledLinear(in_features, out_features, bias=False, dtype=dtype, device=device)
     layer.weight.requires_grad_(False)
     return layer
@@ -85,7 +87,9 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         # h: [T, hidden] in the weight dtype
         num_tokens = h.shape[0]
-        q, k, v = self.qkv_proj(h, invariant).split(self.split_sizes, dim=-1)  # [T, H*D], [T, KH*D], [T, KH*D]
+        q, k, v = self.qkv_proj(h, invariant).split(
+            self.split_sizes, dim=-1
+        )  # [T, H*D], [T, KH*D], [T, KH*D]
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # q: [T, H, D]
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # k: [T, KH, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # v: [T, KH, D] (a strided view)

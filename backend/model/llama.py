@@ -136,7 +136,9 @@ class LlamaModel(nn.Module):
         self._head_tiling = calibrate_tiling(
             self._head_matmul, self.config.hidden_size, torch.float32, self.device
         )
-        _LOG.info("batch-invariant row tilings measured in %.1f s: %s", time.perf_counter() - start, self.tilings)
+        _LOG.info(
+            "batch-invariant row tilings measured in %.1f s: %s", time.perf_counter() - start, self.tilings
+        )
 
     @property
     def tilings(self) -> dict[str, RowTiling]:

@@ -178,8 +178,9 @@ def quantize_model(
 ) -> None:
     """Quantize a loaded CPU model in place: decoder projections and a greedy-exact LM head."""
     if model.device.type != "cpu":
-        raise ValueError("quantized weights use torch's CPU kernels: use --weights dequantized on this device")
+        raise ValueError(
+            "quantized weights use torch's CPU kernels: use --weights dequantized on this device"
+        )
     quantize_layers(model, dense, blocks)
     model.head = RescoredHead(model.output_weight_fp32())
     model._head_tiling = None  # re-calibrate: the linears changed
-

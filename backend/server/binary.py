@@ -62,16 +62,28 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if endpoint not in ENDPOINTS or not isinstance(params, dict):
         raise bad_request("the header needs 'endpoint' (chat or completion) and a 'params' object")
     if header.get("tokenizer") != model.tokenizer.version:
-        raise ApiError(409, f"these ids are for tokenizer {header.get('tokenizer')!r}, this model uses "
-                            f"{model.tokenizer.version!r}", code="tokenizer_mismatch")
+        raise ApiError(
+            409,
+            f"these ids are for tokenizer {header.get('tokenizer')!r}, this model uses "
+            f"{model.tokenizer.version!r}",
+            code="tokenizer_mismatch",
+        )
     req = parse_request({**params, "prompt": [0]}, "completion", limits.max_n)  # sampling params, same checks
     check_model(req, model)
     prompt_ids = check_ids(ids, model)
     sampling = choice_params(req, len(prompt_ids), model, limits)
     meta = response_meta(endpoint, model)
     usage = Usage()
-    events = run_choices(app[ENGINE_KEY].generate, model.tokenizer, prompt_ids, sampling, req.stop, meta["id"],
-                         usage, on_first_token=app[METRICS_KEY].ttft_seconds.observe)
+    events = run_choices(
+        app[ENGINE_KEY].generate,
+        model.tokenizer,
+        prompt_ids,
+        sampling,
+        req.stop,
+        meta["id"],
+        usage,
+        on_first_token=app[METRICS_KEY].ttft_seconds.observe,
+    )
     async with contextlib.aclosing(events):
         try:
             first = await anext(events)
@@ -93,8 +105,12 @@ async def generate(request: web.Request) -> web.StreamResponse:
                     texts[event.index] += event.text
                     finish[event.index] = event.finish_reason or finish[event.index]
                     event = await anext(events, None)
-                await response.write(b"".join(frame({"i": i, "t": t, "f": f})
-                                              for i, (t, f) in enumerate(zip(texts, finish, strict=True))))
+                await response.write(
+                    b"".join(
+                        frame({"i": i, "t": t, "f": f})
+                        for i, (t, f) in enumerate(zip(texts, finish, strict=True))
+                    )
+                )
             await response.write(frame({"usage": usage.as_dict()}))
             await response.write_eof()
         except ConnectionResetError:

@@ -57,11 +57,15 @@ def parse_embedding_request(body: Any) -> EmbeddingRequest:
         case "base64":
             fmt = "base64"
         case other:
-            raise bad_request(f"'encoding_format' must be 'float' or 'base64', got {other!r}",
-                              "encoding_format", code="invalid_value")
+            raise bad_request(
+                f"'encoding_format' must be 'float' or 'base64', got {other!r}",
+                "encoding_format",
+                code="invalid_value",
+            )
     dimensions = body.get("dimensions")
-    if dimensions is not None and (not isinstance(dimensions, int) or isinstance(dimensions, bool)
-                                   or dimensions < 1):
+    if dimensions is not None and (
+        not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions < 1
+    ):
         raise bad_request("'dimensions' must be a positive integer", "dimensions", code="invalid_type")
     return EmbeddingRequest(model, _inputs(body.get("input")), fmt, dimensions)
 
@@ -89,7 +93,9 @@ def _inputs(value: Any) -> tuple[str | tuple[int, ...], ...]:
         elif isinstance(item, list) and item and all(_is_token(t) for t in item):
             out.append(tuple(item))
         else:
-            raise bad_request(f"input[{i}] must be a non-empty string or a non-empty array of token ids", "input")
+            raise bad_request(
+                f"input[{i}] must be a non-empty string or a non-empty array of token ids", "input"
+            )
     return tuple(out)
 
 
@@ -116,9 +122,14 @@ def input_ids(req: EmbeddingRequest, model: ServedModel) -> list[list[int]]:
 def check_dimensions(req: EmbeddingRequest, model: ServedModel) -> None:
     """`dimensions` shortens OpenAI's text-embedding-3 vectors; this model's cannot be: only its width passes."""
     if req.dimensions is not None and req.dimensions != model.hidden_size:
-        width = f"its embeddings have {model.hidden_size} dimensions" if model.hidden_size else "unknown width"
-        raise bad_request(f"this model does not support 'dimensions' = {req.dimensions} ({width})", "dimensions",
-                          code="unsupported_value")
+        width = (
+            f"its embeddings have {model.hidden_size} dimensions" if model.hidden_size else "unknown width"
+        )
+        raise bad_request(
+            f"this model does not support 'dimensions' = {req.dimensions} ({width})",
+            "dimensions",
+            code="unsupported_value",
+        )
 
 
 def normalize(vector: torch.Tensor) -> torch.Tensor:
@@ -174,15 +185,16 @@ async def embeddings(request: web.Request) -> web.Response:
         for i, out in enumerate(results)
     ]
     num_tokens = sum(len(p) for p in ids)
-    return web.json_response({
-        "object": "list",
-        "data": data,
-        "model": model.id,
-        "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
-    })
+    return web.json_response(
+        {
+            "object": "list",
+            "data": data,
+            "model": model.id,
+            "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
+        }
+    )
 
 
 def describe(model: ServedModel) -> dict[str, Any]:
     """What /v1/models reports about embeddings under `tokenedge.embeddings`."""
     return {"pooling": POOLING, "normalization": "l2", "dimensions": model.hidden_size}
-

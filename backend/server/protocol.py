@@ -117,7 +117,9 @@ def _messages(value: Any) -> tuple[dict[str, Any], ...]:
     if problem is not None:
         shown = json.dumps(problem.value)[:80]
         raise bad_request(f"'{problem.param}' must be {problem.expected}, got {shown}", problem.param)
-    return tuple({**message, "content": _content(message.get("content"), i)} for i, message in enumerate(value))
+    return tuple(
+        {**message, "content": _content(message.get("content"), i)} for i, message in enumerate(value)
+    )
 
 
 def _content(value: Any, index: int) -> str:
@@ -133,12 +135,14 @@ def _content(value: Any, index: int) -> str:
                 or part.get("type") != "text"
                 or not isinstance(part.get("text"), str)
             ):
-                raise bad_request(f"messages[{index}].content: only text parts are supported",
-                                  f"messages[{index}].content")
+                raise bad_request(
+                    f"messages[{index}].content: only text parts are supported", f"messages[{index}].content"
+                )
             parts.append(part["text"])
         return "".join(parts)
-    raise bad_request(f"messages[{index}].content must be a string or an array of text parts",
-                      f"messages[{index}].content")
+    raise bad_request(
+        f"messages[{index}].content must be a string or an array of text parts", f"messages[{index}].content"
+    )
 
 
 def _prompt(value: Any) -> str | tuple[int, ...]:

@@ -117,4 +117,3 @@ class Tokenizer:
         for i in ids:
             if not 0 <= i < self.vocab_size or i in self._placeholders:
                 raise ValueError(f"token id {i} is outside the vocabulary")
-

@@ -114,9 +114,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tenant-header", default="")
     args = parser.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
-    config = NginxEdgeConfig(backend=args.backend, listen_host=host, listen_port=int(port), prefix=args.prefix,
-                             max_body_bytes=args.max_body_bytes, edge_ttl_s=args.edge_ttl_s,
-                             tenant_header=args.tenant_header)
+    config = NginxEdgeConfig(
+        backend=args.backend,
+        listen_host=host,
+        listen_port=int(port),
+        prefix=args.prefix,
+        max_body_bytes=args.max_body_bytes,
+        edge_ttl_s=args.edge_ttl_s,
+        tenant_header=args.tenant_header,
+    )
     sys.stdout.write(render(config))
     return 0
 

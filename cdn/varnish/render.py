@@ -50,9 +50,11 @@ class VarnishEdgeConfig:
 
     def __repr__(self) -> str:
         token = "***" if self.purge_token else None
-        return (f"VarnishEdgeConfig(backend={self.backend_host}:{self.backend_port}, max_body_bytes="
-                f"{self.max_body_bytes}, purge_token={token!r}, purge_acl={self.purge_acl!r}, "
-                f"tenant_header={self.tenant_header!r}, cache_streams={self.cache_streams})")
+        return (
+            f"VarnishEdgeConfig(backend={self.backend_host}:{self.backend_port}, max_body_bytes="
+            f"{self.max_body_bytes}, purge_token={token!r}, purge_acl={self.purge_acl!r}, "
+            f"tenant_header={self.tenant_header!r}, cache_streams={self.cache_streams})"
+        )
 
 
 def render(config: VarnishEdgeConfig, template: str | None = None) -> str:
@@ -60,9 +62,13 @@ def render(config: VarnishEdgeConfig, template: str | None = None) -> str:
     acl = "".join(_acl_entry(n) for n in config.purge_acl)
     check = ""
     if config.purge_token:
-        check = (f'    if (req.http.X-Purge-Token != "{config.purge_token}") {{\n'
-                 '        return (synth(403, "Forbidden"));\n    }\n')
-    tenant = f'        hash_data("tenant:" + req.http.{config.tenant_header});\n' if config.tenant_header else ""
+        check = (
+            f'    if (req.http.X-Purge-Token != "{config.purge_token}") {{\n'
+            '        return (synth(403, "Forbidden"));\n    }\n'
+        )
+    tenant = (
+        f'        hash_data("tenant:" + req.http.{config.tenant_header});\n' if config.tenant_header else ""
+    )
     values = {
         "backend_host": config.backend_host,
         "backend_port": str(config.backend_port),
@@ -97,9 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     host, _, port = args.backend.rpartition(":")
     config = VarnishEdgeConfig(
-        backend_host=host or "127.0.0.1", backend_port=int(port), max_body_bytes=args.max_body_bytes,
-        purge_token=os.environ.get("TOKENEDGE_VARNISH_PURGE_TOKEN") or None, purge_acl=tuple(args.purge_acl),
-        tenant_header=args.tenant_header, cache_streams=args.cache_streams)
+        backend_host=host or "127.0.0.1",
+        backend_port=int(port),
+        max_body_bytes=args.max_body_bytes,
+        purge_token=os.environ.get("TOKENEDGE_VARNISH_PURGE_TOKEN") or None,
+        purge_acl=tuple(args.purge_acl),
+        tenant_header=args.tenant_header,
+        cache_streams=args.cache_streams,
+    )
     sys.stdout.write(render(config))
     return 0
 

@@ -33,15 +33,18 @@ log = logging.getLogger("tokenedge.coherence")
 
 
 class Coherence:
-    def __init__(self, l1: LocalTier, catalog: ModelCatalog, bus: Bus | None,
-                 clock: Callable[[], float]) -> None:
+    def __init__(
+        self, l1: LocalTier, catalog: ModelCatalog, bus: Bus | None, clock: Callable[[], float]
+    ) -> None:
         self.l1 = l1
         self.catalog = catalog
         self.bus = bus
         self.origin = process_origin()
         self._clock = clock
         self._tasks: set[asyncio.Task[None]] = set()
-        self._acks: dict[str, tuple[set[str], asyncio.Event, int]] = {}  # purge id -> (ackers, all in, wanted)
+        self._acks: dict[
+            str, tuple[set[str], asyncio.Event, int]
+        ] = {}  # purge id -> (ackers, all in, wanted)
         self.subscribed = False
         self.state_changed = asyncio.Event()  # set (and replaced) on every up/down: tests wait on it
         self.applied = 0  # messages from other processes applied here
@@ -115,8 +118,9 @@ class Coherence:
             self._drop_other_revisions(msg.model, msg.revision)
 
     # Publishing.
-    async def publish_purge(self, keys: tuple[str, ...], tags: tuple[str, ...], *,
-                            ack_timeout_s: float) -> int | str:
+    async def publish_purge(
+        self, keys: tuple[str, ...], tags: tuple[str, ...], *, ack_timeout_s: float
+    ) -> int | str:
         """After L2 and this L1 are purged: tell every other process and wait (bounded) until each subscribed
         one confirms it applied the purge. The number of processes that confirmed, or "error"."""
         if self.bus is None:
@@ -133,8 +137,13 @@ class Coherence:
                 try:
                     await asyncio.wait_for(done.wait(), ack_timeout_s)
                 except TimeoutError:
-                    log.warning("purge %s: %d of %d processes confirmed within %.1f s",
-                                msg.id, len(ackers), wanted, ack_timeout_s)
+                    log.warning(
+                        "purge %s: %d of %d processes confirmed within %.1f s",
+                        msg.id,
+                        len(ackers),
+                        wanted,
+                        ack_timeout_s,
+                    )
             return len(ackers)
         except BusUnavailable as exc:
             log.error("purge not published, other processes may keep the entries: %s", exc)

@@ -125,8 +125,8 @@ class LocalHub:
             (size,) = _LEN.unpack_from(buf)
             if len(buf) < _LEN.size + size:
                 break
-            frame = bytes(buf[:_LEN.size + size])
-            del buf[:_LEN.size + size]
+            frame = bytes(buf[: _LEN.size + size])
+            del buf[: _LEN.size + size]
             for j, end in enumerate(self._ends):
                 if j != i:
                     with contextlib.suppress(OSError):  # a dead worker: the others still get the frame

@@ -35,14 +35,26 @@ _MAX_BACKOFF_S = 1.0
 class RedisBus:
     name = "redis"
 
-    def __init__(self, url: str, *, timeout_s: float, ping_interval_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float,
+        ping_interval_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         """`clock` measures liveness (real elapsed time, not the cache's wall clock)."""
-        self._pub = aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                            retry=Retry(NoBackoff(), 0), health_check_interval=0)
+        self._pub = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=0,
+        )
         # No socket timeout on the subscriber: it is idle by design; liveness is the ping below.
-        self._sub = aioredis.Redis.from_url(url, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0),
-                                            health_check_interval=0)
+        self._sub = aioredis.Redis.from_url(
+            url, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0), health_check_interval=0
+        )
         self._timeout_s = timeout_s
         self._ping_interval_s = ping_interval_s
         self._clock = clock
@@ -88,8 +100,12 @@ class RedisBus:
                 backoff_s = 0.02
                 await self._listen(pubsub, receiver)
             except (RedisError, OSError, TimeoutError) as exc:
-                self._log.warning("sub", "invalidation subscription lost, L1 off until back: %s: %s",
-                                  type(exc).__name__, exc)
+                self._log.warning(
+                    "sub",
+                    "invalidation subscription lost, L1 off until back: %s: %s",
+                    type(exc).__name__,
+                    exc,
+                )
             finally:
                 receiver.down()
                 self._subscribed.clear()

@@ -25,8 +25,9 @@ _MAX_BACKOFF_S = 1.0
 
 
 class RevisionWatcher:
-    def __init__(self, base_url: str, session: aiohttp.ClientSession, catalog: ModelCatalog,
-                 headers: dict[str, str]) -> None:
+    def __init__(
+        self, base_url: str, session: aiohttp.ClientSession, catalog: ModelCatalog, headers: dict[str, str]
+    ) -> None:
         self._url = base_url.rstrip("/") + PATH
         self._session = session
         self._catalog = catalog

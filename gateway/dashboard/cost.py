@@ -24,8 +24,10 @@ def parse_prices(entries: Iterable[str]) -> dict[str, Price]:
         except ValueError:
             price = (-1.0, -1.0)
         if not (sep and slash and model.strip()) or min(price) < 0:
-            raise ValueError(f"{entry!r} must be MODEL=INPUT/OUTPUT in USD per million tokens, e.g. "
-                             "'gpt-4o-mini=0.15/0.60'")
+            raise ValueError(
+                f"{entry!r} must be MODEL=INPUT/OUTPUT in USD per million tokens, e.g. "
+                "'gpt-4o-mini=0.15/0.60'"
+            )
         if model.strip() in table:
             raise ValueError(f"{model.strip()!r} is priced twice")
         table[model.strip()] = price

@@ -69,7 +69,7 @@ def quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float | None:
 
 
 def _buckets(d: Snapshot, prefix: str) -> list[tuple[float, float]]:
-    return [(float(k[len(prefix):]), v) for k, v in d.items() if k.startswith(prefix)]
+    return [(float(k[len(prefix) :]), v) for k, v in d.items() if k.startswith(prefix)]
 
 
 def figures(d: Snapshot) -> dict[str, Any]:
@@ -81,7 +81,9 @@ def figures(d: Snapshot) -> dict[str, Any]:
     return {
         "hit_rate": requests["hit"] / looked_up if looked_up else None,
         "requests": requests,
-        "latency_s": {f"{kind}_p{q}": quantile(q / 100, lat[kind]) for kind in ("hit", "miss") for q in (50, 99)},
+        "latency_s": {
+            f"{kind}_p{q}": quantile(q / 100, lat[kind]) for kind in ("hit", "miss") for q in (50, 99)
+        },
         "ttft_s": {f"p{q}": quantile(q / 100, ttft) for q in (50, 99)},
         "tokens_saved": d.get("tokens_saved", 0.0),
         "cost_saved_usd": d.get("cost_saved_usd", 0.0),
@@ -117,8 +119,10 @@ class History:
 
     def __init__(self, windows: Mapping[str, tuple[float, float]] = WINDOWS) -> None:
         self.windows = dict(windows)
-        self._rings = {name: deque[tuple[float, Snapshot]](maxlen=int(span // step) + 2)
-                       for name, (span, step) in self.windows.items()}
+        self._rings = {
+            name: deque[tuple[float, Snapshot]](maxlen=int(span // step) + 2)
+            for name, (span, step) in self.windows.items()
+        }
 
     def record(self, now: float, snap: Snapshot) -> None:
         """Keep `snap` in every ring whose step has passed since its last snapshot."""
@@ -128,7 +132,9 @@ class History:
 
     def due(self, now: float) -> bool:
         """Whether `record` at `now` would keep anything (the finest ring's step has passed)."""
-        return any(not ring or now - ring[-1][0] >= self.windows[name][1] for name, ring in self._rings.items())
+        return any(
+            not ring or now - ring[-1][0] >= self.windows[name][1] for name, ring in self._rings.items()
+        )
 
     def window(self, name: str, now: float, current: Snapshot) -> dict[str, Any]:
         span, step = self.windows[name]
@@ -142,6 +148,13 @@ class History:
             points.append((now, current))  # the live point: the interval in progress
         intervals = [figures(delta(a, b)) for (_, a), (_, b) in itertools.pairwise(points)]
         total = delta(points[0][1], current)
-        return {"name": name, "span_s": span, "step_s": step, "start": points[0][0], "end": now,
-                "t": [t for t, _ in points[1:]], "series": _columns(intervals),
-                "totals": {**figures(total), "reasons": reasons(total)}}
+        return {
+            "name": name,
+            "span_s": span,
+            "step_s": step,
+            "start": points[0][0],
+            "end": now,
+            "t": [t for t, _ in points[1:]],
+            "series": _columns(intervals),
+            "totals": {**figures(total), "reasons": reasons(total)},
+        }

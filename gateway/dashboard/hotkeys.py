@@ -50,12 +50,22 @@ class HotKeys:
         self.dirty = True
 
     def _trim(self) -> None:
-        kept = sorted(self._rows.items(), key=lambda item: -item[1][0])[:self.capacity]
+        kept = sorted(self._rows.items(), key=lambda item: -item[1][0])[: self.capacity]
         self._rows = dict(kept)
 
     def rows(self) -> list[dict[str, Any]]:
-        return [{"key": key, "hits": r[0], "model": r[1], "route": r[2], "created_at": r[3], "last_hit": r[4],
-                 "prompt": r[5]} for key, r in self._rows.items()]
+        return [
+            {
+                "key": key,
+                "hits": r[0],
+                "model": r[1],
+                "route": r[2],
+                "created_at": r[3],
+                "last_hit": r[4],
+                "prompt": r[5],
+            }
+            for key, r in self._rows.items()
+        ]
 
     def save(self, directory: str) -> None:
         """Write this worker's table for the others (multiprocess mode), when it changed."""
@@ -72,7 +82,7 @@ def other_workers(directory: str) -> list[list[dict[str, Any]]]:
     """The tables the other live workers saved (a dead worker's file is ignored)."""
     tables = []
     for path in Path(directory).glob(f"{_FILE_PREFIX}*.json"):
-        pid = int(path.stem[len(_FILE_PREFIX):]) if path.stem[len(_FILE_PREFIX):].isdigit() else 0
+        pid = int(path.stem[len(_FILE_PREFIX) :]) if path.stem[len(_FILE_PREFIX) :].isdigit() else 0
         if pid == os.getpid() or not _alive(pid):
             continue
         with contextlib.suppress(OSError, orjson.JSONDecodeError):
@@ -92,8 +102,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def merged(tables: Iterable[list[dict[str, Any]]], *, now: float, top: int,
-           show_prompts: bool) -> list[dict[str, Any]]:
+def merged(
+    tables: Iterable[list[dict[str, Any]]], *, now: float, top: int, show_prompts: bool
+) -> list[dict[str, Any]]:
     """Hits added up per key over the tables; the `top` most-hit keys, for display."""
     total: dict[str, dict[str, Any]] = {}
     for table in tables:
@@ -112,8 +123,14 @@ def merged(tables: Iterable[list[dict[str, Any]]], *, now: float, top: int,
 
 def _shown(row: Mapping[str, Any], now: float, show_prompts: bool) -> dict[str, Any]:
     parts = str(row["key"]).split(":")
-    out = {"key": row["key"], "tenant": parts[1] if len(parts) >= 3 else "", "model": row["model"],
-           "route": row["route"], "hits": row["hits"], "age_s": max(0.0, now - row["created_at"])}
+    out = {
+        "key": row["key"],
+        "tenant": parts[1] if len(parts) >= 3 else "",
+        "model": row["model"],
+        "route": row["route"],
+        "hits": row["hits"],
+        "age_s": max(0.0, now - row["created_at"]),
+    }
     if show_prompts:
         out["prompt"] = row["prompt"] or ""
     return out

@@ -57,8 +57,9 @@ def _hit_ratio(rows: list[tuple[dict[str, str], float]], **match: str) -> float 
     return _sum(rows, result="hit", **match) / looked_up if looked_up else None
 
 
-def summarize(s: Mapping[str, list[tuple[dict[str, str], float]]], *, now: float,
-              upstream: Mapping[str, Any]) -> dict[str, Any]:
+def summarize(
+    s: Mapping[str, list[tuple[dict[str, str], float]]], *, now: float, upstream: Mapping[str, Any]
+) -> dict[str, Any]:
     requests = s.get("tokenedge_requests_total", [])
     total = sum(v for _, v in requests)
     routes = sorted({labels["route"] for labels, _ in requests})
@@ -71,8 +72,11 @@ def summarize(s: Mapping[str, list[tuple[dict[str, str], float]]], *, now: float
     for labels, value in s.get("tokenedge_cache_lookups_total", []):
         lookups[labels["tier"]][labels["outcome"]] = value
     tiers: dict[str, dict[str, float]] = defaultdict(dict)
-    for metric, field in (("tokenedge_cache_entries", "entries"), ("tokenedge_cache_bytes", "bytes"),
-                          ("tokenedge_cache_evictions", "evictions")):
+    for metric, field in (
+        ("tokenedge_cache_entries", "entries"),
+        ("tokenedge_cache_bytes", "bytes"),
+        ("tokenedge_cache_evictions", "evictions"),
+    ):
         for labels, value in s.get(metric, []):
             tiers[labels["tier"]][field] = value
     durations = s.get("tokenedge_request_duration_seconds_bucket", [])
@@ -80,10 +84,19 @@ def summarize(s: Mapping[str, list[tuple[dict[str, str], float]]], *, now: float
         "now": now,
         "requests": {"total": total, "by_result": _by(requests, "result")},
         "hit_ratio": _hit_ratio(requests),
-        "by_route": {r: {"total": _sum(requests, route=r), "hit": _sum(requests, route=r, result="hit"),
-                         "hit_ratio": _hit_ratio(requests, route=r)} for r in routes},
+        "by_route": {
+            r: {
+                "total": _sum(requests, route=r),
+                "hit": _sum(requests, route=r, result="hit"),
+                "hit_ratio": _hit_ratio(requests, route=r),
+            }
+            for r in routes
+        },
         "miss_reasons": [{"result": res, "reason": why, "count": n} for (res, why), n in top],
-        "latency_s": {"hit": _latency(durations, ("hit",)), "miss": _latency(durations, ("miss", "coalesced"))},
+        "latency_s": {
+            "hit": _latency(durations, ("hit",)),
+            "miss": _latency(durations, ("miss", "coalesced")),
+        },
         "tokens_saved": sum(v for _, v in s.get("tokenedge_tokens_saved_total", [])),
         "cost_saved_usd": sum(v for _, v in s.get("tokenedge_cost_saved_usd_total", [])),
         "bytes_served_from_cache": sum(v for _, v in s.get("tokenedge_bytes_served_from_cache_total", [])),

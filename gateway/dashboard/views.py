@@ -35,7 +35,7 @@ _PAGE_HEADERS = {
     "Referrer-Policy": "no-referrer",
     # Everything is inline: nothing may load from anywhere, the gateway included, but the data endpoint.
     "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-                               "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'",
+    "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'",
 }
 
 
@@ -78,8 +78,9 @@ async def data(request: web.Request) -> web.Response:
     body["windows"] = list(WINDOWS)
     body["priced"] = bool(state.config.dashboard.prices)
     body["top_keys"] = top_keys(state, now)
-    return web.Response(body=orjson.dumps(body), content_type="application/json",
-                        headers={"Cache-Control": "no-store"})
+    return web.Response(
+        body=orjson.dumps(body), content_type="application/json", headers={"Cache-Control": "no-store"}
+    )
 
 
 def top_keys(state: GatewayState, now: float) -> list[dict[str, object]]:

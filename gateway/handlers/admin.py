@@ -49,7 +49,8 @@ async def purge(request: web.Request) -> web.Response:
     result: dict[str, Any] = dict(await state.cache.purge(keys, tags))  # L2, then this process's L1
     if state.coherence is not None and state.coherence.bus is not None:
         result["bus"] = await state.coherence.publish_purge(  # every other L1; waits for their confirmations
-            tuple(keys), tuple(tags), ack_timeout_s=state.config.cache.redis_timeout_s * 4)
+            tuple(keys), tuple(tags), ack_timeout_s=state.config.cache.redis_timeout_s * 4
+        )
     cdn_purge = state.extensions.get(CDN_PURGE)
     if cdn_purge is not None:
         # Each CDN client turns a key into its `key:{digest}` tag itself; one CDN's failure is reported, not fatal.

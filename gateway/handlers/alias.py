@@ -41,8 +41,15 @@ async def get_alias(request: web.Request) -> web.StreamResponse:
         raise NotFound("no such cache entry")
     found = await state.cache.get(parsed.key)
     now = state.clock()
-    if found is None or freshness(age_s=found.entry.age_s(now), ttl_s=found.entry.ttl_s,
-                                  stale_if_error_s=found.entry.stale_if_error_s) is not Freshness.FRESH:
+    if (
+        found is None
+        or freshness(
+            age_s=found.entry.age_s(now),
+            ttl_s=found.entry.ttl_s,
+            stale_if_error_s=found.entry.stale_if_error_s,
+        )
+        is not Freshness.FRESH
+    ):
         raise NotFound("no such cache entry")
     entry = found.entry
     status, age = hdr.hit_status(entry, now, tier=found.tier)
@@ -50,7 +57,9 @@ async def get_alias(request: web.Request) -> web.StreamResponse:
         response = entry_response(state, entry, status, age, status=304)
         response.body = b""
         return response
-    return fastpath.hit_response(request, state, entry, now, found.tier) or entry_response(state, entry, status, age)
+    return fastpath.hit_response(request, state, entry, now, found.tier) or entry_response(
+        state, entry, status, age
+    )
 
 
 async def explain(request: web.Request) -> web.Response:
@@ -66,7 +75,9 @@ async def explain(request: web.Request) -> web.Response:
         raise BadRequest("'request' must be the request body object to explain", param="request")
     validate(endpoint, body)
     route = state.config.routes[endpoint]
-    directives = parse_request_cache_control(request.headers.get("Cache-Control"), request.headers.get("Pragma"))
+    directives = parse_request_cache_control(
+        request.headers.get("Cache-Control"), request.headers.get("Pragma")
+    )
     decision = decide(endpoint, body, directives, state.policies[endpoint])
     fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
     revision = await state.catalog.revision(body["model"], fwd)  # `GET /v1/models` at most, as a lookup does
@@ -76,11 +87,21 @@ async def explain(request: web.Request) -> web.Response:
     except CanonicalizationError as exc:
         raise BadRequest(str(exc)) from None
     scope = PUBLIC_SCOPE if route.scope == "public" else scope_of(request)
-    key = derive_key(scope=scope, endpoint=endpoint, level=level, model_revision=revision, canonical=canonical)
+    key = derive_key(
+        scope=scope, endpoint=endpoint, level=level, model_revision=revision, canonical=canonical
+    )
     out = {
-        "endpoint": endpoint, "level": level.value, "route_level": route.level, "scope": scope, "revision": revision,
-        "canonical": canonical, "key": key.key,
-        "decision": ({"action": "lookup", "ttl_s": decision.ttl_s, "read": decision.read}
-                     if isinstance(decision, Lookup) else {"action": "bypass", "reason": decision.reason.value}),
+        "endpoint": endpoint,
+        "level": level.value,
+        "route_level": route.level,
+        "scope": scope,
+        "revision": revision,
+        "canonical": canonical,
+        "key": key.key,
+        "decision": (
+            {"action": "lookup", "ttl_s": decision.ttl_s, "read": decision.read}
+            if isinstance(decision, Lookup)
+            else {"action": "bypass", "reason": decision.reason.value}
+        ),
     }
     return web.Response(body=orjson.dumps(out), content_type="application/json")

@@ -65,14 +65,18 @@ def prepare(request: web.Request, state: GatewayState, endpoint: str, raw: bytes
         parsed = ParsedRequest(endpoint, body)
         state.memo.put(endpoint, raw, parsed)
     cache_control, pragma = request.headers.get("Cache-Control"), request.headers.get("Pragma")
-    directives = NO_DIRECTIVES if cache_control is None and pragma is None else parse_request_cache_control(
-        cache_control, pragma)
+    directives = (
+        NO_DIRECTIVES
+        if cache_control is None and pragma is None
+        else parse_request_cache_control(cache_control, pragma)
+    )
     decision = decide(endpoint, parsed.body, directives, state.policies[endpoint])
     return Prepared(endpoint, raw, parsed.body, directives, decision, parsed)
 
 
-async def cache_key(request: web.Request, state: GatewayState, prep: Prepared,
-                    revision: str) -> tuple[CacheKey, Level]:
+async def cache_key(
+    request: web.Request, state: GatewayState, prep: Prepared, revision: str
+) -> tuple[CacheKey, Level]:
     """The request's key and the level it was built at (the route's level; `auto` resolved per model).
 
     Repeated bytes find both in the request memo: no canonicalization, no tokenization, no await once the
@@ -82,8 +86,11 @@ async def cache_key(request: web.Request, state: GatewayState, prep: Prepared,
     scope = PUBLIC_SCOPE if route.scope == "public" else scope_of(request)
     encoder = None
     if route.level in TOKEN_LEVELS:
-        encoder = await key_encoder(state, prep.body.get("model"), lambda: forward_headers(
-            request.headers, api_key=state.config.upstream.api_key, identity=True))
+        encoder = await key_encoder(
+            state,
+            prep.body.get("model"),
+            lambda: forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True),
+        )
     tokenizer = encoder.version if encoder is not None else ""
     parsed = prep.parsed
     context = (scope, revision, tokenizer)
@@ -96,9 +103,12 @@ async def cache_key(request: web.Request, state: GatewayState, prep: Prepared,
         except CanonicalizationError as exc:
             raise BadRequest(str(exc)) from None
         canonical = state.memo.set_canonical(parsed, canonical_json(form), level, tokenizer)
-    key = derive_key_from_bytes(scope=scope, endpoint=prep.endpoint, level=level, model_revision=revision,
-                                canonical_bytes=canonical)
-    state.memo.set_key(parsed, key, level, context)  # the last (tenant, revision, tokenizer) seen for these bytes
+    key = derive_key_from_bytes(
+        scope=scope, endpoint=prep.endpoint, level=level, model_revision=revision, canonical_bytes=canonical
+    )
+    state.memo.set_key(
+        parsed, key, level, context
+    )  # the last (tenant, revision, tokenizer) seen for these bytes
     return key, level
 
 
@@ -115,7 +125,9 @@ def make_handler(endpoint: str):
                 result, reason = "hit", "l1"
                 return fast
             prep = prepare(request, state, endpoint, raw)
-            if state.config.dashboard.show_prompts:  # the operator opted in: the hot-keys table shows the text
+            if (
+                state.config.dashboard.show_prompts
+            ):  # the operator opted in: the hot-keys table shows the text
                 request[PROMPT] = prompt_text(prep.body) or ""
             timer.lap("parse")
             match prep.decision:
@@ -150,12 +162,25 @@ def make_handler(endpoint: str):
     return handler
 
 
-async def bypass(request: web.Request, state: GatewayState, prep: Prepared, reason: str) -> web.StreamResponse:
+async def bypass(
+    request: web.Request, state: GatewayState, prep: Prepared, reason: str
+) -> web.StreamResponse:
     fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=False)
-    await check_bypass(state, prep.endpoint, prep.body, scope_of(request), fwd)  # context length, token budget
-    return await relay(request, state, method="POST", path_qs=request.path_qs, headers=fwd, body=prep.raw,
-                       extra_headers={hdr.CACHE_STATUS: hdr.bypass_status(reason),
-                                      "Cache-Control": hdr.BYPASS_CACHE_CONTROL})
+    await check_bypass(
+        state, prep.endpoint, prep.body, scope_of(request), fwd
+    )  # context length, token budget
+    return await relay(
+        request,
+        state,
+        method="POST",
+        path_qs=request.path_qs,
+        headers=fwd,
+        body=prep.raw,
+        extra_headers={
+            hdr.CACHE_STATUS: hdr.bypass_status(reason),
+            "Cache-Control": hdr.BYPASS_CACHE_CONTROL,
+        },
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,28 +204,41 @@ async def resolve_key(request: web.Request, state: GatewayState, prep: Prepared)
     return Resolved(model, revision, key, level, fwd)
 
 
-def fill_request(request: web.Request, state: GatewayState, prep: Prepared, lookup: Lookup,
-                 resolved: Resolved) -> FillRequest:
+def fill_request(
+    request: web.Request, state: GatewayState, prep: Prepared, lookup: Lookup, resolved: Resolved
+) -> FillRequest:
     """What a miss sends upstream: the client's own bytes and headers (minus hop-by-hop), for this key."""
     fwd = resolved.forward
     if fwd is None:
         fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
-    return FillRequest(prep.endpoint, resolved.key, resolved.model, resolved.revision, lookup.ttl_s,
-                       request.path_qs, fwd, prep.raw, upstream_for(state, prep.endpoint, prep.body, scope_of(request)),
-                       level=resolved.level.value)
+    return FillRequest(
+        prep.endpoint,
+        resolved.key,
+        resolved.model,
+        resolved.revision,
+        lookup.ttl_s,
+        request.path_qs,
+        fwd,
+        prep.raw,
+        upstream_for(state, prep.endpoint, prep.body, scope_of(request)),
+        level=resolved.level.value,
+    )
 
 
-async def streamed(request: web.Request, state: GatewayState, prep: Prepared,
-                   lookup: Lookup) -> tuple[web.StreamResponse, str, str]:
+async def streamed(
+    request: web.Request, state: GatewayState, prep: Prepared, lookup: Lookup
+) -> tuple[web.StreamResponse, str, str]:
     """`stream: true`: a hit replayed as SSE, or a miss teed to the client and recorded (gateway.streaming)."""
     resolved = await resolve_key(request, state, prep)
     fill_req = fill_request(request, state, prep, lookup, resolved)  # the tee forwards it upstream on a miss
-    return await serve_stream(request, state, fill_req, lookup, prep.directives,
-                              include_usage=wants_usage(prep.body))
+    return await serve_stream(
+        request, state, fill_req, lookup, prep.directives, include_usage=wants_usage(prep.body)
+    )
 
 
-def entry_response(state: GatewayState, entry: Entry, cache_status: str, age: str,
-                   status: int = 200) -> web.Response:
+def entry_response(
+    state: GatewayState, entry: Entry, cache_status: str, age: str, status: int = 200
+) -> web.Response:
     headers, truncated = hdr.entry_headers(entry, tag_targets=state.config.cache.cdn_tag_headers)
     if truncated:
         state.metrics.tag_truncations.inc(truncated)
@@ -209,8 +247,9 @@ def entry_response(state: GatewayState, entry: Entry, cache_status: str, age: st
     return web.Response(status=status, body=entry.body, headers=headers)
 
 
-async def lookup_or_fill(request: web.Request, state: GatewayState, prep: Prepared,
-                         lookup: Lookup) -> tuple[web.StreamResponse, str, str]:
+async def lookup_or_fill(
+    request: web.Request, state: GatewayState, prep: Prepared, lookup: Lookup
+) -> tuple[web.StreamResponse, str, str]:
     resolved = await resolve_key(request, state, prep)
     key = resolved.key
     lap(request, "parse", key=key.key)
@@ -218,8 +257,12 @@ async def lookup_or_fill(request: web.Request, state: GatewayState, prep: Prepar
     if read.hit is not None:
         entry = read.hit.entry
         state.metrics.served_from_cache(entry.usage, len(entry.body), entry.model)
-        response: web.StreamResponse | None = fastpath.hit_response(request, state, entry, read.now, read.hit.tier)
-        if response is None:  # HTTP/1.0, a debug or conditional request, an untransportable header: normal path
+        response: web.StreamResponse | None = fastpath.hit_response(
+            request, state, entry, read.now, read.hit.tier
+        )
+        if (
+            response is None
+        ):  # HTTP/1.0, a debug or conditional request, an untransportable header: normal path
             status, age_h = hdr.hit_status(entry, read.now, tier=read.hit.tier)
             response = entry_response(state, entry, status, age_h)
         lap(request, "serialize")
@@ -244,8 +287,11 @@ async def lookup_or_fill(request: web.Request, state: GatewayState, prep: Prepar
         return serve_stale(state, stale, f"status-{outcome.response.status}"), "stale", "status"
     response = miss_response(state, outcome, collapsed=not leader, level=resolved.level.value)
     lap(request, "serialize")
-    return response, ("miss" if leader else "coalesced"), (
-        "stored" if outcome.entry else (outcome.refusal.value if outcome.refusal else "not-stored"))
+    return (
+        response,
+        ("miss" if leader else "coalesced"),
+        ("stored" if outcome.entry else (outcome.refusal.value if outcome.refusal else "not-stored")),
+    )
 
 
 def serve_stale(state: GatewayState, entry: Entry, why: str) -> web.Response:
@@ -259,10 +305,17 @@ def serve_stale(state: GatewayState, entry: Entry, why: str) -> web.Response:
 def miss_response(state: GatewayState, outcome: FillResult, *, collapsed: bool, level: str) -> web.Response:
     upstream = outcome.response
     if outcome.entry is not None:
-        response = entry_response(state, outcome.entry, hdr.miss_status(stored=True, collapsed=collapsed,
-                                                                         level=level), "0")
+        response = entry_response(
+            state, outcome.entry, hdr.miss_status(stored=True, collapsed=collapsed, level=level), "0"
+        )
         for name, value in relay_headers(upstream.headers).items():
             response.headers.setdefault(name, value)
         return response
-    return hdr.unstored_response(upstream.status, upstream.headers, upstream.body, collapsed=collapsed,
-                                 detail=outcome.refusal.value if outcome.refusal else None, level=level)
+    return hdr.unstored_response(
+        upstream.status,
+        upstream.headers,
+        upstream.body,
+        collapsed=collapsed,
+        detail=outcome.refusal.value if outcome.refusal else None,
+        level=level,
+    )

@@ -35,8 +35,11 @@ async def probe(state: GatewayState, headers: Mapping[str, str] | None = None) -
     """(upstream answers, Redis state); also sets the `upstream_up` gauge."""
     upstream_ok = True
     try:
-        resp = await state.upstream.request("GET", "/v1/models", forward_headers(
-            headers or {}, api_key=state.config.upstream.api_key, identity=True))
+        resp = await state.upstream.request(
+            "GET",
+            "/v1/models",
+            forward_headers(headers or {}, api_key=state.config.upstream.api_key, identity=True),
+        )
         upstream_ok = resp.status < 500
     except UpstreamError:
         upstream_ok = False
@@ -50,11 +53,19 @@ async def probe(state: GatewayState, headers: Mapping[str, str] | None = None) -
 async def ready(request: web.Request) -> web.Response:
     """200 when the upstream answers and the start-up L1 fill is over; Redis down degrades, reported, still ready."""
     upstream_ok, redis = await probe(request.app[STATE], request.headers)
-    filling = await warming(request.app[STATE])  # a new replica first fills L1 with L2's hot entries (bounded)
-    body = {"status": "warming" if upstream_ok and filling else "ready" if upstream_ok else "unready",
-            "upstream": "up" if upstream_ok else "down", "redis": redis}
-    return web.Response(status=200 if upstream_ok and not filling else 503, body=orjson.dumps(body),
-                        content_type="application/json")
+    filling = await warming(
+        request.app[STATE]
+    )  # a new replica first fills L1 with L2's hot entries (bounded)
+    body = {
+        "status": "warming" if upstream_ok and filling else "ready" if upstream_ok else "unready",
+        "upstream": "up" if upstream_ok else "down",
+        "redis": redis,
+    }
+    return web.Response(
+        status=200 if upstream_ok and not filling else 503,
+        body=orjson.dumps(body),
+        content_type="application/json",
+    )
 
 
 def update_gauges(state: GatewayState) -> None:
@@ -132,7 +143,9 @@ async def on_response_prepare(request: web.Request, response: web.StreamResponse
     state = request.app[STATE]
     timer.status = response.status
     timer.prepared_at = perf_counter()
-    if request.headers.get(DEBUG_HEADER) == "1" and is_admin(request.headers, state.config.server.admin_token):
+    if request.headers.get(DEBUG_HEADER) == "1" and is_admin(
+        request.headers, state.config.server.admin_token
+    ):
         response.headers["Server-Timing"] = timer.server_timing()
     if timer.done:
         finish_request(state, timer)
@@ -147,4 +160,3 @@ async def models(request: web.Request) -> web.Response:
     headers["Content-Type"] = resp.headers.get("Content-Type", "application/json")
     headers["Cache-Control"] = "private, max-age=0"
     return web.Response(status=resp.status, body=resp.body, headers=headers)
-

@@ -28,13 +28,38 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 V1: Final = "/v1/"
 # Paths under /v1/ (segments; `*` one segment, a trailing `**` one or more) relayed without configuration.
 KNOWN_ROUTES: Final = (
-    "models", "models/**", "chat/completions", "chat/completions/**", "completions", "embeddings", "moderations",
-    "responses", "responses/**", "files", "files/**", "batches", "batches/**", "uploads", "uploads/**",
-    "audio/speech", "audio/transcriptions", "audio/translations", "images/generations", "images/edits",
+    "models",
+    "models/**",
+    "chat/completions",
+    "chat/completions/**",
+    "completions",
+    "embeddings",
+    "moderations",
+    "responses",
+    "responses/**",
+    "files",
+    "files/**",
+    "batches",
+    "batches/**",
+    "uploads",
+    "uploads/**",
+    "audio/speech",
+    "audio/transcriptions",
+    "audio/translations",
+    "images/generations",
+    "images/edits",
     "images/variations",
 )
 
-RELAYED_METHODS: Final = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")  # never TRACE, CONNECT, ...
+RELAYED_METHODS: Final = (
+    "GET",
+    "HEAD",
+    "POST",
+    "PUT",
+    "PATCH",
+    "DELETE",
+    "OPTIONS",
+)  # never TRACE, CONNECT, ...
 
 
 def route_matches(pattern: str, segments: list[str]) -> bool:
@@ -52,7 +77,7 @@ def relayable(path: str, extra_routes: Iterable[str] = ()) -> bool:
     """Is this (normal-form, undecoded) path one the gateway relays: a known or operator-listed `/v1/` route?"""
     if not path.startswith(V1) or check_path(path) is not None:
         return False
-    segments = path[len(V1):].split("/")
+    segments = path[len(V1) :].split("/")
     return any(route_matches(p, segments) for p in (*KNOWN_ROUTES, *extra_routes))
 
 
@@ -69,7 +94,9 @@ async def path_guard(request: web.Request, handler: Handler) -> web.StreamRespon
 def upstream_target(request: web.Request, state: GatewayState) -> str:
     """The path and query to send upstream, or an error: never a path outside `/v1/` or an unlisted route."""
     if request.method not in RELAYED_METHODS:
-        raise MethodNotAllowed(f"{request.method} is not relayed", headers={"Allow": ", ".join(RELAYED_METHODS)})
+        raise MethodNotAllowed(
+            f"{request.method} is not relayed", headers={"Allow": ", ".join(RELAYED_METHODS)}
+        )
     path = request.rel_url.raw_path
     refusal = check_path(path)
     if refusal is not None:
@@ -86,12 +113,27 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     target = upstream_target(request, state)
     body = await request.read() if request.body_exists else None
     fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=False)
-    return await relay(request, state, method=request.method, path_qs=target, headers=fwd, body=body,
-                       extra_headers={"Cache-Control": "no-store"})
+    return await relay(
+        request,
+        state,
+        method=request.method,
+        path_qs=target,
+        headers=fwd,
+        body=body,
+        extra_headers={"Cache-Control": "no-store"},
+    )
 
 
-async def relay(request: web.Request, state: GatewayState, *, method: str, path_qs: str,
-                headers: Mapping[str, str], body: bytes | None, extra_headers: Mapping[str, str]) -> web.StreamResponse:
+async def relay(
+    request: web.Request,
+    state: GatewayState,
+    *,
+    method: str,
+    path_qs: str,
+    headers: Mapping[str, str],
+    body: bytes | None,
+    extra_headers: Mapping[str, str],
+) -> web.StreamResponse:
     if not relayable(path_qs.partition("?")[0], state.config.upstream.relay_routes):
         raise NotFound("not a route this gateway relays", code="unknown_route")  # defence in depth
     async with state.upstream.open(method, path_qs, headers, body) as upstream_resp:
@@ -102,8 +144,9 @@ async def relay(request: web.Request, state: GatewayState, *, method: str, path_
         if upstream_resp.headers.get("Content-Type", "").startswith("text/event-stream"):
             out_headers["X-Accel-Buffering"] = "no"
             out_headers.setdefault("Cache-Control", "no-cache")
-        response = web.StreamResponse(status=upstream_resp.status, reason=upstream_resp.reason,
-                                      headers=out_headers)
+        response = web.StreamResponse(
+            status=upstream_resp.status, reason=upstream_resp.reason, headers=out_headers
+        )
         await response.prepare(request)
         try:
             async for chunk in upstream_resp.content.iter_any():
@@ -111,7 +154,9 @@ async def relay(request: web.Request, state: GatewayState, *, method: str, path_
         except (TimeoutError, aiohttp.ClientError) as exc:
             if isinstance(exc, ConnectionResetError):
                 raise  # the client left (aiohttp's ClientConnectionResetError is both): not an upstream failure
-            log.warning("upstream failed mid-body on %s: %s", path_qs.partition("?")[0], translate(exc).message)
+            log.warning(
+                "upstream failed mid-body on %s: %s", path_qs.partition("?")[0], translate(exc).message
+            )
             if request.transport is not None:
                 request.transport.close()
             return response

@@ -38,8 +38,9 @@ from gateway.state import STATE, GatewayState
 ANONYMOUS_SCOPE: Final = "anon"
 CREDENTIAL_HEADERS: Final = ("authorization", "api-key", "x-api-key", "openai-organization", "openai-project")
 PROXY_SECRET_HEADER: Final = "X-Tokenedge-Proxy-Secret"
-FORWARDING_HEADERS: Final = frozenset({"forwarded", "via", "x-real-ip", "true-client-ip", "cf-connecting-ip",
-                                       "fastly-client-ip", "x-client-ip"})
+FORWARDING_HEADERS: Final = frozenset(
+    {"forwarded", "via", "x-real-ip", "true-client-ip", "cf-connecting-ip", "fastly-client-ip", "x-client-ip"}
+)
 FORWARDING_PREFIX: Final = "x-forwarded-"
 TENANCY: Final = "tenancy"
 _SCOPE_MEMO: Final = web.RequestKey("tokenedge_scope", str)
@@ -61,10 +62,14 @@ class Tenancy:
     @classmethod
     def from_config(cls, server: ServerConfig, secret: bytes) -> Tenancy:
         extra = tuple(h.lower() for h in server.credential_headers if h.lower() not in CREDENTIAL_HEADERS)
-        return cls(secret=hashlib.blake2b(secret, digest_size=32, person=_PERSON).digest(),
-                   credential_headers=CREDENTIAL_HEADERS + extra, tenant_header=server.tenant_header,
-                   trusted=tuple(ipaddress.ip_network(c, strict=False) for c in server.tenant_trusted_cidrs),
-                   proxy_secret=server.tenant_proxy_secret, refuse_anonymous=server.refuse_anonymous)
+        return cls(
+            secret=hashlib.blake2b(secret, digest_size=32, person=_PERSON).digest(),
+            credential_headers=CREDENTIAL_HEADERS + extra,
+            tenant_header=server.tenant_header,
+            trusted=tuple(ipaddress.ip_network(c, strict=False) for c in server.tenant_trusted_cidrs),
+            proxy_secret=server.tenant_proxy_secret,
+            refuse_anonymous=server.refuse_anonymous,
+        )
 
     def is_trusted(self, headers: Mapping[str, str], peer: str | None) -> bool:
         """A trusted proxy: a peer in the trusted CIDRs, or the shared proxy secret (compared in constant time)."""
@@ -163,12 +168,16 @@ def require_admin(headers: Mapping[str, str], admin_token: str) -> None:
 
 def is_admin(headers: Mapping[str, str], admin_token: str, offered: str | None = None) -> bool:
     token = bearer_token(headers) or offered
-    return bool(admin_token) and token is not None and hmac.compare_digest(token.encode(), admin_token.encode())
+    return (
+        bool(admin_token) and token is not None and hmac.compare_digest(token.encode(), admin_token.encode())
+    )
 
 
 def is_forwarded(headers: Mapping[str, str]) -> bool:
     """Any header a proxy or CDN adds when it relays a request (RFC 7239 `Forwarded`, `Via`, the X-* family)."""
-    return any(name.lower() in FORWARDING_HEADERS or name.lower().startswith(FORWARDING_PREFIX) for name in headers)
+    return any(
+        name.lower() in FORWARDING_HEADERS or name.lower().startswith(FORWARDING_PREFIX) for name in headers
+    )
 
 
 def is_direct_loopback(request: web.Request) -> bool:

@@ -47,8 +47,14 @@ class Subscriber:
 
 
 class StreamFlight:
-    def __init__(self, registry: StreamFlights, key: tuple[str, bool], *, complete_abandoned: bool,
-                 abandoned_max_s: float) -> None:
+    def __init__(
+        self,
+        registry: StreamFlights,
+        key: tuple[str, bool],
+        *,
+        complete_abandoned: bool,
+        abandoned_max_s: float,
+    ) -> None:
         self._registry = registry
         self.key = key
         self.head: asyncio.Future[Head] = asyncio.get_running_loop().create_future()
@@ -168,10 +174,18 @@ class StreamFlights:
             flight = self._flights.get((key, False))
         return flight
 
-    def start(self, key: str, *, include_usage: bool, complete_abandoned: bool, abandoned_max_s: float,
-              producer: Callable[[StreamFlight], Coroutine[Any, Any, None]]) -> StreamFlight:
-        flight = StreamFlight(self, (key, include_usage), complete_abandoned=complete_abandoned,
-                              abandoned_max_s=abandoned_max_s)
+    def start(
+        self,
+        key: str,
+        *,
+        include_usage: bool,
+        complete_abandoned: bool,
+        abandoned_max_s: float,
+        producer: Callable[[StreamFlight], Coroutine[Any, Any, None]],
+    ) -> StreamFlight:
+        flight = StreamFlight(
+            self, (key, include_usage), complete_abandoned=complete_abandoned, abandoned_max_s=abandoned_max_s
+        )
         self._flights[flight.key] = flight
         flight.start(producer)
         return flight
@@ -179,7 +193,6 @@ class StreamFlights:
     def remove(self, flight: StreamFlight) -> None:
         if self._flights.get(flight.key) is flight:
             del self._flights[flight.key]
-
 
 
 def _retrieve(future: asyncio.Future[Head]) -> None:

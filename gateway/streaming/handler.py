@@ -44,8 +44,15 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "X-Accel-Buffering": "no"}
 Outcome = tuple[web.StreamResponse, str, str]
 
 
-async def serve_stream(request: web.Request, state: GatewayState, req: FillRequest, lookup: Lookup,
-                       directives: RequestDirectives, *, include_usage: bool) -> Outcome:
+async def serve_stream(
+    request: web.Request,
+    state: GatewayState,
+    req: FillRequest,
+    lookup: Lookup,
+    directives: RequestDirectives,
+    *,
+    include_usage: bool,
+) -> Outcome:
     lap(request, "parse", key=req.key.key)  # the key is known: the access log carries it, as on the JSON path
     read = await read_cache(request, state, req.key.key, lookup, directives)
     if read.hit is not None:
@@ -57,18 +64,28 @@ async def serve_stream(request: web.Request, state: GatewayState, req: FillReque
     return await stream_miss(request, state, req, read.stale, include_usage=include_usage)
 
 
-async def stream_miss(request: web.Request, state: GatewayState, req: FillRequest, stale: Entry | None, *,
-                      include_usage: bool, lead: bool = False) -> Outcome:
+async def stream_miss(
+    request: web.Request,
+    state: GatewayState,
+    req: FillRequest,
+    stale: Entry | None,
+    *,
+    include_usage: bool,
+    lead: bool = False,
+) -> Outcome:
     """Join the key's stream in flight, or start one (always, with `lead`), and pipe it to the client."""
     flights = state.stream_flights
     flight = None if lead else flights.join(req.key.key, include_usage=include_usage)
     leader = flight is None
     if flight is None:
         config = state.config.stream
-        flight = flights.start(req.key.key, include_usage=include_usage,
-                               complete_abandoned=config.complete_abandoned_streams,
-                               abandoned_max_s=config.abandoned_stream_max_s,
-                               producer=lambda f: leased_tee(state, f, req))
+        flight = flights.start(
+            req.key.key,
+            include_usage=include_usage,
+            complete_abandoned=config.complete_abandoned_streams,
+            abandoned_max_s=config.abandoned_stream_max_s,
+            producer=lambda f: leased_tee(state, f, req),
+        )
     result = "miss" if leader else "coalesced"
     sub = flight.subscribe(lambda: request.transport is not None and not request.transport.is_closing())
     try:
@@ -85,8 +102,11 @@ async def stream_miss(request: web.Request, state: GatewayState, req: FillReques
                 return await stream_miss(request, state, req, stale, include_usage=include_usage, lead=True)
             if head.status >= 500 and stale is not None:
                 return await serve_stale(request, state, stale, f"status-{head.status}", include_usage)
-            return passthrough(head, req, collapsed=not leader), result, "status" if head.status != 200 else (
-                "incomplete")
+            return (
+                passthrough(head, req, collapsed=not leader),
+                result,
+                "status" if head.status != 200 else ("incomplete"),
+            )
         response = web.StreamResponse(headers=miss_headers(head, req, collapsed=not leader))
         await response.prepare(request)
         try:
@@ -99,8 +119,14 @@ async def stream_miss(request: web.Request, state: GatewayState, req: FillReques
         flight.unsubscribe(sub)
 
 
-async def pipe(state: GatewayState, flight: StreamFlight, response: web.StreamResponse, *,
-               include_usage: bool, on_first: Callable[[], None] | None = None) -> None:
+async def pipe(
+    state: GatewayState,
+    flight: StreamFlight,
+    response: web.StreamResponse,
+    *,
+    include_usage: bool,
+    on_first: Callable[[], None] | None = None,
+) -> None:
     """Write the flight's frames from the first, then the live tail; a heartbeat comment covers each silence."""
     pos, first = 0, True
     heartbeat_s = state.config.stream.heartbeat_s
@@ -121,8 +147,16 @@ async def pipe(state: GatewayState, flight: StreamFlight, response: web.StreamRe
             await response.write(HEARTBEAT_FRAME)
 
 
-async def replay(request: web.Request, state: GatewayState, entry: Entry, cache_status: str, age: str, *,
-                 include_usage: bool, no_store: bool = False) -> web.StreamResponse:
+async def replay(
+    request: web.Request,
+    state: GatewayState,
+    entry: Entry,
+    cache_status: str,
+    age: str,
+    *,
+    include_usage: bool,
+    no_store: bool = False,
+) -> web.StreamResponse:
     """A hit (or a stale answer) as SSE, synthesized from the entry; paced when `stream.replay_delay_s` is set.
 
     Its time to first token is the first frame's write, recorded on the request's timer (`gateway.timing`).
@@ -159,8 +193,9 @@ async def replay(request: web.Request, state: GatewayState, entry: Entry, cache_
     return response
 
 
-async def serve_stale(request: web.Request, state: GatewayState, entry: Entry, why: str,
-                      include_usage: bool) -> Outcome:
+async def serve_stale(
+    request: web.Request, state: GatewayState, entry: Entry, why: str, include_usage: bool
+) -> Outcome:
     status, age = hdr.stale_status(entry, state.clock(), why)
     response = await replay(request, state, entry, status, age, include_usage=include_usage, no_store=True)
     return response, "stale", why
@@ -169,22 +204,25 @@ async def serve_stale(request: web.Request, state: GatewayState, entry: Entry, w
 def miss_headers(head: Head, req: FillRequest, *, collapsed: bool) -> dict[str, str]:
     headers = dict(relay_headers(head.headers))
     headers.update(SSE_HEADERS)
-    headers.update({
-        hdr.CACHE_STATUS: hdr.miss_status(stored=False, collapsed=collapsed, level=req.level),
-        "Cache-Control": "no-cache",
-        "CDN-Cache-Control": "no-store",  # a stream may still be cut: no edge keeps it (RFC 9213)
-        "Surrogate-Control": "no-store",
-        "X-Cache-Key": req.key.key,
-        "Age": "0",
-    })
+    headers.update(
+        {
+            hdr.CACHE_STATUS: hdr.miss_status(stored=False, collapsed=collapsed, level=req.level),
+            "Cache-Control": "no-cache",
+            "CDN-Cache-Control": "no-store",  # a stream may still be cut: no edge keeps it (RFC 9213)
+            "Surrogate-Control": "no-store",
+            "X-Cache-Key": req.key.key,
+            "Age": "0",
+        }
+    )
     return headers
 
 
 def passthrough(head: Head, req: FillRequest, *, collapsed: bool) -> web.Response:
     """A non-200 (or non-SSE) upstream answer, relayed with its status and body and never stored."""
     detail = "status" if head.status != 200 else "incomplete"
-    return hdr.unstored_response(head.status, head.headers, head.body or b"", collapsed=collapsed, detail=detail,
-                                 level=req.level)
+    return hdr.unstored_response(
+        head.status, head.headers, head.body or b"", collapsed=collapsed, detail=detail, level=req.level
+    )
 
 
 def _first_token(request: web.Request) -> Callable[[], None] | None:

@@ -78,8 +78,13 @@ class Recorder:
     @property
     def complete(self) -> bool:
         """A clean end: [DONE] seen, no error, and every choice finished (DESIGN §4)."""
-        return (self.done and not self.error and not self.too_large and bool(self._choices)
-                and all(c.finish_reason is not None for c in self._choices.values()))
+        return (
+            self.done
+            and not self.error
+            and not self.too_large
+            and bool(self._choices)
+            and all(c.finish_reason is not None for c in self._choices.values())
+        )
 
     @property
     def finish_reasons(self) -> list[str | None]:
@@ -143,8 +148,10 @@ class Recorder:
         text = "".join(c.content)
         if self.endpoint != CHAT:
             return {"index": index, "text": text, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
-        message: dict[str, Any] = {"role": c.role or "assistant",
-                                   "content": text if text or not (c.tool_calls or c.refusal) else None}
+        message: dict[str, Any] = {
+            "role": c.role or "assistant",
+            "content": text if text or not (c.tool_calls or c.refusal) else None,
+        }
         if c.refusal:
             message["refusal"] = "".join(c.refusal)
         if c.tool_calls:
@@ -163,8 +170,10 @@ def _merge_delta(choice: _Choice, delta: dict[str, Any]) -> None:
         if not isinstance(call, dict):
             continue
         index = call.get("index", 0)
-        slot = choice.tool_calls.setdefault(index if isinstance(index, int) else 0, {
-            "id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+        slot = choice.tool_calls.setdefault(
+            index if isinstance(index, int) else 0,
+            {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+        )
         if call.get("id") is not None:
             slot["id"] = call["id"]
         if call.get("type") is not None:

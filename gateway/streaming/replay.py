@@ -29,12 +29,18 @@ def replay_frames(entry: Entry, *, include_usage: bool, chunk_chars: int) -> lis
     if entry.stream_chunks is not None:
         payloads = list(recorded(entry.stream_chunks, entry.usage, include_usage=include_usage))
     else:
-        payloads = [orjson.dumps(doc) for doc in synthesized(orjson.loads(entry.body), entry.endpoint,
-                                                                 include_usage=include_usage, chunk_chars=chunk_chars)]
+        payloads = [
+            orjson.dumps(doc)
+            for doc in synthesized(
+                orjson.loads(entry.body), entry.endpoint, include_usage=include_usage, chunk_chars=chunk_chars
+            )
+        ]
     return [data_frame(p) for p in payloads] + [DONE_FRAME]
 
 
-def recorded(chunks: Sequence[bytes], usage: Mapping[str, Any] | None, *, include_usage: bool) -> Iterator[bytes]:
+def recorded(
+    chunks: Sequence[bytes], usage: Mapping[str, Any] | None, *, include_usage: bool
+) -> Iterator[bytes]:
     had_usage = False
     for chunk in chunks:
         if b'"usage"' in chunk and is_usage_only(orjson.loads(chunk)):  # parse only the few that may be one
@@ -48,8 +54,9 @@ def recorded(chunks: Sequence[bytes], usage: Mapping[str, Any] | None, *, includ
         yield orjson.dumps({**_base(first, first.get("object")), "choices": [], "usage": usage})
 
 
-def synthesized(doc: Mapping[str, Any], endpoint: str, *, include_usage: bool,
-                chunk_chars: int) -> Iterator[dict[str, Any]]:
+def synthesized(
+    doc: Mapping[str, Any], endpoint: str, *, include_usage: bool, chunk_chars: int
+) -> Iterator[dict[str, Any]]:
     chat = endpoint == CHAT
     base = _base(doc, "chat.completion.chunk" if chat else "text_completion")
     for choice in doc.get("choices") or ():
@@ -58,18 +65,48 @@ def synthesized(doc: Mapping[str, Any], endpoint: str, *, include_usage: bool,
             deltas = _chat_deltas(choice.get("message") or {}, chunk_chars)
             for n, delta in enumerate(deltas):
                 logprobs = choice.get("logprobs") if n == 1 else None  # whole, on the first content chunk
-                yield {**base, "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
-                                            "finish_reason": None}]}
-            yield {**base, "choices": [{"index": index, "delta": {}, "logprobs": None,
-                                        "finish_reason": choice.get("finish_reason")}]}
+                yield {
+                    **base,
+                    "choices": [
+                        {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
+                    ],
+                }
+            yield {
+                **base,
+                "choices": [
+                    {
+                        "index": index,
+                        "delta": {},
+                        "logprobs": None,
+                        "finish_reason": choice.get("finish_reason"),
+                    }
+                ],
+            }
         else:
             pieces = split(choice.get("text") or "", chunk_chars)
             for n, piece in enumerate(pieces):
-                yield {**base, "choices": [{"index": index, "text": piece,
-                                            "logprobs": choice.get("logprobs") if n == 0 else None,
-                                            "finish_reason": None}]}
-            yield {**base, "choices": [{"index": index, "text": "", "logprobs": None,
-                                        "finish_reason": choice.get("finish_reason")}]}
+                yield {
+                    **base,
+                    "choices": [
+                        {
+                            "index": index,
+                            "text": piece,
+                            "logprobs": choice.get("logprobs") if n == 0 else None,
+                            "finish_reason": None,
+                        }
+                    ],
+                }
+            yield {
+                **base,
+                "choices": [
+                    {
+                        "index": index,
+                        "text": "",
+                        "logprobs": None,
+                        "finish_reason": choice.get("finish_reason"),
+                    }
+                ],
+            }
     if include_usage and isinstance(doc.get("usage"), Mapping):
         yield {**base, "choices": [], "usage": doc["usage"]}
 
@@ -80,13 +117,14 @@ def split(text: str, chunk_chars: int) -> list[str]:
         return []
     if chunk_chars <= 0:
         return [text]
-    return [text[i:i + chunk_chars] for i in range(0, len(text), chunk_chars)]
+    return [text[i : i + chunk_chars] for i in range(0, len(text), chunk_chars)]
 
 
 def _chat_deltas(message: Mapping[str, Any], chunk_chars: int) -> list[dict[str, Any]]:
     content = message.get("content")
-    deltas: list[dict[str, Any]] = [{"role": message.get("role") or "assistant",
-                                     "content": "" if isinstance(content, str) else None}]
+    deltas: list[dict[str, Any]] = [
+        {"role": message.get("role") or "assistant", "content": "" if isinstance(content, str) else None}
+    ]
     if isinstance(content, str):
         deltas += [{"content": piece} for piece in split(content, chunk_chars)]
     if isinstance(message.get("refusal"), str):

@@ -35,8 +35,10 @@ async def tee(state: GatewayState, flight: StreamFlight, req: FillRequest) -> No
     recorder = Recorder(req.endpoint, cap)
     started = time.perf_counter()
     last: bytes | None
-    last, outcome = error_frame("the upstream stream was interrupted", type_="upstream_error",
-                                code="bad_gateway"), Reason.INCOMPLETE.value
+    last, outcome = (
+        error_frame("the upstream stream was interrupted", type_="upstream_error", code="bad_gateway"),
+        Reason.INCOMPLETE.value,
+    )
     try:
         async with (req.via or state.upstream).open("POST", req.path_qs, req.headers, req.body) as resp:
             event_stream = resp.headers.get("Content-Type", "").startswith("text/event-stream")
@@ -53,8 +55,9 @@ async def tee(state: GatewayState, flight: StreamFlight, req: FillRequest) -> No
             return
         state.metrics.upstream_duration.labels(req.endpoint).observe(time.perf_counter() - started)
         if not recorder.done:
-            last = error_frame("the upstream closed the stream without [DONE]", type_="upstream_error",
-                               code="bad_gateway")
+            last = error_frame(
+                "the upstream closed the stream without [DONE]", type_="upstream_error", code="bad_gateway"
+            )
             return
         entry, refusal = (None, Reason.REVISION) if moved else _stored_entry(state, req, recorder)
         if entry is not None:
@@ -85,7 +88,9 @@ async def _pump(resp: aiohttp.ClientResponse, flight: StreamFlight, recorder: Re
             kind = recorder.feed(event.data)
             if kind is Kind.DONE:
                 return  # the [DONE] frame is published by `tee` after the store
-            flight.publish(Frame(data_frame(event.data, event.name), usage_only=kind is Kind.USAGE), cap_bytes=cap)
+            flight.publish(
+                Frame(data_frame(event.data, event.name), usage_only=kind is Kind.USAGE), cap_bytes=cap
+            )
             if flight.cancelled:
                 return
     for event in parser.close():
@@ -94,23 +99,36 @@ async def _pump(resp: aiohttp.ClientResponse, flight: StreamFlight, recorder: Re
         flight.publish(Frame(data_frame(event.data, event.name)), cap_bytes=cap)
 
 
-def _stored_entry(state: GatewayState, req: FillRequest, recorder: Recorder) -> tuple[Entry | None, Reason | None]:
+def _stored_entry(
+    state: GatewayState, req: FillRequest, recorder: Recorder
+) -> tuple[Entry | None, Reason | None]:
     """The entry to store after [DONE], or why there is none (DESIGN §4)."""
     if recorder.too_large:
         return None, Reason.TOO_LARGE
     if recorder.error:
         return None, Reason.ERROR
     body = recorder.body() if recorder.complete else b""
-    refusal = store_refusal(status=200, body_bytes=len(body) + recorder.recorded_bytes,
-                            max_entry_bytes=state.config.cache.max_entry_bytes, complete=recorder.complete,
-                            finish_reasons=recorder.finish_reasons)
+    refusal = store_refusal(
+        status=200,
+        body_bytes=len(body) + recorder.recorded_bytes,
+        max_entry_bytes=state.config.cache.max_entry_bytes,
+        complete=recorder.complete,
+        finish_reasons=recorder.finish_reasons,
+    )
     if refusal is not None:
         return None, refusal
     entry = Entry(
-        key=req.key.key, endpoint=req.endpoint, body=body, model=req.model, revision=req.revision,
-        created_at=state.clock(), ttl_s=req.ttl_s, stale_if_error_s=state.config.cache.stale_if_error_s,
+        key=req.key.key,
+        endpoint=req.endpoint,
+        body=body,
+        model=req.model,
+        revision=req.revision,
+        created_at=state.clock(),
+        ttl_s=req.ttl_s,
+        stale_if_error_s=state.config.cache.stale_if_error_s,
         etag=make_etag(body),
         tags=entry_tags(model=req.model, revision=req.revision, scope=req.key.scope, digest=req.key.digest),
-        usage=recorder.usage, stream_chunks=tuple(recorder.chunks),
+        usage=recorder.usage,
+        stream_chunks=tuple(recorder.chunks),
     )
     return entry, None

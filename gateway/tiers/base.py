@@ -90,9 +90,17 @@ class Tier(Protocol):
 class Breaker:
     """The one degrade path of a shared tier: run an operation with a deadline, or count, log and open."""
 
-    def __init__(self, *, label: str, errors: tuple[type[BaseException], ...], timeout_s: float,
-                 retry_after_s: float, clock: Callable[[], float], on_error: Callable[[], None],
-                 log: logging.Logger) -> None:
+    def __init__(
+        self,
+        *,
+        label: str,
+        errors: tuple[type[BaseException], ...],
+        timeout_s: float,
+        retry_after_s: float,
+        clock: Callable[[], float],
+        on_error: Callable[[], None],
+        log: logging.Logger,
+    ) -> None:
         self._label = label
         self._errors: tuple[type[BaseException], ...] = (*errors, OSError, TimeoutError)
         self._timeout_s = timeout_s
@@ -118,5 +126,11 @@ class Breaker:
     def trip(self, op: str, exc: BaseException) -> None:
         self._on_error()
         self._open_until = self._clock() + self._retry_after_s
-        self._log.warning(self._label, "L2 (%s) %s failed, serving from L1/upstream: %s: %s",
-                          self._label, op, type(exc).__name__, exc)
+        self._log.warning(
+            self._label,
+            "L2 (%s) %s failed, serving from L1/upstream: %s: %s",
+            self._label,
+            op,
+            type(exc).__name__,
+            exc,
+        )

@@ -29,14 +29,29 @@ def build_l2(config: CacheConfig, metrics: GatewayMetrics, clock: Callable[[], f
     errors = metrics.cache_errors.labels("l2")
     kind = config.l2_kind
     if kind == "redis" and is_cluster_url(config.redis_url):
-        return RedisClusterTier(config.redis_url, timeout_s=config.redis_timeout_s,
-                                retry_after_s=config.redis_retry_after_s, clock=clock, on_error=errors.inc)
+        return RedisClusterTier(
+            config.redis_url,
+            timeout_s=config.redis_timeout_s,
+            retry_after_s=config.redis_retry_after_s,
+            clock=clock,
+            on_error=errors.inc,
+        )
     if kind == "redis":
-        return RedisTier(config.redis_url, timeout_s=config.redis_timeout_s,
-                         retry_after_s=config.redis_retry_after_s, clock=clock, on_error=errors.inc)
+        return RedisTier(
+            config.redis_url,
+            timeout_s=config.redis_timeout_s,
+            retry_after_s=config.redis_retry_after_s,
+            clock=clock,
+            on_error=errors.inc,
+        )
     if kind == "memcached":
-        return MemcachedTier(config.memcached_servers, timeout_s=config.memcached_timeout_s,
-                             retry_after_s=config.memcached_retry_after_s,
-                             max_item_bytes=config.memcached_max_item_bytes, clock=clock, on_error=errors.inc,
-                             on_refusal=lambda reason: metrics.cache_refusals.labels("l2", reason).inc())
+        return MemcachedTier(
+            config.memcached_servers,
+            timeout_s=config.memcached_timeout_s,
+            retry_after_s=config.memcached_retry_after_s,
+            max_item_bytes=config.memcached_max_item_bytes,
+            clock=clock,
+            on_error=errors.inc,
+            on_refusal=lambda reason: metrics.cache_refusals.labels("l2", reason).inc(),
+        )
     return None

@@ -41,7 +41,8 @@ class Stored:
         """Every tag's counter exists and still holds the recorded version (else the entry was purged)."""
         tags = self.entry.tags
         return len(tags) == len(self.versions) and all(
-            current.get(tag) == version for tag, version in zip(tags, self.versions, strict=True))
+            current.get(tag) == version for tag, version in zip(tags, self.versions, strict=True)
+        )
 
 
 def counter_key(tag: str) -> str:

@@ -73,8 +73,9 @@ class _Shard:
         host, port = parse_server(spec)
         self.spec = spec
         self.breaker = breaker
-        self.cache = MemcachedCache(serializer=RecordSerializer(), endpoint=host, port=port, pool_size=pool_size,
-                                    timeout=None)
+        self.cache = MemcachedCache(
+            serializer=RecordSerializer(), endpoint=host, port=port, pool_size=pool_size, timeout=None
+        )
         self.cache.client = _Client(host, port, pool_size=pool_size)
         self.pending: dict[str, list[asyncio.Future[Entry | None]]] = {}
         self.reader: asyncio.Task[None] | None = None
@@ -83,14 +84,36 @@ class _Shard:
 class MemcachedTier:
     name = "l2"
 
-    def __init__(self, servers: Sequence[str], *, timeout_s: float, retry_after_s: float, max_item_bytes: int,
-                 clock: Callable[[], float], on_error: Callable[[], None],
-                 on_refusal: Callable[[str], None], pool_size: int = 4) -> None:
+    def __init__(
+        self,
+        servers: Sequence[str],
+        *,
+        timeout_s: float,
+        retry_after_s: float,
+        max_item_bytes: int,
+        clock: Callable[[], float],
+        on_error: Callable[[], None],
+        on_refusal: Callable[[str], None],
+        pool_size: int = 4,
+    ) -> None:
         if not servers:
             raise ValueError("the memcached tier needs at least one server")
-        self._shards = [_Shard(spec, Breaker(label=f"memcached {spec}", errors=(ClientException, EOFError),
-                                             timeout_s=timeout_s * 4, retry_after_s=retry_after_s, clock=clock,
-                                             on_error=on_error, log=log), pool_size) for spec in servers]
+        self._shards = [
+            _Shard(
+                spec,
+                Breaker(
+                    label=f"memcached {spec}",
+                    errors=(ClientException, EOFError),
+                    timeout_s=timeout_s * 4,
+                    retry_after_s=retry_after_s,
+                    clock=clock,
+                    on_error=on_error,
+                    log=log,
+                ),
+                pool_size,
+            )
+            for spec in servers
+        ]
         self._max_item_bytes = max_item_bytes
         self._clock = clock
         self._on_refusal = on_refusal
@@ -107,7 +130,9 @@ class MemcachedTier:
     def _shard(self, key: str) -> _Shard:
         if len(self._shards) == 1:
             return self._shards[0]
-        return max(self._shards, key=lambda s: hashlib.blake2b(f"{s.spec}|{key}".encode(), digest_size=8).digest())
+        return max(
+            self._shards, key=lambda s: hashlib.blake2b(f"{s.spec}|{key}".encode(), digest_size=8).digest()
+        )
 
     async def get(self, key: str) -> Entry | None:
         shard = self._shard(key)
@@ -142,19 +167,28 @@ class MemcachedTier:
     async def _read(self, shard: _Shard, keys: list[str]) -> list[Entry | None]:
         """One `get` for the entries and the counters of their tags; a second only for tags never seen."""
         tags = list(dict.fromkeys([t for key in keys for t in key_tags(key)] + list(self._known)))
-        values = await shard.breaker.call("get", lambda: shard.cache.multi_get(
-            keys + [counter_key(t) for t in tags]))
-        current: dict[str, int | None] = {t: _counter(v) for t, v in zip(tags, values[len(keys):], strict=True)}
-        found = [v if isinstance(v, Stored) and v.entry.key == key else None
-                 for key, v in zip(keys, values[:len(keys)], strict=True)]
-        unseen = list(dict.fromkeys(t for s in found if s is not None for t in s.entry.tags if t not in current))
+        values = await shard.breaker.call(
+            "get", lambda: shard.cache.multi_get(keys + [counter_key(t) for t in tags])
+        )
+        current: dict[str, int | None] = {
+            t: _counter(v) for t, v in zip(tags, values[len(keys) :], strict=True)
+        }
+        found = [
+            v if isinstance(v, Stored) and v.entry.key == key else None
+            for key, v in zip(keys, values[: len(keys)], strict=True)
+        ]
+        unseen = list(
+            dict.fromkeys(t for s in found if s is not None for t in s.entry.tags if t not in current)
+        )
         if unseen:
             current.update(await self._counters(shard, unseen))
         self._remember(s.entry.tags for s in found if s is not None)
         return [s.entry if s is not None and s.is_current(current) else None for s in found]
 
     async def _counters(self, shard: _Shard, tags: list[str]) -> dict[str, int | None]:
-        values = await shard.breaker.call("get", lambda: shard.cache.multi_get([counter_key(t) for t in tags]))
+        values = await shard.breaker.call(
+            "get", lambda: shard.cache.multi_get([counter_key(t) for t in tags])
+        )
         return {t: _counter(v) for t, v in zip(tags, values, strict=True)}
 
     def _remember(self, tag_lists: Iterable[tuple[str, ...]]) -> None:
@@ -165,8 +199,9 @@ class MemcachedTier:
                 if tag.startswith(("model:", "rev:")):
                     self._known[tag] = now
                     self._known.move_to_end(tag)
-        while self._known and (len(self._known) > KNOWN_TAGS
-                               or now - next(iter(self._known.values())) > KNOWN_TAG_IDLE_S):
+        while self._known and (
+            len(self._known) > KNOWN_TAGS or now - next(iter(self._known.values())) > KNOWN_TAG_IDLE_S
+        ):
             self._known.popitem(last=False)
 
     async def set(self, entry: Entry) -> bool:
@@ -178,8 +213,9 @@ class MemcachedTier:
         shard = self._shard(entry.key)
         versions = await self._versions_for_store(shard, list(entry.tags))
         expire_s = max(1, min(MAX_RELATIVE_EXPIRY_S, int(entry.expires_at() - self._clock()) + 1))
-        stored = await shard.breaker.call("set", lambda: _set_or_refuse(shard, entry.key, Stored(entry, versions),
-                                                                         expire_s))
+        stored = await shard.breaker.call(
+            "set", lambda: _set_or_refuse(shard, entry.key, Stored(entry, versions), expire_s)
+        )
         if not stored:
             self._on_refusal("server_refused")
             return False
@@ -190,7 +226,9 @@ class MemcachedTier:
         current = await self._counters(shard, tags)
         absent = [t for t, v in current.items() if v is None]
         if absent:
-            added = await shard.breaker.call("set", lambda: asyncio.gather(*(_add_counter(shard, t) for t in absent)))
+            added = await shard.breaker.call(
+                "set", lambda: asyncio.gather(*(_add_counter(shard, t) for t in absent))
+            )
             current.update(zip(absent, added, strict=True))
             raced = [t for t, v in zip(absent, added, strict=True) if v is None]
             if raced:  # another writer created these first: read back its values
@@ -281,4 +319,3 @@ async def _incr(shard: _Shard, tag: str) -> bool:
             return False
         raise
     return True
-

@@ -71,9 +71,14 @@ def cluster_client(url: str, *, timeout_s: float) -> RedisCluster:
     tls, username, password, nodes = _parts(url)
     return RedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in nodes],
-        username=username, password=password, ssl=tls,
-        socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-        retry=Retry(NoBackoff(), 1),  # one retry after re-reading the slot map (MOVED, failover); then the breaker
+        username=username,
+        password=password,
+        ssl=tls,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(
+            NoBackoff(), 1
+        ),  # one retry after re-reading the slot map (MOVED, failover); then the breaker
         require_full_coverage=False,  # serve the slots that are up while a failover runs
         reinitialize_steps=1,  # re-read the slot map after every connection error (pipelines default to every 5th)
     )
@@ -89,11 +94,24 @@ def _total(value: object, field: str | None = None) -> int:
 
 
 class RedisClusterTier(RedisTier):
-    def __init__(self, url: str, *, timeout_s: float, retry_after_s: float, clock: Callable[[], float],
-                 on_error: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float,
+        retry_after_s: float,
+        clock: Callable[[], float],
+        on_error: Callable[[], None],
+    ) -> None:
         self._cluster = cluster_client(url, timeout_s=timeout_s)
-        super().__init__(url, timeout_s=timeout_s, retry_after_s=retry_after_s, clock=clock, on_error=on_error,
-                         client=self._cluster)  # type: ignore[arg-type]
+        super().__init__(
+            url,
+            timeout_s=timeout_s,
+            retry_after_s=retry_after_s,
+            clock=clock,
+            on_error=on_error,
+            client=self._cluster,
+        )  # type: ignore[arg-type]
 
     async def _mget(self, keys: list[str]) -> list[bytes | str | None]:
         return list(await self._cluster.mget_nonatomic(keys))
@@ -123,14 +141,20 @@ class RedisClusterTier(RedisTier):
 
     async def ping(self) -> bool:
         try:
-            return bool(await self._call("ping", lambda: self._cluster.ping(target_nodes=RedisCluster.PRIMARIES)))
+            return bool(
+                await self._call("ping", lambda: self._cluster.ping(target_nodes=RedisCluster.PRIMARIES))
+            )
         except L2Unavailable:
             return False
 
     async def stats(self) -> tuple[int, int] | None:
         try:
-            size = await self._call("dbsize", lambda: self._cluster.dbsize(target_nodes=RedisCluster.PRIMARIES))
-            info = await self._call("info", lambda: self._cluster.info("memory", target_nodes=RedisCluster.PRIMARIES))
+            size = await self._call(
+                "dbsize", lambda: self._cluster.dbsize(target_nodes=RedisCluster.PRIMARIES)
+            )
+            info = await self._call(
+                "info", lambda: self._cluster.info("memory", target_nodes=RedisCluster.PRIMARIES)
+            )
         except L2Unavailable:
             return None
         return _total(size), _total(info, "used_memory")

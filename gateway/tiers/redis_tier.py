@@ -32,18 +32,37 @@ __all__ = ["L2Unavailable", "RedisTier"]
 class RedisTier:
     name = "l2"
 
-    def __init__(self, url: str, *, timeout_s: float, retry_after_s: float, clock: Callable[[], float],
-                 on_error: Callable[[], None], client: aioredis.Redis | None = None) -> None:
-        self._client = client if client is not None else aioredis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),  # fail fast; the breaker below decides when to try again
-            health_check_interval=0,
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float,
+        retry_after_s: float,
+        clock: Callable[[], float],
+        on_error: Callable[[], None],
+        client: aioredis.Redis | None = None,
+    ) -> None:
+        self._client = (
+            client
+            if client is not None
+            else aioredis.Redis.from_url(
+                url,
+                socket_timeout=timeout_s,
+                socket_connect_timeout=timeout_s,
+                retry=Retry(NoBackoff(), 0),  # fail fast; the breaker below decides when to try again
+                health_check_interval=0,
+            )
         )
         self._clock = clock
-        self._breaker = Breaker(label="redis", errors=(RedisError,), timeout_s=timeout_s * 4,
-                                retry_after_s=retry_after_s, clock=clock, on_error=on_error, log=log)
+        self._breaker = Breaker(
+            label="redis",
+            errors=(RedisError,),
+            timeout_s=timeout_s * 4,
+            retry_after_s=retry_after_s,
+            clock=clock,
+            on_error=on_error,
+            log=log,
+        )
         self._pending: dict[str, list[asyncio.Future[bytes | None]]] = {}
         self._reader: asyncio.Task[None] | None = None
 

@@ -39,7 +39,9 @@ class TieredCache:
             self._tally.inc(self._lookups_metric, ("l1", "miss"))
         if self.l2 is None:
             return None
-        generation = self.l1.generation  # a purge applied while L2 answers must not be undone by the back-fill
+        generation = (
+            self.l1.generation
+        )  # a purge applied while L2 answers must not be undone by the back-fill
         try:
             entry = await self.l2.get(key)
         except L2Unavailable:

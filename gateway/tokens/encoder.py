@@ -35,8 +35,10 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
         if content is None:
             content = ""
         elif isinstance(content, list):
-            if not all(isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
+            if not all(
+                isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                for p in content
+            ):
                 raise Unrenderable("non-text content parts")
             content = "".join(p["text"] for p in content)
         elif not isinstance(content, str):
@@ -76,7 +78,9 @@ class ModelEncoder:
             except ImportError:
                 pass
             else:
-                self._template = ChatTemplate(spec.chat_template, bos_token=spec.bos_token, eos_token=spec.eos_token)
+                self._template = ChatTemplate(
+                    spec.chat_template, bos_token=spec.bos_token, eos_token=spec.eos_token
+                )
 
     @property
     def splicing(self) -> bool:
@@ -105,7 +109,7 @@ class ModelEncoder:
         pos = 0
         for match in self._special_re.finditer(text) if self._special_re is not None else ():
             if match.start() > pos:
-                out.extend(self._ordinary(text[pos:match.start()]))
+                out.extend(self._ordinary(text[pos : match.start()]))
             out.append(self._specials[match.group()])
             pos = match.end()
         if pos < len(text):
@@ -137,7 +141,7 @@ class ModelEncoder:
         pos = 0
         for match in self._special_re.finditer(text) if self._special_re is not None else ():
             if match.start() > pos:
-                out.extend(self._segment(text[pos:match.start()]))
+                out.extend(self._segment(text[pos : match.start()]))
             out.append(self._specials[match.group()])
             pos = match.end()
         if pos < len(text):

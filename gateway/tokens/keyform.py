@@ -20,8 +20,9 @@ from gateway.tokens.path import token_path
 TOKEN_LEVELS = frozenset({AUTO, Level.TOKENS.value})
 
 
-async def key_encoder(state: GatewayState, model: Any,
-                      headers: Callable[[], Mapping[str, str]]) -> ModelEncoder | None:
+async def key_encoder(
+    state: GatewayState, model: Any, headers: Callable[[], Mapping[str, str]]
+) -> ModelEncoder | None:
     """The encoder whose ids are exactly the backend's for `model`, or None. No await once it is loaded, and
     `headers` (for the one `GET /v1/tokenizer`) is only built when the tokenizer must be fetched."""
     path = token_path(state)
@@ -78,8 +79,9 @@ def _embeddings_input(encoder: ModelEncoder, value: Any) -> list[Any] | None:
     return None
 
 
-def canonical_form(route_level: str, endpoint: str, body: Mapping[str, Any],
-                   encoder: ModelEncoder | None) -> tuple[Level, dict[str, Any]]:
+def canonical_form(
+    route_level: str, endpoint: str, body: Mapping[str, Any], encoder: ModelEncoder | None
+) -> tuple[Level, dict[str, Any]]:
     """(the level used, the canonical request) for a route's configured level; raises CanonicalizationError."""
     if route_level not in TOKEN_LEVELS:
         level = Level(route_level)

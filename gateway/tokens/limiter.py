@@ -22,14 +22,22 @@ class Admission:
 
 
 class TokenRateLimiter:
-    def __init__(self, tokens_per_minute: int, *, burst_tokens: int = 0, clock: Callable[[], float],
-                 max_tenants: int = 100_000) -> None:
+    def __init__(
+        self,
+        tokens_per_minute: int,
+        *,
+        burst_tokens: int = 0,
+        clock: Callable[[], float],
+        max_tenants: int = 100_000,
+    ) -> None:
         if tokens_per_minute <= 0:
             raise ValueError("tokens_per_minute must be > 0")
         self.rate_per_s = tokens_per_minute / 60.0
         self.capacity = float(burst_tokens or tokens_per_minute)
         self._clock = clock
-        self._buckets: LRUCache[str, tuple[float, float]] = LRUCache(maxsize=max_tenants)  # tenant -> (level, at)
+        self._buckets: LRUCache[str, tuple[float, float]] = LRUCache(
+            maxsize=max_tenants
+        )  # tenant -> (level, at)
 
     def admit(self, tenant: str, cost: int) -> Admission:
         now = self._clock()

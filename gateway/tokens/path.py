@@ -52,18 +52,30 @@ def _max_tokens(body: Mapping[str, Any]) -> int:
 
 
 class TokenPath:
-    def __init__(self, config: TokensConfig, upstream: Upstream, catalog: ModelCatalog, metrics: GatewayMetrics,
-                 clock: Any) -> None:
+    def __init__(
+        self,
+        config: TokensConfig,
+        upstream: Upstream,
+        catalog: ModelCatalog,
+        metrics: GatewayMetrics,
+        clock: Any,
+    ) -> None:
         self.config = config
         self.upstream = upstream
         self.catalog = catalog
         self.metrics = metrics
         self.cache = TokenCache(config.cache_max_bytes)
-        self.registry = TokenizerRegistry(upstream, cache_dir=Path(config.cache_dir) if config.cache_dir
-                                          else default_cache_dir(), clock=clock)
+        self.registry = TokenizerRegistry(
+            upstream,
+            cache_dir=Path(config.cache_dir) if config.cache_dir else default_cache_dir(),
+            clock=clock,
+        )
         self.phrases: tuple[str, ...] = load_phrases(config.phrases_file)
-        self.limiter = TokenRateLimiter(config.tokens_per_minute, burst_tokens=config.burst_tokens,
-                                        clock=clock) if config.tokens_per_minute > 0 else None
+        self.limiter = (
+            TokenRateLimiter(config.tokens_per_minute, burst_tokens=config.burst_tokens, clock=clock)
+            if config.tokens_per_minute > 0
+            else None
+        )
         self._encoders: dict[str, ModelEncoder] = {}
 
     def encoder(self, spec: TokenizerSpec) -> ModelEncoder:
@@ -72,8 +84,9 @@ class TokenPath:
             enc = self._encoders[spec.version] = ModelEncoder(spec, self.cache, self.phrases)
         return enc
 
-    async def encoder_for(self, model: str, info: ModelInfo | None,
-                          headers: Mapping[str, str]) -> ModelEncoder | None:
+    async def encoder_for(
+        self, model: str, info: ModelInfo | None, headers: Mapping[str, str]
+    ) -> ModelEncoder | None:
         if info is not None and info.tokenizer:
             spec = self.registry.known(info.tokenizer) or await self.registry.backend(info.tokenizer, headers)
         elif self.config.openai_models:  # the first use loads cl100k (~1 s): off the event loop
@@ -82,8 +95,9 @@ class TokenPath:
             spec = None
         return None if spec is None else self.encoder(spec)
 
-    async def plan(self, endpoint: str, body: Mapping[str, Any], headers: Mapping[str, str],
-                   tenant: str) -> Plan:
+    async def plan(
+        self, endpoint: str, body: Mapping[str, Any], headers: Mapping[str, str], tenant: str
+    ) -> Plan:
         """Count the prompt and enforce the budgets (`tenant`: the request's scope); raises ContextTooLong or
         RateLimited."""
         model = body.get("model")
@@ -103,23 +117,37 @@ class TokenPath:
         wanted = _max_tokens(body)
         limit = info.max_model_len if info is not None else None
         if limit is not None and count >= limit:
-            raise ContextTooLong(f"This model's maximum context length is {limit} tokens; the prompt has {count} "
-                                 f"tokens. Shorten the prompt.", param="messages" if endpoint == "chat/completions"
-                                 else "prompt")
+            raise ContextTooLong(
+                f"This model's maximum context length is {limit} tokens; the prompt has {count} "
+                f"tokens. Shorten the prompt.",
+                param="messages" if endpoint == "chat/completions" else "prompt",
+            )
         if limit is not None and wanted and count + wanted > limit:
-            raise ContextTooLong(f"This model's maximum context length is {limit} tokens; the prompt has {count} "
-                                 f"tokens and max_tokens asks for {wanted} more.", param="max_tokens")
+            raise ContextTooLong(
+                f"This model's maximum context length is {limit} tokens; the prompt has {count} "
+                f"tokens and max_tokens asks for {wanted} more.",
+                param="max_tokens",
+            )
         if self.limiter is not None:
             admission = self.limiter.admit(tenant, count + wanted)
             if not admission.allowed:
-                raise RateLimited(f"token rate limit reached: this request needs {count + wanted} tokens, "
-                                  f"{admission.remaining} are left this minute", headers={
-                                      "Retry-After": str(admission.retry_after_s)})
-        binary = (ids is not None and self.config.binary_transport and info is not None
-                  and "binary" in info.transports and BINARY_FIELDS.issuperset(body))
+                raise RateLimited(
+                    f"token rate limit reached: this request needs {count + wanted} tokens, "
+                    f"{admission.remaining} are left this minute",
+                    headers={"Retry-After": str(admission.retry_after_s)},
+                )
+        binary = (
+            ids is not None
+            and self.config.binary_transport
+            and info is not None
+            and "binary" in info.transports
+            and BINARY_FIELDS.issuperset(body)
+        )
         return Plan(count, ids, encoder, binary)
 
-    def _count(self, endpoint: str, body: Mapping[str, Any], encoder: ModelEncoder) -> tuple[int, array[int] | None]:
+    def _count(
+        self, endpoint: str, body: Mapping[str, Any], encoder: ModelEncoder
+    ) -> tuple[int, array[int] | None]:
         exact = encoder.spec.source == "backend"
         if endpoint == "chat/completions":
             if exact:
@@ -140,8 +168,7 @@ class TokenPath:
 class TokenUpstream:
     """The per-request upstream seam handed to a fill: counts on first use, then binary or JSON."""
 
-    def __init__(self, path: TokenPath, endpoint: str, body: Mapping[str, Any],
-                 tenant: str) -> None:
+    def __init__(self, path: TokenPath, endpoint: str, body: Mapping[str, Any], tenant: str) -> None:
         self._path = path
         self._endpoint = endpoint
         self._body = body
@@ -151,17 +178,20 @@ class TokenUpstream:
         try:
             return await self._path.plan(self._endpoint, self._body, headers, self._tenant)
         except GatewayError as exc:  # answered here: the upstream is never contacted
-            return UpstreamResponse(exc.status, CIMultiDictProxy(CIMultiDict(
-                {"Content-Type": "application/json", **exc.headers})), error_body(
-                exc.message, type_=exc.type, code=exc.code, param=exc.param))
+            return UpstreamResponse(
+                exc.status,
+                CIMultiDictProxy(CIMultiDict({"Content-Type": "application/json", **exc.headers})),
+                error_body(exc.message, type_=exc.type, code=exc.code, param=exc.param),
+            )
 
     def _binary(self, plan: Plan) -> BinaryCall | None:
         if not plan.binary or plan.ids is None or plan.encoder is None:
             return None
         return BinaryCall(self._path.upstream, self._endpoint, self._body, plan.ids, plan.encoder.version)
 
-    async def request(self, method: str, path_qs: str, headers: Mapping[str, str],
-                      body: bytes | None = None) -> UpstreamResponse:
+    async def request(
+        self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None = None
+    ) -> UpstreamResponse:
         plan = await self._plan(headers)
         if isinstance(plan, UpstreamResponse):
             return plan
@@ -173,8 +203,9 @@ class TokenUpstream:
         return await self._path.upstream.request(method, path_qs, headers, body)
 
     @asynccontextmanager
-    async def open(self, method: str, path_qs: str, headers: Mapping[str, str],
-                   body: bytes | None = None) -> AsyncIterator[Any]:
+    async def open(
+        self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None = None
+    ) -> AsyncIterator[Any]:
         plan = await self._plan(headers)
         if isinstance(plan, UpstreamResponse):
             yield _Local(plan)
@@ -214,14 +245,16 @@ def token_path(state: GatewayState) -> TokenPath | None:
     if path is None:
         if not state.config.tokens.enabled:
             return None
-        path = state.extensions[TOKEN_PATH] = TokenPath(state.config.tokens, state.upstream, state.catalog,
-                                                        state.metrics, state.clock)
+        path = state.extensions[TOKEN_PATH] = TokenPath(
+            state.config.tokens, state.upstream, state.catalog, state.metrics, state.clock
+        )
     assert isinstance(path, TokenPath)
     return path
 
 
-def upstream_for(state: GatewayState, endpoint: str, body: Mapping[str, Any],
-                 tenant: str) -> TokenUpstream | None:
+def upstream_for(
+    state: GatewayState, endpoint: str, body: Mapping[str, Any], tenant: str
+) -> TokenUpstream | None:
     """The seam for a fill (None: the plain upstream); nothing is counted until the fill goes upstream."""
     path = token_path(state)
     if path is None or endpoint not in BINARY_ENDPOINTS:
@@ -229,8 +262,13 @@ def upstream_for(state: GatewayState, endpoint: str, body: Mapping[str, Any],
     return TokenUpstream(path, endpoint, body, tenant)
 
 
-async def check_bypass(state: GatewayState, endpoint: str, body: Mapping[str, Any],
-                       tenant: str, upstream_headers: Mapping[str, str]) -> None:
+async def check_bypass(
+    state: GatewayState,
+    endpoint: str,
+    body: Mapping[str, Any],
+    tenant: str,
+    upstream_headers: Mapping[str, str],
+) -> None:
     """Budgets for a bypassed request (relayed as JSON): raises ContextTooLong or RateLimited."""
     path = token_path(state)
     if path is not None:

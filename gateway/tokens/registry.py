@@ -64,13 +64,19 @@ def spec_from_export(doc: Any) -> TokenizerSpec:
         raise ExportError(f"the export does not hash to its version {version}")
     by_id = {v: k for k, v in specials.items()}
     bos, eos = doc.get("bos_token_id"), doc.get("eos_token_ids") or []
-    encoding = tiktoken.Encoding(f"tokenedge-{version}", pat_str=pattern, mergeable_ranks=ranks,
-                                 special_tokens=specials)
+    encoding = tiktoken.Encoding(
+        f"tokenedge-{version}", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials
+    )
     return TokenizerSpec(
-        version=version, encoding=encoding, vocab_size=int(doc.get("vocab_size") or encoding.n_vocab),
-        dropped_ids=frozenset(int(i) for i in doc.get("dropped_ids") or ()), chat_template=doc.get("chat_template"),
+        version=version,
+        encoding=encoding,
+        vocab_size=int(doc.get("vocab_size") or encoding.n_vocab),
+        dropped_ids=frozenset(int(i) for i in doc.get("dropped_ids") or ()),
+        chat_template=doc.get("chat_template"),
         bos_token=by_id.get(bos, "") if isinstance(bos, int) else "",
-        eos_token=by_id.get(min(eos), "") if eos else "", source="backend")
+        eos_token=by_id.get(min(eos), "") if eos else "",
+        source="backend",
+    )
 
 
 def default_cache_dir() -> Path:
@@ -78,8 +84,14 @@ def default_cache_dir() -> Path:
 
 
 class TokenizerRegistry:
-    def __init__(self, upstream: Upstream | None, *, cache_dir: Path, clock: Callable[[], float],
-                 retry_after_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        upstream: Upstream | None,
+        *,
+        cache_dir: Path,
+        clock: Callable[[], float],
+        retry_after_s: float = 30.0,
+    ) -> None:
         self._upstream = upstream
         self._dir = cache_dir
         self._clock = clock
@@ -157,7 +169,9 @@ class TokenizerRegistry:
         except (orjson.JSONDecodeError, ExportError) as exc:
             log.warning("tokenizer %s: bad export: %s", version, exc)
             return None
-        if spec.version != version:  # the backend moved on between /v1/models and now: keep it, key by its own
+        if (
+            spec.version != version
+        ):  # the backend moved on between /v1/models and now: keep it, key by its own
             self._specs[spec.version] = spec
             return None
         await asyncio.to_thread(self._write_disk, path, resp.body)

@@ -15,8 +15,11 @@ from typing import Any
 from tokenedge_wire.framing import WireError
 
 JSON_CONTENT_TYPE = "application/json; charset=utf-8"
-SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
-               "X-Accel-Buffering": "no"}
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream; charset=utf-8",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
 
 
 @dataclass(slots=True)
@@ -39,8 +42,12 @@ class Rendering:
     def _parts(self, event: dict[str, Any]) -> tuple[int, str, str | None]:
         """(choice index, text, finish reason) of a text event; a malformed one is a WireError (a 502), never a 500."""
         i, text, finish = event.get("i"), event.get("t"), event.get("f")
-        if not (isinstance(i, int) and 0 <= i < self.n and isinstance(text, str)
-                and (finish is None or isinstance(finish, str))):
+        if not (
+            isinstance(i, int)
+            and 0 <= i < self.n
+            and isinstance(text, str)
+            and (finish is None or isinstance(finish, str))
+        ):
             raise WireError(f"malformed text event: {str(event)[:200]}")
         return i, text, finish
 
@@ -51,12 +58,21 @@ class Rendering:
 
     def body(self, usage: dict[str, Any]) -> bytes:
         if self.endpoint == "chat":
-            choices = [{"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None,
-                        "finish_reason": self.finish[i]} for i, t in enumerate(self.texts)]
+            choices = [
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": t},
+                    "logprobs": None,
+                    "finish_reason": self.finish[i],
+                }
+                for i, t in enumerate(self.texts)
+            ]
             obj = "chat.completion"
         else:
-            choices = [{"index": i, "text": t, "logprobs": None, "finish_reason": self.finish[i]}
-                       for i, t in enumerate(self.texts)]
+            choices = [
+                {"index": i, "text": t, "logprobs": None, "finish_reason": self.finish[i]}
+                for i, t in enumerate(self.texts)
+            ]
             obj = "text_completion"
         return json.dumps({**self.meta, "object": obj, "choices": choices, "usage": usage}).encode()
 
@@ -69,8 +85,17 @@ class Rendering:
 
     def stream_start(self) -> Iterator[bytes]:
         if self.endpoint == "chat":
-            yield self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                "finish_reason": None} for i in range(self.n)])
+            yield self._chunk(
+                [
+                    {
+                        "index": i,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                    for i in range(self.n)
+                ]
+            )
 
     def stream_event(self, event: dict[str, Any]) -> Iterator[bytes]:
         i, text, finish = self._parts(event)

@@ -24,7 +24,9 @@ from tokenedge_wire.pattern import GPT2, GPT2_SINGLE_DIGITS, LLAMA3
 
 CL100K = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
 CL100K_OLD = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-SPLICE_SAFE_PATTERNS = frozenset({GPT2, GPT2_SINGLE_DIGITS, LLAMA3, CL100K, CL100K_OLD})  # CL100K: tiktoken >= 0.8
+SPLICE_SAFE_PATTERNS = frozenset(
+    {GPT2, GPT2_SINGLE_DIGITS, LLAMA3, CL100K, CL100K_OLD}
+)  # CL100K: tiktoken >= 0.8
 
 
 def is_anchor(text: str, i: int) -> bool:
@@ -40,7 +42,9 @@ class PhraseRejected(ValueError):
 
 def check_phrase(phrase: str, specials: Iterable[str]) -> None:
     if len(phrase) < 2 or not phrase.endswith("\n") or phrase[0].isspace() or phrase[-2].isspace():
-        raise PhraseRejected("a phrase must be whole lines: start with a non-space and end with '<non-space>\\n'")
+        raise PhraseRejected(
+            "a phrase must be whole lines: start with a non-space and end with '<non-space>\\n'"
+        )
     if any(s in phrase for s in specials):
         raise PhraseRejected("a phrase must not contain special-token text")
 
@@ -54,7 +58,9 @@ class Phrase:
 class PhraseTable:
     """The phrases of one tokenizer version, each with the ids the encoder itself gives it."""
 
-    def __init__(self, phrases: Iterable[str], encode: Callable[[str], list[int]], specials: Iterable[str]) -> None:
+    def __init__(
+        self, phrases: Iterable[str], encode: Callable[[str], list[int]], specials: Iterable[str]
+    ) -> None:
         specials = tuple(specials)
         table: list[Phrase] = []
         for text in dict.fromkeys(phrases):
@@ -70,8 +76,11 @@ class PhraseTable:
             start = text.find(phrase.text)
             while start != -1:
                 end = start + len(phrase.text)
-                if is_anchor(text, start) and is_anchor(text, end) and not any(
-                        s < end and start < e for s, e in taken):
+                if (
+                    is_anchor(text, start)
+                    and is_anchor(text, end)
+                    and not any(s < end and start < e for s, e in taken)
+                ):
                     found.append((start, end, phrase))
                     taken.append((start, end))
                 start = text.find(phrase.text, start + 1)

@@ -28,9 +28,28 @@ PATH = "/v1/tokens/generate"
 BINARY_ENDPOINTS = {"chat/completions": "chat", "completions": "completion"}
 PROMPT_FIELDS = ("messages", "prompt")
 # Body fields the backend reads (or ignores) the same way over both transports; anything else goes as JSON.
-BINARY_FIELDS = frozenset({"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature",
-                           "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options", "logprobs", "user",
-                           "metadata", "store", "service_tier"})
+BINARY_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "prompt",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "stop",
+        "n",
+        "stream",
+        "stream_options",
+        "logprobs",
+        "user",
+        "metadata",
+        "store",
+        "service_tier",
+    }
+)
 
 
 def _proxy(headers: Mapping[str, str]) -> CIMultiDictProxy[str]:
@@ -39,7 +58,9 @@ def _proxy(headers: Mapping[str, str]) -> CIMultiDictProxy[str]:
 
 def request_body(endpoint: str, body: Mapping[str, Any], ids: array[int], tokenizer: str) -> bytes:
     params = {k: v for k, v in body.items() if k not in PROMPT_FIELDS}
-    return encode_request({"endpoint": BINARY_ENDPOINTS[endpoint], "tokenizer": tokenizer, "params": params}, ids)
+    return encode_request(
+        {"endpoint": BINARY_ENDPOINTS[endpoint], "tokenizer": tokenizer, "params": params}, ids
+    )
 
 
 def rendering(endpoint: str, body: Mapping[str, Any]) -> Rendering:
@@ -90,8 +111,9 @@ class RenderedStream:
 
 
 class BinaryCall:
-    def __init__(self, upstream: Upstream, endpoint: str, body: Mapping[str, Any], ids: array[int],
-                 tokenizer: str) -> None:
+    def __init__(
+        self, upstream: Upstream, endpoint: str, body: Mapping[str, Any], ids: array[int], tokenizer: str
+    ) -> None:
         self._upstream = upstream
         self._payload = request_body(endpoint, body, ids, tokenizer)
         self._endpoint = endpoint
@@ -109,11 +131,16 @@ class BinaryCall:
                 if "meta" in event:
                     render.meta = event["meta"]
                 elif "usage" in event:
-                    return UpstreamResponse(200, _proxy({"Content-Type": JSON_CONTENT_TYPE}), render.body(event["usage"]))
+                    return UpstreamResponse(
+                        200, _proxy({"Content-Type": JSON_CONTENT_TYPE}), render.body(event["usage"])
+                    )
                 elif "error" in event:
                     error = event["error"]
-                    return UpstreamResponse(int(event.get("status", 500)), _proxy({"Content-Type": JSON_CONTENT_TYPE}),
-                                            _dumps(error))
+                    return UpstreamResponse(
+                        int(event.get("status", 500)),
+                        _proxy({"Content-Type": JSON_CONTENT_TYPE}),
+                        _dumps(error),
+                    )
                 else:
                     render.add(event)
         except WireError as exc:

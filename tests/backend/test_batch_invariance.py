@@ -171,7 +171,9 @@ def test_cuda_scenarios_give_the_logits_of_the_sequence_alone(dtype: str) -> Non
     assert_bitwise(alone, target_logits(model, prompt, Scenario(others=others)))
     assert_bitwise(alone, target_logits(model, prompt, Scenario(budget=7, others=others[:3])))
     assert_bitwise(alone, target_logits(model, prompt, Scenario(warm=prompt[:33])))
-    assert_bitwise(alone, target_logits(model, prompt, Scenario(num_blocks=16, budget=64, others=others[5:9])))
+    assert_bitwise(
+        alone, target_logits(model, prompt, Scenario(num_blocks=16, budget=64, others=others[5:9]))
+    )
 
 
 _AVX2_CHILD = """

@@ -24,7 +24,9 @@ async def client() -> AsyncIterator[TestClient]:
 
 
 def good(ids: list[int], **header: object) -> bytes:
-    return encode_request({"endpoint": "chat", "tokenizer": TOKENIZER.version, "params": PARAMS, **header}, ids)
+    return encode_request(
+        {"endpoint": "chat", "tokenizer": TOKENIZER.version, "params": PARAMS, **header}, ids
+    )
 
 
 async def post(client: TestClient, body: bytes, content_type: str = REQUEST_TYPE) -> tuple[int, dict]:
@@ -33,7 +35,9 @@ async def post(client: TestClient, body: bytes, content_type: str = REQUEST_TYPE
 
 
 async def test_a_good_body_streams_meta_events_and_usage(client: TestClient) -> None:
-    resp = await client.post("/v1/tokens/generate", data=good([104, 105]), headers={"Content-Type": REQUEST_TYPE})
+    resp = await client.post(
+        "/v1/tokens/generate", data=good([104, 105]), headers={"Content-Type": REQUEST_TYPE}
+    )
     assert resp.status == 200 and resp.content_type == EVENTS_TYPE
     events = list(FrameReader().feed(await resp.read()))
     assert "meta" in events[0] and "usage" in events[-1]
@@ -44,28 +48,36 @@ async def test_a_good_body_streams_meta_events_and_usage(client: TestClient) -> 
 HEAD = b'{"endpoint":"chat","tokenizer":"x","params":{}}'
 
 
-@pytest.mark.parametrize("body, fragment", [
-    (b"", "magic"),
-    (b"XXXX" + struct.pack("<I", 2) + b"{}", "magic"),
-    (MAGIC + struct.pack("<I", 100) + b"{}", "truncated header"),
-    (MAGIC + struct.pack("<I", 1 << 30) + b"{}", "exceeds"),
-    (MAGIC + struct.pack("<I", 3) + b"{x}", "not valid JSON"),
-    (MAGIC + struct.pack("<I", 2) + b"[]", "JSON object"),
-    (MAGIC + struct.pack("<I", len(HEAD)) + HEAD + b"\x01\x00\x00", "multiple of 4"),
-])
+@pytest.mark.parametrize(
+    "body, fragment",
+    [
+        (b"", "magic"),
+        (b"XXXX" + struct.pack("<I", 2) + b"{}", "magic"),
+        (MAGIC + struct.pack("<I", 100) + b"{}", "truncated header"),
+        (MAGIC + struct.pack("<I", 1 << 30) + b"{}", "exceeds"),
+        (MAGIC + struct.pack("<I", 3) + b"{x}", "not valid JSON"),
+        (MAGIC + struct.pack("<I", 2) + b"[]", "JSON object"),
+        (MAGIC + struct.pack("<I", len(HEAD)) + HEAD + b"\x01\x00\x00", "multiple of 4"),
+    ],
+)
 async def test_malformed_framing_is_a_400(client: TestClient, body: bytes, fragment: str) -> None:
     status, doc = await post(client, body)
     assert status == 400 and fragment in doc["error"]["message"]
 
 
-@pytest.mark.parametrize("ids, fragment", [
-    ([104, -1], "outside the vocabulary"),
-    ([104, TOKENIZER.vocab_size], "outside the vocabulary"),
-    ([2**31 - 1], "outside the vocabulary"),
-    ([], "empty"),
-    ([104] * 40, "maximum context length"),
-])
-async def test_bad_ids_are_a_400_and_never_reach_the_engine(client: TestClient, ids: list[int], fragment: str) -> None:
+@pytest.mark.parametrize(
+    "ids, fragment",
+    [
+        ([104, -1], "outside the vocabulary"),
+        ([104, TOKENIZER.vocab_size], "outside the vocabulary"),
+        ([2**31 - 1], "outside the vocabulary"),
+        ([], "empty"),
+        ([104] * 40, "maximum context length"),
+    ],
+)
+async def test_bad_ids_are_a_400_and_never_reach_the_engine(
+    client: TestClient, ids: list[int], fragment: str
+) -> None:
     status, doc = await post(client, good(ids))
     assert status == 400 and fragment in doc["error"]["message"]
     assert client.engine.prompts == []  # type: ignore[attr-defined]

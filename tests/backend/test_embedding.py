@@ -31,7 +31,9 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
 
 def make_engine(model: LlamaModel, **overrides: int) -> LLMEngine:
-    config = EngineConfig(**{"num_blocks": 64, "max_num_batched_tokens": 128, "max_model_len": 256, **overrides})
+    config = EngineConfig(
+        **{"num_blocks": 64, "max_num_batched_tokens": 128, "max_model_len": 256, **overrides}
+    )
     return LLMEngine(model, config, eos_token_ids=frozenset({0}))
 
 

@@ -41,13 +41,17 @@ def greedy_picks(model: LlamaModel, ids: list[int]) -> torch.Tensor:
     return model.compute_logits(hidden, [True] * len(ids)).argmax(dim=-1)  # [T]
 
 
-def test_every_smollm2_layer_runs_on_the_files_4bit_blocks(loaded: LoadedModel, quantized: LlamaModel) -> None:
+def test_every_smollm2_layer_runs_on_the_files_4bit_blocks(
+    loaded: LoadedModel, quantized: LlamaModel
+) -> None:
     assert len(loaded.quantized) == 7 * loaded.config.num_layers
     assert all(isinstance(layer.mlp.down_proj, Int4Linear) for layer in quantized.layers)
     assert quantized.head is not None
 
 
-@pytest.mark.timeout(900)  # two full forwards of 2,000 tokens: about a minute alone, far more on a busy machine
+@pytest.mark.timeout(
+    900
+)  # two full forwards of 2,000 tokens: about a minute alone, far more on a busy machine
 def test_quantized_agrees_with_the_fp32_reference_on_the_corpus(
     loaded: LoadedModel, quantized: LlamaModel
 ) -> None:
@@ -66,7 +70,9 @@ def test_quantized_agrees_with_the_fp32_reference_on_the_corpus(
 
 def test_quantized_engine_knows_paris(loaded: LoadedModel, quantized: LlamaModel) -> None:
     tok = loaded.tokenizer
-    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}]))
+    prompt = tok.encode(
+        tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    )
     config = EngineConfig(num_blocks=64, max_num_seqs=2, max_num_batched_tokens=256, max_model_len=512)
     engine = LLMEngine(quantized, config, tok.eos_token_ids)
     [out] = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=24))

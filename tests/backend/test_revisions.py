@@ -10,8 +10,11 @@ from tests.backend.test_server import CHAT, FakeEngine, make_app, serve
 
 async def test_every_answer_names_the_revision_that_made_it() -> None:
     async with serve(make_app(FakeEngine())) as client:
-        for resp in (await client.post("/v1/chat/completions", json=CHAT), await client.get("/v1/models"),
-                     await client.post("/v1/chat/completions", json={"model": "tiny"})):  # an error too
+        for resp in (
+            await client.post("/v1/chat/completions", json=CHAT),
+            await client.get("/v1/models"),
+            await client.post("/v1/chat/completions", json={"model": "tiny"}),
+        ):  # an error too
             assert resp.headers[REVISION_HEADER] == "rev-test"
 
 

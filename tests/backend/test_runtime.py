@@ -33,8 +33,14 @@ def test_the_description_reports_device_dtype_threads_and_kernels() -> None:
 def test_the_bf16_matmul_label_names_the_isa_onednn_really_runs() -> None:
     """oneDNN's own verbose log names the implementation it executed (e.g. `brg_matmul:avx10_1_512_amx`)."""
     label = describe_runtime("cpu", torch.bfloat16, "sdpa")["matmul"]
-    run = subprocess.run([sys.executable, "-c", _ONEDNN_PROBE], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "ONEDNN_VERBOSE": "1"}, check=True)
+    run = subprocess.run(
+        [sys.executable, "-c", _ONEDNN_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "ONEDNN_VERBOSE": "1"},
+        check=True,
+    )
     executed = [line for line in run.stdout.splitlines() if ",exec,cpu," in line and "matmul" in line]
     if not label.startswith("oneDNN"):  # a CPU without oneDNN bf16: torch must not have used it
         assert not executed, (label, executed)
@@ -47,6 +53,13 @@ def test_the_start_log_line_names_everything(caplog: pytest.LogCaptureFixture) -
     with caplog.at_level(logging.INFO, logger="tokenedge.backend"):
         log_runtime(describe_runtime("cpu", torch.bfloat16, "sdpa"))
     (line,) = [r.getMessage() for r in caplog.records if r.name == "tokenedge.backend"]
-    for part in ("device=cpu", "dtype=bfloat16", f"threads={torch.get_num_threads()}", "matmul=oneDNN",
-                 "attention=sdpa", "sdpa_kernels=", "onednn_bf16="):
+    for part in (
+        "device=cpu",
+        "dtype=bfloat16",
+        f"threads={torch.get_num_threads()}",
+        "matmul=oneDNN",
+        "attention=sdpa",
+        "sdpa_kernels=",
+        "onednn_bf16=",
+    ):
         assert part in line, line

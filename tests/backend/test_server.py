@@ -29,7 +29,9 @@ EOS = 0
 
 
 def byte_tokenizer() -> Tokenizer:
-    return make_byte_tokenizer("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}A:", EOS)
+    return make_byte_tokenizer(
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}A:", EOS
+    )
 
 
 class FakeEngine:
@@ -89,7 +91,11 @@ class FakeEngine:
 
 def make_app(engine: FakeEngine, max_model_len: int = 64) -> web.Application:
     model = ServedModel(
-        id="tiny", revision="rev-test", tokenizer=byte_tokenizer(), max_model_len=max_model_len, created=0,
+        id="tiny",
+        revision="rev-test",
+        tokenizer=byte_tokenizer(),
+        max_model_len=max_model_len,
+        created=0,
         runtime=RUNTIME,
     )
     return create_app(model, lambda: engine, ServerLimits(max_n=3, default_max_tokens=100))

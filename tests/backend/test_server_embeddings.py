@@ -47,10 +47,17 @@ def reference(text: str) -> np.ndarray:
 
 @pytest.fixture
 async def client() -> AsyncIterator[TestClient]:
-    config = EngineConfig(num_blocks=96, max_num_seqs=8, max_num_batched_tokens=96, max_model_len=128,
-                         max_waiting=64)
-    served = ServedModel(id="tiny", revision="rev-tiny", created=0, max_model_len=128, hidden_size=64,
-                         tokenizer=byte_tokenizer("{% for m in messages %}{{ m['content'] }}{% endfor %}", EOS))
+    config = EngineConfig(
+        num_blocks=96, max_num_seqs=8, max_num_batched_tokens=96, max_model_len=128, max_waiting=64
+    )
+    served = ServedModel(
+        id="tiny",
+        revision="rev-tiny",
+        created=0,
+        max_model_len=128,
+        hidden_size=64,
+        tokenizer=byte_tokenizer("{% for m in messages %}{{ m['content'] }}{% endfor %}", EOS),
+    )
     app = create_app(served, lambda: AsyncEngine(MODEL, config, frozenset({EOS})), ServerLimits())
     async with TestClient(TestServer(app)) as c:
         yield c
@@ -82,7 +89,9 @@ async def test_a_list_keeps_its_order_and_each_equals_its_text_alone(oai: AsyncO
 
 
 async def test_base64_decodes_to_the_float_vector(oai: AsyncOpenAI, client: TestClient) -> None:
-    floats = (await oai.embeddings.create(model="tiny", input="same", encoding_format="float")).data[0].embedding
+    floats = (
+        (await oai.embeddings.create(model="tiny", input="same", encoding_format="float")).data[0].embedding
+    )
     raw = await client.post("/v1/embeddings", json={"input": "same", "encoding_format": "base64"})
     packed = (await raw.json())["data"][0]["embedding"]
     assert np.array_equal(np.frombuffer(base64.b64decode(packed), dtype="<f4"), np.float32(floats))
@@ -92,9 +101,13 @@ async def test_base64_decodes_to_the_float_vector(oai: AsyncOpenAI, client: Test
 
 async def test_token_id_inputs_embed_like_their_text(oai: AsyncOpenAI) -> None:
     one = await oai.embeddings.create(model="tiny", input=list(b"hi there"), encoding_format="float")
-    many = await oai.embeddings.create(model="tiny", input=[list(b"hi there"), list(b"x")], encoding_format="float")
+    many = await oai.embeddings.create(
+        model="tiny", input=[list(b"hi there"), list(b"x")], encoding_format="float"
+    )
     assert close(one.data[0].embedding, reference("hi there")) and len(many.data) == 2
-    assert close(many.data[0].embedding, reference("hi there")) and close(many.data[1].embedding, reference("x"))
+    assert close(many.data[0].embedding, reference("hi there")) and close(
+        many.data[1].embedding, reference("x")
+    )
     assert many.usage.prompt_tokens == 9
 
 
@@ -102,10 +115,14 @@ async def test_an_embedding_alone_equals_it_batched_with_generation_and_other_em
     oai: AsyncOpenAI, client: TestClient
 ) -> None:
     alone = (await oai.embeddings.create(model="tiny", input="the text", encoding_format="float")).data[0]
-    noise = [client.post("/v1/completions", json={"prompt": f"busy {i}", "max_tokens": 8, "temperature": 0})
-             for i in range(4)]
-    embeds = [oai.embeddings.create(model="tiny", input=["other"] * i + ["the text"], encoding_format="float")
-              for i in range(1, 5)]
+    noise = [
+        client.post("/v1/completions", json={"prompt": f"busy {i}", "max_tokens": 8, "temperature": 0})
+        for i in range(4)
+    ]
+    embeds = [
+        oai.embeddings.create(model="tiny", input=["other"] * i + ["the text"], encoding_format="float")
+        for i in range(1, 5)
+    ]
     results = await asyncio.gather(*noise, *embeds)
     for result in results[4:]:
         assert same(result.data[-1].embedding, alone.embedding)  # type: ignore[union-attr]
@@ -146,14 +163,18 @@ async def test_models_retrieve_returns_the_model_and_404s_unknown_ids(oai: Async
         ({"input": "x", "model": 7}, "model"),
     ],
 )
-async def test_bad_embedding_requests_are_400_naming_the_field(client: TestClient, payload: dict, param: str) -> None:
+async def test_bad_embedding_requests_are_400_naming_the_field(
+    client: TestClient, payload: dict, param: str
+) -> None:
     resp = await client.post("/v1/embeddings", json=payload)
     body = await resp.json()
     assert resp.status == 400, body
     assert body["error"]["param"] == param and body["error"]["type"] == "invalid_request_error"
 
 
-async def test_dimensions_equal_to_the_width_is_accepted_and_an_unknown_model_is_404(client: TestClient) -> None:
+async def test_dimensions_equal_to_the_width_is_accepted_and_an_unknown_model_is_404(
+    client: TestClient,
+) -> None:
     ok = await client.post("/v1/embeddings", json={"input": "x", "dimensions": 64})
     assert ok.status == 200 and len((await ok.json())["data"][0]["embedding"]) == 64
     missing = await client.post("/v1/embeddings", json={"input": "x", "model": "gpt-9"})
@@ -180,8 +201,11 @@ async def test_chat_messages_the_model_cannot_use_are_400_naming_the_field(
 
 
 async def test_an_assistant_turn_may_have_null_content(client: TestClient) -> None:
-    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None},
-                {"role": "user", "content": "again"}]
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None},
+        {"role": "user", "content": "again"},
+    ]
     resp = await client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2})
     assert resp.status == 200, await resp.text()
 

@@ -20,7 +20,9 @@ EOS = 0
 
 
 def byte_tokenizer() -> Tokenizer:
-    return make_byte_tokenizer("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}>", EOS)
+    return make_byte_tokenizer(
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}>", EOS
+    )
 
 
 @pytest.fixture

@@ -102,7 +102,11 @@ async def tiny_client() -> AsyncIterator[TestClient]:
     template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}>"
     config = EngineConfig(num_blocks=256, max_num_seqs=16, max_num_batched_tokens=96, max_model_len=512)
     served = ServedModel(
-        id="tiny", revision="rev-tiny", tokenizer=byte_tokenizer(template, eos=0), max_model_len=512, created=0
+        id="tiny",
+        revision="rev-tiny",
+        tokenizer=byte_tokenizer(template, eos=0),
+        max_model_len=512,
+        created=0,
     )
     app = create_app(served, lambda: AsyncEngine(model, config, frozenset({0})))
     async with TestClient(TestServer(app)) as client:

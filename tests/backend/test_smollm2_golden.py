@@ -102,8 +102,13 @@ async def test_json_and_binary_transports_give_identical_answers_with_the_real_m
     ]
     try:
         for question in ("What is the capital of France?", "Name three colours.", "Say hello in French."):
-            body = {"model": "SmolLM2-135M-Instruct", "temperature": 0, "max_tokens": 12, "stream": stream,
-                    "messages": [{"role": "user", "content": question}]}
+            body = {
+                "model": "SmolLM2-135M-Instruct",
+                "temperature": 0,
+                "max_tokens": 12,
+                "stream": stream,
+                "messages": [{"role": "user", "content": question}],
+            }
             # Warm the engine's prefix cache first, so both transports report the same `cached_tokens`.
             assert (await client.post("/v1/chat/completions", json=body)).status == 200
             via_json = await answer(gateways[0], "/v1/chat/completions", body)

@@ -60,7 +60,9 @@ def copy_prompts() -> list[list[int]]:
     return [b * 3 for b in base] + [[7, 8, 9] * 6 + [1, 2]]
 
 
-def run(model: LlamaModel, k: int, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[list[list[int]], LLMEngine]:
+def run(
+    model: LlamaModel, k: int, prompts: list[list[int]], params: list[SamplingParams]
+) -> tuple[list[list[int]], LLMEngine]:
     config = EngineConfig(
         num_blocks=96, max_num_seqs=8, max_num_batched_tokens=24, max_model_len=256, speculative_tokens=k
     )
@@ -116,7 +118,9 @@ def staggered(model: LlamaModel, k: int) -> list[list[int]]:
     first = engine.add_request("a", copy_prompts()[0], params)
     while first.num_output_tokens < 3:
         engine.step()
-    later = [engine.add_request(f"b{i}", [(11 * j + i) % 90 + 2 for j in range(40)] * 2, params) for i in range(2)]
+    later = [
+        engine.add_request(f"b{i}", [(11 * j + i) % 90 + 2 for j in range(40)] * 2, params) for i in range(2)
+    ]
     while engine.has_unfinished():
         engine.step()
     return [s.output_token_ids for s in (first, *later)]

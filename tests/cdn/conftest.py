@@ -30,7 +30,12 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 def chat(content: str = "What is 2+2?", **extra: Any) -> dict[str, Any]:
-    return {"model": "test-model", "temperature": 0, "messages": [{"role": "user", "content": content}], **extra}
+    return {
+        "model": "test-model",
+        "temperature": 0,
+        "messages": [{"role": "user", "content": content}],
+        **extra,
+    }
 
 
 @dataclass
@@ -45,18 +50,22 @@ class EdgeStack:
     def url(self) -> str:
         return self.edge.url
 
-    async def post(self, path: str, body: Any, headers: dict[str, str] | None = None) -> tuple[
-            aiohttp.ClientResponse, bytes]:
+    async def post(
+        self, path: str, body: Any, headers: dict[str, str] | None = None
+    ) -> tuple[aiohttp.ClientResponse, bytes]:
         async with self.http.post(self.url + path, json=body, headers=headers or AUTH_A) as resp:
             return resp, await resp.read()
 
-    async def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[aiohttp.ClientResponse, bytes]:
+    async def get(
+        self, path: str, headers: dict[str, str] | None = None
+    ) -> tuple[aiohttp.ClientResponse, bytes]:
         async with self.http.get(self.url + path, headers=headers or AUTH_A) as resp:
             return resp, await resp.read()
 
     async def admin_purge(self, keys: list[str] = (), tags: list[str] = ()) -> dict[str, Any]:  # type: ignore[assignment]
-        async with self.http.post(self.gateway.url + "/admin/purge", json={"keys": list(keys), "tags": list(tags)},
-                                  headers=ADMIN) as resp:
+        async with self.http.post(
+            self.gateway.url + "/admin/purge", json={"keys": list(keys), "tags": list(tags)}, headers=ADMIN
+        ) as resp:
             assert resp.status == 200, await resp.text()
             return await resp.json()
 
@@ -76,15 +85,22 @@ def _sections(sections: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 @pytest.fixture
-async def make_varnish(fake: FakeUpstream, upstream_url: str, clock: FakeClock,
-                       http: aiohttp.ClientSession) -> AsyncIterator[StackFactory]:
+async def make_varnish(
+    fake: FakeUpstream, upstream_url: str, clock: FakeClock, http: aiohttp.ClientSession
+) -> AsyncIterator[StackFactory]:
     started: list[tuple[RunningGateway, EdgeProcess]] = []
 
-    async def factory(*, edge: dict[str, Any] | None = None, purge: dict[str, Any] | None = None,
-                      **sections: dict[str, Any]) -> EdgeStack:
+    async def factory(
+        *, edge: dict[str, Any] | None = None, purge: dict[str, Any] | None = None, **sections: dict[str, Any]
+    ) -> EdgeStack:
         port = free_port()
-        cdn = CdnConfig(varnish=VarnishConfig(purge_urls=(f"http://127.0.0.1:{port}/",),
-                                              retry=RetryPolicy(max_attempts=1, timeout_s=5.0), **(purge or {})))
+        cdn = CdnConfig(
+            varnish=VarnishConfig(
+                purge_urls=(f"http://127.0.0.1:{port}/",),
+                retry=RetryPolicy(max_attempts=1, timeout_s=5.0),
+                **(purge or {}),
+            )
+        )
         gw = await start_gateway(gateway_config(upstream_url, **_sections(sections)), clock, cdn=cdn)
         gw_port = gw.server.port
         assert gw_port is not None
@@ -100,8 +116,9 @@ async def make_varnish(fake: FakeUpstream, upstream_url: str, clock: FakeClock,
 
 
 @pytest.fixture
-async def make_nginx(fake: FakeUpstream, upstream_url: str, clock: FakeClock,
-                     http: aiohttp.ClientSession) -> AsyncIterator[StackFactory]:
+async def make_nginx(
+    fake: FakeUpstream, upstream_url: str, clock: FakeClock, http: aiohttp.ClientSession
+) -> AsyncIterator[StackFactory]:
     started: list[tuple[RunningGateway, EdgeProcess]] = []
 
     async def factory(*, edge: dict[str, Any] | None = None, **sections: dict[str, Any]) -> EdgeStack:

@@ -16,7 +16,15 @@ CHAT = "/v1/chat/completions"
 TTL = 600
 EDGE = f"max-age={TTL}, stale-if-error=300"
 STRONG_ETAG = re.compile(r'"[^"]+"')
-ENTRY_ONLY = ("ETag", "CDN-Cache-Control", "Surrogate-Control", "Surrogate-Key", "Cache-Tag", "xkey", "X-Cache-Key")
+ENTRY_ONLY = (
+    "ETag",
+    "CDN-Cache-Control",
+    "Surrogate-Control",
+    "Surrogate-Key",
+    "Cache-Tag",
+    "xkey",
+    "X-Cache-Key",
+)
 
 
 def assert_entry_headers(headers: object, scope: str) -> None:
@@ -36,12 +44,15 @@ def assert_entry_headers(headers: object, scope: str) -> None:
 
 @pytest.mark.parametrize("scope", ["public", "tenant"])
 async def test_design_header_matrix_through_varnish(make_varnish: StackFactory, scope: str) -> None:
-    stack = await make_varnish(routes={"chat/completions": {"scope": scope, "ttl_s": TTL}},
-                               cache={"stale_if_error_s": 300})
+    stack = await make_varnish(
+        routes={"chat/completions": {"scope": scope, "ttl_s": TTL}}, cache={"stale_if_error_s": 300}
+    )
 
     # miss: stored at the gateway and at Varnish
     miss, body = await stack.post(CHAT, chat())
-    assert miss.headers["Cache-Status"] == "tokenedge; fwd=miss; stored; detail=exact, varnish; fwd=miss; stored"
+    assert (
+        miss.headers["Cache-Status"] == "tokenedge; fwd=miss; stored; detail=exact, varnish; fwd=miss; stored"
+    )
     assert miss.headers["Age"] == "0"
     assert_entry_headers(miss.headers, scope)
 
@@ -55,12 +66,15 @@ async def test_design_header_matrix_through_varnish(make_varnish: StackFactory, 
     assert_entry_headers(hit.headers, scope)
 
     # hit at the gateway (Varnish purged directly): the gateway's Age and remaining ttl carry through
-    async with stack.http.request("PURGE", stack.url + "/", headers={"xkey-purge": "model:test-model"}) as resp:
+    async with stack.http.request(
+        "PURGE", stack.url + "/", headers={"xkey-purge": "model:test-model"}
+    ) as resp:
         assert resp.status == 200
     stack.clock.advance(5)
     gw_hit, gw_body = await stack.post(CHAT, chat())
     assert gw_hit.headers["Cache-Status"] == (
-        f"tokenedge; hit; ttl={TTL - 5}; detail=l1, varnish; fwd=miss; stored")
+        f"tokenedge; hit; ttl={TTL - 5}; detail=l1, varnish; fwd=miss; stored"
+    )
     assert int(gw_hit.headers["Age"]) >= 5  # RFC 9111 §5.1: the edge adds its residence to the gateway's age
     assert gw_hit.headers["ETag"] == miss.headers["ETag"] and gw_body == body
     assert_entry_headers(gw_hit.headers, scope)

@@ -113,8 +113,10 @@ async def test_oversized_body_is_rejected_with_413(make_nginx: StackFactory) -> 
     assert stack.fake.calls["chat"] == 0
 
 
-@pytest.mark.skipif(not os.path.exists(f"{MODULES_DIR}/{PURGE_MODULE}"),
-                    reason="libnginx-mod-http-cache-purge is not installed")
+@pytest.mark.skipif(
+    not os.path.exists(f"{MODULES_DIR}/{PURGE_MODULE}"),
+    reason="libnginx-mod-http-cache-purge is not installed",
+)
 async def test_purge_drops_an_exact_alias_key(make_nginx: StackFactory) -> None:
     stack = await make_nginx()
     stored, _ = await stack.post(CHAT, chat())

@@ -27,7 +27,9 @@ async def test_repeated_deterministic_post_is_a_varnish_hit(make_varnish: StackF
     assert first.status == second.status == 200
     assert first.headers["Cache-Status"] == STORED_AT_BOTH
     # The gateway's member is the one stored with the object: the gateway was not asked a second time.
-    assert second.headers["Cache-Status"].startswith("tokenedge; fwd=miss; stored; detail=exact, varnish; hit; ttl=")
+    assert second.headers["Cache-Status"].startswith(
+        "tokenedge; fwd=miss; stored; detail=exact, varnish; hit; ttl="
+    )
     assert len(second.headers["X-Varnish"].split()) == 2  # this request's id and the stored object's
     assert "Age" in second.headers
     assert body2 == body1
@@ -45,7 +47,10 @@ async def test_two_tenants_never_share_an_entry(make_varnish: StackFactory) -> N
     assert resp_b.headers["Cache-Status"] == STORED_AT_BOTH
     assert answer_b != answer_a
     assert (answer_a2, answer_b2) == (answer_a, answer_b)
-    assert "varnish; hit" in again_a.headers["Cache-Status"] and "varnish; hit" in again_b.headers["Cache-Status"]
+    assert (
+        "varnish; hit" in again_a.headers["Cache-Status"]
+        and "varnish; hit" in again_b.headers["Cache-Status"]
+    )
     assert stack.fake.calls["chat"] == 2
 
 
@@ -59,10 +64,14 @@ async def test_anonymous_requests_do_not_share_with_a_tenant(make_varnish: Stack
     assert stack.fake.calls["chat"] == 2
 
 
-@pytest.mark.parametrize("purge", [{"mode": "xkey"}, {"mode": "xkey", "soft": True}, {"mode": "ban"}],
-                         ids=["xkey", "xkey-soft", "ban"])
-async def test_admin_purge_by_tag_misses_at_varnish_and_gateway(make_varnish: StackFactory,
-                                                                purge: dict[str, object]) -> None:
+@pytest.mark.parametrize(
+    "purge",
+    [{"mode": "xkey"}, {"mode": "xkey", "soft": True}, {"mode": "ban"}],
+    ids=["xkey", "xkey-soft", "ban"],
+)
+async def test_admin_purge_by_tag_misses_at_varnish_and_gateway(
+    make_varnish: StackFactory, purge: dict[str, object]
+) -> None:
     stack = await make_varnish(purge=purge)
     first, _ = await stack.post(CHAT, chat())
     hit, _ = await stack.post(CHAT, chat())
@@ -82,11 +91,14 @@ async def test_purge_is_refused_without_the_configured_token(make_varnish: Stack
     stack = await make_varnish(edge={"purge_token": token})
     await stack.post(CHAT, chat())
 
-    async with stack.http.request("PURGE", stack.url + "/", headers={"xkey-purge": "model:test-model"}) as resp:
+    async with stack.http.request(
+        "PURGE", stack.url + "/", headers={"xkey-purge": "model:test-model"}
+    ) as resp:
         refused = resp.status
     still, _ = await stack.post(CHAT, chat())
-    async with stack.http.request("PURGE", stack.url + "/", headers={"xkey-purge": "model:test-model",
-                                                                      "X-Purge-Token": token}) as resp:
+    async with stack.http.request(
+        "PURGE", stack.url + "/", headers={"xkey-purge": "model:test-model", "X-Purge-Token": token}
+    ) as resp:
         accepted = resp.status
     gone, _ = await stack.post(CHAT, chat())
 
@@ -156,8 +168,10 @@ async def test_oversized_chunked_body_is_rejected(make_varnish: StackFactory) ->
     stack = await make_varnish(edge={"max_body_bytes": 64 * 1024})
     port = stack.edge.port
     payload = b'{"model": "test-model", "temperature": 0, "prompt": "' + b"x" * 80_000 + b'"}'
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-            "Transfer-Encoding: chunked\r\n\r\n").encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    ).encode()
     chunked = head + b"%x\r\n" % len(payload) + payload + b"\r\n0\r\n\r\n"
 
     def send() -> bytes:
@@ -213,8 +227,9 @@ async def test_stale_copy_answers_when_the_gateway_fails(make_varnish: StackFact
 
 
 @pytest.mark.parametrize("spelling", ["model:my model", "model:my%20model"], ids=["plain", "as-in-header"])
-async def test_a_model_name_with_a_space_is_escaped_once_and_purged_at_varnish(make_varnish: StackFactory,
-                                                                               spelling: str) -> None:
+async def test_a_model_name_with_a_space_is_escaped_once_and_purged_at_varnish(
+    make_varnish: StackFactory, spelling: str
+) -> None:
     stack = await make_varnish()
     direct = await stack.gateway.client.post(CHAT, json=chat(model="my model"), headers=AUTH_A)
     for header in ("Surrogate-Key", "xkey"):

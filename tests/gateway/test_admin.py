@@ -8,8 +8,9 @@ from tests.support.fake_upstream import FakeUpstream
 ADMIN = {"Authorization": "Bearer admin-secret"}
 
 
-async def test_purge_by_key_and_by_tag_empties_both_tiers(make_gateway: GatewayFactory, fake: FakeUpstream,
-                                                          redis_url: str) -> None:
+async def test_purge_by_key_and_by_tag_empties_both_tiers(
+    make_gateway: GatewayFactory, fake: FakeUpstream, redis_url: str
+) -> None:
     gw = await make_gateway(cache={"redis_url": redis_url}, server={"admin_token": "admin-secret"})
     other = {**CHAT, "messages": [{"role": "user", "content": "other"}]}
     first = await gw.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A)
@@ -17,7 +18,11 @@ async def test_purge_by_key_and_by_tag_empties_both_tiers(make_gateway: GatewayF
     key = first.headers["X-Cache-Key"]
 
     by_key = await gw.client.post("/admin/purge", json={"keys": [key]}, headers=ADMIN)
-    assert (await by_key.json())["purged"] == {"l1": 1, "l2": 1, "bus": 0}  # bus: other processes that confirmed
+    assert (await by_key.json())["purged"] == {
+        "l1": 1,
+        "l2": 1,
+        "bus": 0,
+    }  # bus: other processes that confirmed
     miss = await gw.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A)
     assert miss.headers["Cache-Status"].startswith("tokenedge; fwd=miss")
 
@@ -85,21 +90,26 @@ async def test_alias_of_unknown_or_malformed_key_is_404(make_gateway: GatewayFac
         assert resp.status == 404
 
 
-async def test_explain_shows_the_key_without_calling_upstream(make_gateway: GatewayFactory,
-                                                              fake: FakeUpstream) -> None:
+async def test_explain_shows_the_key_without_calling_upstream(
+    make_gateway: GatewayFactory, fake: FakeUpstream
+) -> None:
     gw = await make_gateway()
-    explained = await gw.client.post("/v1/cache/explain", json={"request": {**CHAT, "user": "bob"}},
-                                     headers=AUTH_A)
+    explained = await gw.client.post(
+        "/v1/cache/explain", json={"request": {**CHAT, "user": "bob"}}, headers=AUTH_A
+    )
     doc = await explained.json()
     assert fake.calls["chat"] == 0
     assert doc["decision"] == {"action": "lookup", "ttl_s": 3600, "read": True}
     assert "user" not in doc["canonical"]
     assert (doc["level"], doc["route_level"]) == ("exact", "auto")  # the fake upstream has no tokenizer
-    sampled = await gw.client.post("/v1/cache/explain", json={"request": {**CHAT, "temperature": 0.9}},
-                                   headers=AUTH_A)
+    sampled = await gw.client.post(
+        "/v1/cache/explain", json={"request": {**CHAT, "temperature": 0.9}}, headers=AUTH_A
+    )
     assert (await sampled.json())["decision"] == {"action": "bypass", "reason": "temperature"}
     await gw.client.get("/v1/models", headers=AUTH_A)  # learn the upstream's revision
-    explained = await (await gw.client.post("/v1/cache/explain", json={"request": CHAT}, headers=AUTH_A)).json()
+    explained = await (
+        await gw.client.post("/v1/cache/explain", json={"request": CHAT}, headers=AUTH_A)
+    ).json()
     real = await gw.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A)
     assert explained["key"] == real.headers["X-Cache-Key"]
 

@@ -92,13 +92,19 @@ SAME = [
         chat(),
         chat(user="u1", metadata={"a": "b"}, store=True, service_tier="auto", request_id="r"),
     ),
-    ("content parts reordered keys", chat([{"type": "text", "text": "a"}]), chat([{"text": "a", "type": "text"}])),
+    (
+        "content parts reordered keys",
+        chat([{"type": "text", "text": "a"}]),
+        chat([{"text": "a", "type": "text"}]),
+    ),
 ]
 
 
 @pytest.mark.parametrize(("a", "b"), [case[1:] for case in SAME], ids=[case[0] for case in SAME])
 @pytest.mark.parametrize("level", TEXT_LEVELS)
-def test_equivalent_requests_share_a_canonical_form(a: dict[str, Any], b: dict[str, Any], level: Level) -> None:
+def test_equivalent_requests_share_a_canonical_form(
+    a: dict[str, Any], b: dict[str, Any], level: Level
+) -> None:
     assert canon(a, level) == canon(b, level)
     assert canonical_json(canon(a, level)) == canonical_json(canon(b, level))
 
@@ -122,7 +128,9 @@ NORMALIZED_SAME = [
 ]
 
 
-@pytest.mark.parametrize(("a", "b"), [case[1:] for case in NORMALIZED_SAME], ids=[case[0] for case in NORMALIZED_SAME])
+@pytest.mark.parametrize(
+    ("a", "b"), [case[1:] for case in NORMALIZED_SAME], ids=[case[0] for case in NORMALIZED_SAME]
+)
 def test_text_rewrites_merge_only_at_the_opt_in_levels(a: dict[str, Any], b: dict[str, Any]) -> None:
     assert canonical_json(canon(a, Level.EXACT)) != canonical_json(canon(b, Level.EXACT))
     for level in (Level.NORMALIZED, Level.AGGRESSIVE):
@@ -168,8 +176,9 @@ DIFFERENT = [
 
 @pytest.mark.parametrize(("a", "b"), [case[1:] for case in DIFFERENT], ids=[case[0] for case in DIFFERENT])
 @pytest.mark.parametrize("level", [Level.EXACT, Level.NORMALIZED])
-def test_different_requests_keep_different_canonical_forms(a: dict[str, Any], b: dict[str, Any],
-                                                           level: Level) -> None:
+def test_different_requests_keep_different_canonical_forms(
+    a: dict[str, Any], b: dict[str, Any], level: Level
+) -> None:
     assert canonical_json(canon(a, level)) != canonical_json(canon(b, level))
 
 
@@ -182,7 +191,11 @@ def test_tool_call_arguments_and_names_are_never_normalized() -> None:
 
 def test_tool_message_content_is_text() -> None:
     body = chat() | {"messages": [{"role": "tool", "tool_call_id": "c1", "content": " 42\r\n"}]}
-    assert canon(body, Level.NORMALIZED)["messages"][0] == {"role": "tool", "tool_call_id": "c1", "content": "42"}
+    assert canon(body, Level.NORMALIZED)["messages"][0] == {
+        "role": "tool",
+        "tool_call_id": "c1",
+        "content": "42",
+    }
     assert canon(body, Level.EXACT)["messages"][0]["content"] == " 42\r\n"
 
 
@@ -206,9 +219,16 @@ def test_the_tokens_level_is_not_a_text_level() -> None:
 def test_tokens_form_keeps_every_other_field_in_its_exact_form_apart_from_the_ids() -> None:
     body = chat(" Hi ", temperature=0.0, top_p=1, tools=[{"b": 1, "a": 2.0}], ids=[9], tokenizer="client")
     form = tokens_form(CHAT, canon(body, Level.EXACT), [5, 6], "tok-1")
-    assert form == {"input": {"ids": [5, 6], "tokenizer": "tok-1"},
-                    "params": {"model": "m", "temperature": 0, "tools": [{"a": 2, "b": 1}], "ids": [9],
-                               "tokenizer": "client"}}
+    assert form == {
+        "input": {"ids": [5, 6], "tokenizer": "tok-1"},
+        "params": {
+            "model": "m",
+            "temperature": 0,
+            "tools": [{"a": 2, "b": 1}],
+            "ids": [9],
+            "tokenizer": "client",
+        },
+    }
     assert tokens_form("completions", {"prompt": "x", "echo": True}, [1], "t")["params"] == {"echo": True}
     assert tokens_form("embeddings", {"input": ["x"], "model": "e"}, [[1]], "t")["params"] == {"model": "e"}
 

@@ -34,8 +34,9 @@ async def quiet_upstream(fake: FakeUpstream) -> AsyncIterator[str]:
         await server.close()
 
 
-async def abort_after_first_event(session: aiohttp.ClientSession, gw: RunningGateway, prompt: str,
-                                  limit: asyncio.Semaphore) -> str:
+async def abort_after_first_event(
+    session: aiohttp.ClientSession, gw: RunningGateway, prompt: str, limit: asyncio.Semaphore
+) -> str:
     body = {**CHAT, "stream": True, "messages": [{"role": "user", "content": prompt}]}
     async with limit, session.post(gw.url + "/v1/chat/completions", json=body, headers=AUTH_A) as resp:
         status = resp.headers.get("Cache-Status", "")
@@ -56,11 +57,12 @@ def requests_by_result(gw: RunningGateway) -> dict[str, float]:
     return out
 
 
-async def test_a_thousand_aborted_streams_are_not_errors(make_gateway: GatewayFactory, fake: FakeUpstream,
-                                                         quiet_upstream: str,
-                                                         caplog: pytest.LogCaptureFixture) -> None:
-    gw = await make_gateway(quiet_upstream, stream={"replay_chunk_chars": 1, "replay_delay_s": 0.002},
-                            tokens={"enabled": False})
+async def test_a_thousand_aborted_streams_are_not_errors(
+    make_gateway: GatewayFactory, fake: FakeUpstream, quiet_upstream: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    gw = await make_gateway(
+        quiet_upstream, stream={"replay_chunk_chars": 1, "replay_delay_s": 0.002}, tokens={"enabled": False}
+    )
     fake.stream_pieces = PIECES
     async with aiohttp.ClientSession() as session:
         primed = {**CHAT, "stream": True, "messages": [{"role": "user", "content": "hit"}]}
@@ -70,9 +72,12 @@ async def test_a_thousand_aborted_streams_are_not_errors(make_gateway: GatewayFa
         fake.stream_gates[0].set()  # misses stall after their first event until every client has left
         limit = asyncio.Semaphore(50)
         with caplog.at_level(logging.DEBUG):
-            hits = await asyncio.gather(*(abort_after_first_event(session, gw, "hit", limit) for _ in range(ABORTS)))
-            misses = await asyncio.gather(*(abort_after_first_event(session, gw, f"miss {i}", limit)
-                                            for i in range(ABORTS)))
+            hits = await asyncio.gather(
+                *(abort_after_first_event(session, gw, "hit", limit) for _ in range(ABORTS))
+            )
+            misses = await asyncio.gather(
+                *(abort_after_first_event(session, gw, f"miss {i}", limit) for i in range(ABORTS))
+            )
             for gate in fake.stream_gates:
                 gate.set()
             for _ in range(100_000):
@@ -81,7 +86,9 @@ async def test_a_thousand_aborted_streams_are_not_errors(make_gateway: GatewayFa
                 await asyncio.sleep(0)
 
     assert all("; hit" in s for s in hits) and all("fwd=miss" in s for s in misses)
-    tracebacks = [r for r in caplog.records if (r.exc_info or r.levelno >= logging.ERROR) and r.name != FAKE_LOG]
+    tracebacks = [
+        r for r in caplog.records if (r.exc_info or r.levelno >= logging.ERROR) and r.name != FAKE_LOG
+    ]
     assert tracebacks == []
     results = requests_by_result(gw)
     assert results.get("error", 0) == 0

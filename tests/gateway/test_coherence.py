@@ -54,14 +54,17 @@ def test_invalidation_wire_form_round_trips_and_rejects_unknown_versions() -> No
     assert decode(b"not json") is None
 
 
-async def test_purge_on_one_replica_reaches_the_other_l1(make_gateway: GatewayFactory, fake: FakeUpstream,
-                                                         redis_url: str) -> None:
+async def test_purge_on_one_replica_reaches_the_other_l1(
+    make_gateway: GatewayFactory, fake: FakeUpstream, redis_url: str
+) -> None:
     a, b = await two_replicas(make_gateway, redis_url)
     for purge in ({"keys": "KEY"}, {"tags": ["model:test-model"]}, {"tags": ["tenant:*"]}):
         old = await warm_both(a, b, CHAT)
         key = (await a.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A)).headers["X-Cache-Key"]
         scope = key.split(":")[1]
-        body = {"keys": [key]} if "keys" in purge else {"tags": [t.replace("*", scope) for t in purge["tags"]]}
+        body = (
+            {"keys": [key]} if "keys" in purge else {"tags": [t.replace("*", scope) for t in purge["tags"]]}
+        )
         resp = await a.client.post("/admin/purge", json=body, headers=ADMIN)
         assert (await resp.json())["purged"]["bus"] == 1  # b confirmed before the purge answered
         for gw in (b, a, b):
@@ -69,8 +72,9 @@ async def test_purge_on_one_replica_reaches_the_other_l1(make_gateway: GatewayFa
             assert answer != old, f"{purge}: purged entry served ({status})"
 
 
-async def test_lost_subscription_turns_l1_off_until_it_is_back(make_gateway: GatewayFactory, fake: FakeUpstream,
-                                                              redis_url: str, redis_server: RedisServer) -> None:
+async def test_lost_subscription_turns_l1_off_until_it_is_back(
+    make_gateway: GatewayFactory, fake: FakeUpstream, redis_url: str, redis_server: RedisServer
+) -> None:
     a, b = await two_replicas(make_gateway, redis_url)
     old = await warm_both(a, b, CHAT)
     other_old = await warm_both(a, b, OTHER)

@@ -33,11 +33,17 @@ ADMIN = {"Authorization": "Bearer admin-secret"}
 async def gateway_process(upstream_url: str, workers: int, redis_url: str = "") -> AsyncIterator[str]:
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="tokenedge-coh-", suffix=".log", delete=False)  # noqa: SIM115
-    env = {**os.environ, "TOKENEDGE_UPSTREAM_URL": upstream_url, "TOKENEDGE_SERVER_PORT": str(port),
-           "TOKENEDGE_SERVER_ADMIN_TOKEN": "admin-secret", "TOKENEDGE_CACHE_REDIS_URL": redis_url,
-           "PROMETHEUS_MULTIPROC_DIR": tempfile.mkdtemp(prefix="te-mp-")}
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "gateway", "--workers", str(workers),
-                                                cwd=REPO, env=env, stdout=log, stderr=log)
+    env = {
+        **os.environ,
+        "TOKENEDGE_UPSTREAM_URL": upstream_url,
+        "TOKENEDGE_SERVER_PORT": str(port),
+        "TOKENEDGE_SERVER_ADMIN_TOKEN": "admin-secret",
+        "TOKENEDGE_CACHE_REDIS_URL": redis_url,
+        "PROMETHEUS_MULTIPROC_DIR": tempfile.mkdtemp(prefix="te-mp-"),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway", "--workers", str(workers), cwd=REPO, env=env, stdout=log, stderr=log
+    )
     try:
         for _ in range(600):  # readiness: every worker has bound the port (bounded, ~60 s)
             if listening_sockets(port) >= workers or proc.returncode is not None:
@@ -58,9 +64,13 @@ async def gateway_process(upstream_url: str, workers: int, redis_url: str = "") 
         os.unlink(log.name)
 
 
-async def post(url: str, path: str, body: object, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session, \
-            session.post(url + path, json=body, headers=headers) as resp:
+async def post(
+    url: str, path: str, body: object, headers: dict[str, str]
+) -> tuple[int, dict[str, str], bytes]:
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session,
+        session.post(url + path, json=body, headers=headers) as resp,
+    ):
         return resp.status, dict(resp.headers), await resp.read()
 
 
@@ -79,8 +89,9 @@ async def until_l1_everywhere(urls: list[str], fake: FakeUpstream) -> tuple[byte
     return body, headers["X-Cache-Key"]
 
 
-async def purge_then_no_old_answers(urls: list[str], fake: FakeUpstream, purge: str,
-                                    confirmed: Callable[[int], bool], requests: int) -> None:
+async def purge_then_no_old_answers(
+    urls: list[str], fake: FakeUpstream, purge: str, confirmed: Callable[[int], bool], requests: int
+) -> None:
     old, key = await until_l1_everywhere(urls, fake)
     body = {"keys": [key]} if purge == "key" else {"tags": [purge]}
     status, _, raw = await post(urls[0], "/admin/purge", body, ADMIN)
@@ -96,7 +107,12 @@ async def test_workers_without_redis_relay_purges(upstream_url: str, fake: FakeU
         await purge_then_no_old_answers([url], fake, "model:test-model", lambda n: n == 1, 60)
 
 
-async def test_workers_and_a_replica_on_one_redis(upstream_url: str, fake: FakeUpstream, redis_url: str) -> None:
-    async with gateway_process(upstream_url, 2, redis_url) as one, gateway_process(upstream_url, 1, redis_url) as two:
+async def test_workers_and_a_replica_on_one_redis(
+    upstream_url: str, fake: FakeUpstream, redis_url: str
+) -> None:
+    async with (
+        gateway_process(upstream_url, 2, redis_url) as one,
+        gateway_process(upstream_url, 1, redis_url) as two,
+    ):
         for purge in ("key", "model:test-model"):
             await purge_then_no_old_answers([one, two], fake, purge, lambda n: n == 2, 60)

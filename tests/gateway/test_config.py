@@ -41,8 +41,15 @@ def test_shipped_config_loads_with_embedded_defaults() -> None:
 def test_environment_overrides_the_file(tmp_path: Path) -> None:
     path = tmp_path / "g.toml"
     path.write_text('[cache]\nredis_url = "redis://a:1/0"\n[server]\nworkers = 1\n')
-    config = load_config(path, {"TOKENEDGE_CACHE_REDIS_URL": "redis://b:2/0", "TOKENEDGE_SERVER_WORKERS": "3",
-                                "TOKENEDGE_SERVER_UVLOOP": "false", "TOKENEDGE_CACHE_CDN_TAG_HEADERS": "xkey"})
+    config = load_config(
+        path,
+        {
+            "TOKENEDGE_CACHE_REDIS_URL": "redis://b:2/0",
+            "TOKENEDGE_SERVER_WORKERS": "3",
+            "TOKENEDGE_SERVER_UVLOOP": "false",
+            "TOKENEDGE_CACHE_CDN_TAG_HEADERS": "xkey",
+        },
+    )
     assert config.cache.redis_url == "redis://b:2/0"
     assert config.server.workers == 3
     assert config.server.uvloop is False
@@ -55,25 +62,33 @@ def test_missing_routes_get_defaults() -> None:
     assert config.routes["chat/completions"].scope == "tenant"
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    ({"server": {"port": 0}}, "server.port"),
-    ({"server": {"port": "eighty"}}, "server.port must be an integer"),
-    ({"server": {"prot": 1}}, "server: unknown setting 'prot'; did you mean 'port'?"),
-    ({"upstream": {"url": "ftp://x"}}, "upstream.url"),
-    ({"cache": {"redis_url": "http://x"}}, "cache.redis_url"),
-    ({"routes": {"chat/completions": {"level": "fuzzy"}}}, "routes.chat/completions.level"),
-    ({"routes": {"completions": {"level": "standard"}}}, "routes.completions.level: level 'standard' is now called "
-                                                         "'normalized'"),
-    ({"routes": {"chat/completions": {"scope": "everyone"}}}, "scope"),
-    ({"routes": {"images": {}}}, "cacheable routes are"),
-    ({"bogus": {}}, "unknown config section [bogus]"),
-    ({"cahce": {}}, "unknown config section [cahce]; did you mean 'cache'?"),
-    ({"routes": {"chat/completion": {}}}, "did you mean 'chat/completions'?"),
-    ({"routes": {"embeddings": {"ttl": 5}}}, "routes.embeddings: unknown setting 'ttl'; did you mean 'ttl_s'?"),
-    ({"dashboard": {"prices": ["gpt-4o=1"]}}, "dashboard.prices"),
-    ({"dashboard": {"prices": ["m=1/2", "m=3/4"]}}, "priced twice"),
-    ({"server": {"uvloop": "maybe"}}, "must be a boolean"),
-])
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"server": {"port": 0}}, "server.port"),
+        ({"server": {"port": "eighty"}}, "server.port must be an integer"),
+        ({"server": {"prot": 1}}, "server: unknown setting 'prot'; did you mean 'port'?"),
+        ({"upstream": {"url": "ftp://x"}}, "upstream.url"),
+        ({"cache": {"redis_url": "http://x"}}, "cache.redis_url"),
+        ({"routes": {"chat/completions": {"level": "fuzzy"}}}, "routes.chat/completions.level"),
+        (
+            {"routes": {"completions": {"level": "standard"}}},
+            "routes.completions.level: level 'standard' is now called 'normalized'",
+        ),
+        ({"routes": {"chat/completions": {"scope": "everyone"}}}, "scope"),
+        ({"routes": {"images": {}}}, "cacheable routes are"),
+        ({"bogus": {}}, "unknown config section [bogus]"),
+        ({"cahce": {}}, "unknown config section [cahce]; did you mean 'cache'?"),
+        ({"routes": {"chat/completion": {}}}, "did you mean 'chat/completions'?"),
+        (
+            {"routes": {"embeddings": {"ttl": 5}}},
+            "routes.embeddings: unknown setting 'ttl'; did you mean 'ttl_s'?",
+        ),
+        ({"dashboard": {"prices": ["gpt-4o=1"]}}, "dashboard.prices"),
+        ({"dashboard": {"prices": ["m=1/2", "m=3/4"]}}, "priced twice"),
+        ({"server": {"uvloop": "maybe"}}, "must be a boolean"),
+    ],
+)
 def test_invalid_settings_fail_naming_the_setting(data: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         GatewayConfig.from_mapping(data)
@@ -102,19 +117,24 @@ def test_l2_selects_redis_or_memcached() -> None:
     assert kind(memcached_servers=["h:11211"]) == "memcached"
     assert kind(redis_url="redis://h:1/0", memcached_servers=["h:11211"]) == "redis"  # redis is the default
     assert kind(redis_url="redis://h:1/0", memcached_servers=["h:11211"], l2="memcached") == "memcached"
-    env = load_config(None, {"TOKENEDGE_CACHE_L2": "memcached", "TOKENEDGE_CACHE_MEMCACHED_SERVERS": "a:1,b:2"})
+    env = load_config(
+        None, {"TOKENEDGE_CACHE_L2": "memcached", "TOKENEDGE_CACHE_MEMCACHED_SERVERS": "a:1,b:2"}
+    )
     assert env.cache.memcached_servers == ("a:1", "b:2")
 
 
-@pytest.mark.parametrize(("cache", "message"), [
-    ({"l2": "memcached"}, "cache.memcached_servers"),
-    ({"l2": "redis"}, "cache.redis_url"),
-    ({"l2": "mongo"}, "cache.l2 must be one of"),
-    ({"memcached_servers": ["no-port"]}, "host:port"),
-    ({"memcached_servers": ["h:0"]}, "host:port"),
-    ({"memcached_max_item_bytes": 10}, "memcached_max_item_bytes"),
-    ({"memcached_l1_max_age_s": -1}, "memcached_l1_max_age_s"),
-])
+@pytest.mark.parametrize(
+    ("cache", "message"),
+    [
+        ({"l2": "memcached"}, "cache.memcached_servers"),
+        ({"l2": "redis"}, "cache.redis_url"),
+        ({"l2": "mongo"}, "cache.l2 must be one of"),
+        ({"memcached_servers": ["no-port"]}, "host:port"),
+        ({"memcached_servers": ["h:0"]}, "host:port"),
+        ({"memcached_max_item_bytes": 10}, "memcached_max_item_bytes"),
+        ({"memcached_l1_max_age_s": -1}, "memcached_l1_max_age_s"),
+    ],
+)
 def test_invalid_l2_settings_fail_naming_the_setting(cache: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         GatewayConfig.from_mapping({"cache": cache})
@@ -128,14 +148,20 @@ def test_every_setting_is_in_the_shipped_file_with_its_default_and_a_comment() -
         missing = {f.name for f in dataclasses.fields(klass)} - set(data[name])
         assert not missing, f"configs/gateway.toml [{name}] lacks {sorted(missing)}"
         shipped = getattr(GatewayConfig.from_mapping({name: data[name]}), name)
-        assert shipped == klass(), f"[{name}] in configs/gateway.toml differs from the defaults in gateway/config.py"
+        assert shipped == klass(), (
+            f"[{name}] in configs/gateway.toml differs from the defaults in gateway/config.py"
+        )
     for endpoint in CACHEABLE_ENDPOINTS:
-        missing = {f.name for f in dataclasses.fields(GatewayConfig().routes[endpoint])} - set(data[ROUTES][endpoint])
+        missing = {f.name for f in dataclasses.fields(GatewayConfig().routes[endpoint])} - set(
+            data[ROUTES][endpoint]
+        )
         assert not missing, f"configs/gateway.toml [routes.{endpoint!r}] lacks {sorted(missing)}"
     commented = _commented_keys(SHIPPED.read_text())
     for setting in setting_paths():
         table = setting[0] if setting[0] != ROUTES else ROUTES
-        assert (table, setting[-1]) in commented, f"{'.'.join(setting)} has no comment in configs/gateway.toml"
+        assert (table, setting[-1]) in commented, (
+            f"{'.'.join(setting)} has no comment in configs/gateway.toml"
+        )
 
 
 def _commented_keys(text: str) -> set[tuple[str, str]]:
@@ -157,10 +183,15 @@ def test_every_setting_has_one_environment_name() -> None:
 
 
 def test_routes_are_overridden_from_the_environment() -> None:
-    config = load_config(SHIPPED, {"TOKENEDGE_ROUTES_CHAT_COMPLETIONS_TTL_S": "60",
-                                   "TOKENEDGE_ROUTES_EMBEDDINGS_ENABLED": "false",
-                                   "TOKENEDGE_ROUTES_COMPLETIONS_SCOPE": "public",
-                                   "TOKENEDGE_ROUTES_COMPLETIONS_LEVEL": "exact"})
+    config = load_config(
+        SHIPPED,
+        {
+            "TOKENEDGE_ROUTES_CHAT_COMPLETIONS_TTL_S": "60",
+            "TOKENEDGE_ROUTES_EMBEDDINGS_ENABLED": "false",
+            "TOKENEDGE_ROUTES_COMPLETIONS_SCOPE": "public",
+            "TOKENEDGE_ROUTES_COMPLETIONS_LEVEL": "exact",
+        },
+    )
     assert config.routes["chat/completions"].ttl_s == 60
     assert config.routes["embeddings"].enabled is False and config.routes["embeddings"].ttl_s == 86400
     assert config.routes["completions"].scope == "public" and config.routes["completions"].level == "exact"
@@ -171,41 +202,56 @@ def test_an_invalid_route_value_from_the_environment_fails_naming_it() -> None:
         load_config(None, {"TOKENEDGE_ROUTES_CHAT_COMPLETIONS_LEVEL": "bogus"})
 
 
-@pytest.mark.parametrize(("name", "suggestion"), [
-    ("TOKENEDGE_SEVRER_PORT", "TOKENEDGE_SERVER_PORT"),
-    ("TOKENEDGE_CACHE_REDIS_URI", "TOKENEDGE_CACHE_REDIS_URL"),
-    ("TOKENEDGE_ROUTES_CHAT_COMPLETION_LEVEL", "TOKENEDGE_ROUTES_CHAT_COMPLETIONS_LEVEL"),
-    ("TOKENEDGE_VARNISH_PURGE_ULR", "TOKENEDGE_VARNISH_PURGE_URL"),
-])
+@pytest.mark.parametrize(
+    ("name", "suggestion"),
+    [
+        ("TOKENEDGE_SEVRER_PORT", "TOKENEDGE_SERVER_PORT"),
+        ("TOKENEDGE_CACHE_REDIS_URI", "TOKENEDGE_CACHE_REDIS_URL"),
+        ("TOKENEDGE_ROUTES_CHAT_COMPLETION_LEVEL", "TOKENEDGE_ROUTES_CHAT_COMPLETIONS_LEVEL"),
+        ("TOKENEDGE_VARNISH_PURGE_ULR", "TOKENEDGE_VARNISH_PURGE_URL"),
+    ],
+)
 def test_a_misspelled_variable_fails_naming_the_valid_one(name: str, suggestion: str) -> None:
-    with pytest.raises(ConfigError, match=f"unknown environment variable {name}; did you mean '{suggestion}'"):
+    with pytest.raises(
+        ConfigError, match=f"unknown environment variable {name}; did you mean '{suggestion}'"
+    ):
         load_config(None, {name: "1"})
 
 
 def test_other_components_variables_are_left_alone() -> None:
-    config = load_config(None, {"TOKENEDGE_BACKEND_PORT": "8001", "TOKENEDGE_CONFIG": "x.toml",
-                                "TOKENEDGE_VARNISH_PURGE_URL": "http://v", "PATH": "/bin"})
+    config = load_config(
+        None,
+        {
+            "TOKENEDGE_BACKEND_PORT": "8001",
+            "TOKENEDGE_CONFIG": "x.toml",
+            "TOKENEDGE_VARNISH_PURGE_URL": "http://v",
+            "PATH": "/bin",
+        },
+    )
     assert config == GatewayConfig()
 
 
-def test_a_misspelled_toml_key_fails_startup_naming_the_valid_one(tmp_path: Path,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_misspelled_toml_key_fails_startup_naming_the_valid_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "g.toml"
-    path.write_text('[cache]\nstale_if_eror_s = 5\n')
+    path.write_text("[cache]\nstale_if_eror_s = 5\n")
     assert main(["--config", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "did you mean 'stale_if_error_s'?" in err
 
 
-def test_a_misspelled_variable_fails_startup(monkeypatch: pytest.MonkeyPatch,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_misspelled_variable_fails_startup(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("TOKENEDGE_SERVER_PROT", "9000")
     assert main(["--print-url"]) == 2
     assert "did you mean 'TOKENEDGE_SERVER_PORT'?" in capsys.readouterr().err
 
 
-def test_print_config_shows_each_value_and_its_source(monkeypatch: pytest.MonkeyPatch,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_print_config_shows_each_value_and_its_source(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("TOKENEDGE_ROUTES_EMBEDDINGS_TTL_S", "77")
     monkeypatch.setenv("TOKENEDGE_SERVER_ADMIN_TOKEN", "s3cret")
     assert main(["--config", str(SHIPPED), "--print-config", "--port", "9123"]) == 0
@@ -234,8 +280,11 @@ def _tables(text: str) -> list[tuple[str, list[str]]]:
 def test_every_flag_is_documented() -> None:
     actions = [a for a in build_parser()._actions if a.option_strings]
     assert {"--host", "--port", "--workers", "--config", "--print-config", "--print-url"} <= {
-        s for a in actions for s in a.option_strings}
-    assert all(a.help and len(a.help) > 10 for a in actions), [a.option_strings for a in actions if not a.help]
+        s for a in actions for s in a.option_strings
+    }
+    assert all(a.help and len(a.help) > 10 for a in actions), [
+        a.option_strings for a in actions if not a.help
+    ]
 
 
 def test_a_port_in_use_is_a_one_line_configuration_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -262,13 +311,22 @@ def test_every_cdn_variable_the_purge_clients_read_is_known_to_the_config() -> N
     """cdn/purge/config.py reads these; a new one missing from cdn/purge/env.py would stop the gateway."""
     source = (SHIPPED.parents[1] / "cdn" / "purge" / "config.py").read_text()
     read = set(re.findall(r'"(TOKENEDGE_[A-Z0-9_]+[A-Z0-9])"', source))
-    read |= {f"TOKENEDGE_AKAMAI_{n}" for n in ("HOST", "CLIENT_TOKEN", "CLIENT_SECRET", "ACCESS_TOKEN")}  # in a loop
+    read |= {
+        f"TOKENEDGE_AKAMAI_{n}" for n in ("HOST", "CLIENT_TOKEN", "CLIENT_SECRET", "ACCESS_TOKEN")
+    }  # in a loop
     assert read and read <= set(CDN_ENV_NAMES)
 
 
 def test_route_levels_are_the_canonicalization_levels_plus_auto() -> None:
-    assert typing.get_args(RouteLevel) == ROUTE_LEVELS == ("auto", "exact", "tokens", "normalized", "aggressive")
+    assert (
+        typing.get_args(RouteLevel) == ROUTE_LEVELS == ("auto", "exact", "tokens", "normalized", "aggressive")
+    )
     for level in ROUTE_LEVELS:
-        assert GatewayConfig.from_mapping({"routes": {"embeddings": {"level": level}}}).routes["embeddings"].level == level
+        assert (
+            GatewayConfig.from_mapping({"routes": {"embeddings": {"level": level}}})
+            .routes["embeddings"]
+            .level
+            == level
+        )
     with pytest.raises(ConfigError, match="'standard' is now called 'normalized'"):
         RouteConfig(level="standard")  # type: ignore[arg-type]

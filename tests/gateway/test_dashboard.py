@@ -32,8 +32,16 @@ from tests.support.gateway import FakeClock, RunningGateway
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "tests" / "artifacts"
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--remote-debugging-port=0"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--remote-debugging-port=0",
+]
 
 
 async def traffic(gw: RunningGateway) -> None:
@@ -57,10 +65,18 @@ async def test_data_agrees_with_metrics(gw: RunningGateway) -> None:
     data = await (await gw.client.get("/dashboard/data")).json()
     m = await scrape(gw)
     hits = value(m, "tokenedge_requests_total", result="hit")
-    looked_up = sum(value(m, "tokenedge_requests_total", result=r) for r in ("hit", "miss", "coalesced", "stale"))
+    looked_up = sum(
+        value(m, "tokenedge_requests_total", result=r) for r in ("hit", "miss", "coalesced", "stale")
+    )
     assert data["hit_ratio"] == hits / looked_up == 1 / 2  # the bypass is counted apart
-    assert data["requests"]["by_result"] == {"hit": 1, "miss": 1, "bypass": 1, "coalesced": 0, "stale": 0,
-                                             "error": 0}
+    assert data["requests"]["by_result"] == {
+        "hit": 1,
+        "miss": 1,
+        "bypass": 1,
+        "coalesced": 0,
+        "stale": 0,
+        "error": 0,
+    }
     assert data["miss_reasons"][0] == {"result": "bypass", "reason": "temperature", "count": 1}
     assert data["tokens_saved"] == 15 and data["tiers"]["l1"]["entries"] == 1
     assert data["latency_s"]["hit"]["p50"] is not None and data["upstream"]["up"] is True
@@ -69,7 +85,9 @@ async def test_data_agrees_with_metrics(gw: RunningGateway) -> None:
 async def test_open_on_loopback_by_default(gw: RunningGateway) -> None:
     page = await gw.client.get("/dashboard")
     assert page.status == 200 and "default-src 'none'" in page.headers["Content-Security-Policy"]
-    assert "<script" in await page.text() and "http" not in re.sub(r"https?://www\.w3\.org", "", await page.text())
+    assert "<script" in await page.text() and "http" not in re.sub(
+        r"https?://www\.w3\.org", "", await page.text()
+    )
 
 
 async def test_admin_token_required_off_loopback(make_gateway: GatewayFactory) -> None:
@@ -81,13 +99,15 @@ async def test_admin_token_required_off_loopback(make_gateway: GatewayFactory) -
 
 
 @pytest.mark.parametrize("proxy_header", ["X-Forwarded-For", "Forwarded", "Via"])
-async def test_a_request_relayed_by_a_local_proxy_is_not_local(make_gateway: GatewayFactory,
-                                                               proxy_header: str) -> None:
+async def test_a_request_relayed_by_a_local_proxy_is_not_local(
+    make_gateway: GatewayFactory, proxy_header: str
+) -> None:
     gw = await make_gateway(server={"admin_token": "s3cret"})
     relayed = {proxy_header: "for=203.0.113.7" if proxy_header == "Forwarded" else "203.0.113.7"}
     assert (await gw.client.get("/dashboard/data", headers=relayed)).status == 401
-    assert (await gw.client.get("/dashboard/data",
-                                headers={**relayed, "Authorization": "Bearer s3cret"})).status == 200
+    assert (
+        await gw.client.get("/dashboard/data", headers={**relayed, "Authorization": "Bearer s3cret"})
+    ).status == 200
 
 
 async def test_disabled_off_loopback_without_an_admin_token(make_gateway: GatewayFactory) -> None:
@@ -134,7 +154,11 @@ class DevTools:
         bad = []
         for e in self.events:
             method, params = e["method"], e.get("params", {})
-            if method == "Runtime.exceptionThrown" or (method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert")) or (method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error"):
+            if (
+                method == "Runtime.exceptionThrown"
+                or (method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"))
+                or (method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error")
+            ):
                 bad.append(params)
         return bad
 
@@ -144,9 +168,14 @@ async def devtools() -> AsyncIterator[DevTools]:
     if shutil.which(CHROMIUM) is None:
         pytest.fail("chromium is not installed: run `make test` (scripts/install-system.sh installs it)")
     profile = tempfile.mkdtemp(prefix="tokenedge-chromium-")
-    proc = await asyncio.create_subprocess_exec(CHROMIUM, *CHROMIUM_ARGS, f"--user-data-dir={profile}",
-                                                "about:blank", stdout=asyncio.subprocess.DEVNULL,
-                                                stderr=asyncio.subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        CHROMIUM,
+        *CHROMIUM_ARGS,
+        f"--user-data-dir={profile}",
+        "about:blank",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
     assert proc.stderr is not None
     try:
         ws_url = None
@@ -189,6 +218,7 @@ PRICES = {"prices": ["test-model=1000/2000"]}  # USD per million tokens: 10 + 5 
 
 async def mix(gw: RunningGateway, phase: int) -> None:
     """Misses, hits (JSON and streamed), a bypass and an error, each prompt new to this phase."""
+
     def ask(i: int, **extra: Any) -> dict[str, Any]:
         return {**CHAT, "messages": [{"role": "user", "content": f"phase {phase} question {i}"}], **extra}
 
@@ -198,13 +228,16 @@ async def mix(gw: RunningGateway, phase: int) -> None:
     for _ in range(2):
         resp = await gw.client.post("/v1/chat/completions", json=ask(9, stream=True), headers=AUTH_A)
         assert resp.status == 200 and (await resp.read()).endswith(b"data: [DONE]\n\n")
-    assert (await gw.client.post("/v1/chat/completions", json=ask(0, temperature=0.7), headers=AUTH_A)).status == 200
+    assert (
+        await gw.client.post("/v1/chat/completions", json=ask(0, temperature=0.7), headers=AUTH_A)
+    ).status == 200
     bad = {**CHAT, "messages": [{"role": "wizard", "content": "x"}]}
     assert (await gw.client.post("/v1/chat/completions", json=bad, headers=AUTH_A)).status == 400
 
 
 def expected_figures(newer: Samples, older: Samples | None = None) -> dict[str, Any]:
     """What `/metrics` says about the interval between two scrapes, computed from the scrapes alone."""
+
     def inc(name: str, **labels: str) -> float:
         return value(newer, name, **labels) - (value(older, name, **labels) if older else 0.0)
 
@@ -214,20 +247,26 @@ def expected_figures(newer: Samples, older: Samples | None = None) -> dict[str, 
 
     requests = {r: inc("tokenedge_requests_total", result=r) for r in RESULTS}
     lookups = sum(requests[r] for r in ("hit", "miss", "coalesced", "stale"))
-    lat = {"hit": buckets("tokenedge_request_duration_seconds_bucket", ("hit",)),
-           "miss": buckets("tokenedge_request_duration_seconds_bucket", ("miss", "coalesced"))}
+    lat = {
+        "hit": buckets("tokenedge_request_duration_seconds_bucket", ("hit",)),
+        "miss": buckets("tokenedge_request_duration_seconds_bucket", ("miss", "coalesced")),
+    }
     ttft = buckets("tokenedge_time_to_first_token_seconds_bucket", ("miss", "coalesced"))
     return {
-        "hit_rate": requests["hit"] / lookups if lookups else None, "requests": requests,
+        "hit_rate": requests["hit"] / lookups if lookups else None,
+        "requests": requests,
         "latency_s": {f"{k}_p{q}": quantile(q / 100, lat[k]) for k in ("hit", "miss") for q in (50, 99)},
         "ttft_s": {f"p{q}": quantile(q / 100, ttft) for q in (50, 99)},
-        "tokens_saved": inc("tokenedge_tokens_saved_total"), "cost_saved_usd": inc("tokenedge_cost_saved_usd_total"),
+        "tokens_saved": inc("tokenedge_tokens_saved_total"),
+        "cost_saved_usd": inc("tokenedge_cost_saved_usd_total"),
     }
 
 
 def interval(series: dict[str, Any], i: int) -> dict[str, Any]:
-    return {name: ({k: v[i] for k, v in col.items()} if isinstance(col, dict) else col[i])
-            for name, col in series.items()}
+    return {
+        name: ({k: v[i] for k, v in col.items()} if isinstance(col, dict) else col[i])
+        for name, col in series.items()
+    }
 
 
 def assert_figures_equal(got: dict[str, Any], want: dict[str, Any]) -> None:
@@ -236,8 +275,9 @@ def assert_figures_equal(got: dict[str, Any], want: dict[str, Any]) -> None:
         assert got[name] == pytest.approx(expected), name
 
 
-async def test_window_series_equal_metrics_scraped_at_each_step(make_gateway: GatewayFactory,
-                                                                clock: FakeClock) -> None:
+async def test_window_series_equal_metrics_scraped_at_each_step(
+    make_gateway: GatewayFactory, clock: FakeClock
+) -> None:
     gw = await make_gateway(dashboard=PRICES)
     await mix(gw, 1)
     first = await scrape(gw)
@@ -279,8 +319,9 @@ async def test_hot_keys_show_hashes_not_prompts_unless_opted_in(make_gateway: Ga
         assert ("What is 2+2?" in str(data)) is show
 
 
-async def test_dashboard_renders_every_chart_from_the_data_in_chromium(make_gateway: GatewayFactory,
-                                                                       clock: FakeClock, devtools: DevTools) -> None:
+async def test_dashboard_renders_every_chart_from_the_data_in_chromium(
+    make_gateway: GatewayFactory, clock: FakeClock, devtools: DevTools
+) -> None:
     gw = await make_gateway(dashboard=PRICES)
     await mix(gw, 1)
     clock.advance(10)
@@ -289,7 +330,9 @@ async def test_dashboard_renders_every_chart_from_the_data_in_chromium(make_gate
     clock.advance(10)
     m = await scrape(gw)
 
-    await devtools.send("Emulation.setDeviceMetricsOverride", width=1280, height=900, deviceScaleFactor=1, mobile=False)
+    await devtools.send(
+        "Emulation.setDeviceMetricsOverride", width=1280, height=900, deviceScaleFactor=1, mobile=False
+    )
     await devtools.send("Page.navigate", url=f"{gw.url}/dashboard")
     await wait_rendered(devtools)
     data = await (await gw.client.get("/dashboard/data?window=5m")).json()
@@ -311,8 +354,10 @@ async def test_dashboard_renders_every_chart_from_the_data_in_chromium(make_gate
         "cost_saved": {"USD saved": series["cost_saved_usd"]},
         "ttft": series["ttft_s"],
     }
-    grafana = {panel["title"]: [t["legendFormat"] for t in panel["targets"]]
-               for panel in json.loads(DASHBOARD.read_text())["panels"]}
+    grafana = {
+        panel["title"]: [t["legendFormat"] for t in panel["targets"]]
+        for panel in json.loads(DASHBOARD.read_text())["panels"]
+    }
     for chart in charts:  # in step with Grafana: the panel of the same title plots the same series
         names, legends = [name for name, _ in chart["points"]], grafana[chart["title"]]
         assert names == legends or (legends == ["{{result}}"] and names == list(RESULTS))
@@ -324,9 +369,13 @@ async def test_dashboard_renders_every_chart_from_the_data_in_chromium(make_gate
     assert await devtools.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     await screenshot(devtools, "dashboard-desktop.png", width=1280, mobile=False)
 
-    await devtools.send("Emulation.setDeviceMetricsOverride", width=390, height=844, deviceScaleFactor=2, mobile=True)
+    await devtools.send(
+        "Emulation.setDeviceMetricsOverride", width=390, height=844, deviceScaleFactor=2, mobile=True
+    )
     await devtools.evaluate("window.dispatchEvent(new Event('resize'))")
-    assert await devtools.evaluate("document.documentElement.scrollWidth <= window.innerWidth")  # no sideways scroll
+    assert await devtools.evaluate(
+        "document.documentElement.scrollWidth <= window.innerWidth"
+    )  # no sideways scroll
     await screenshot(devtools, "dashboard-phone.png", width=390, mobile=True)
     await devtools.evaluate("document.querySelector('[data-window=\"1h\"]').click()")
     await wait_rendered(devtools, "1h")
@@ -336,8 +385,9 @@ async def test_dashboard_renders_every_chart_from_the_data_in_chromium(make_gate
 async def screenshot(tools: DevTools, name: str, *, width: int, mobile: bool) -> None:
     """The whole page: the viewport is made as tall as the document, so nothing scrolls or is cut."""
     height = await tools.evaluate("document.documentElement.scrollHeight")
-    await tools.send("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1,
-                     mobile=mobile)
+    await tools.send(
+        "Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=mobile
+    )
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = await tools.send("Page.captureScreenshot", format="png")
     (ARTIFACTS / name).write_bytes(base64.b64decode(shot["data"]))

@@ -14,19 +14,31 @@ from gateway.dashboard.hotkeys import HotKeys, merged, other_workers, prompt_tex
 from gateway.entry import Entry
 
 
-def snap(hit: float = 0, miss: float = 0, bypass: float = 0, error: float = 0, tokens: float = 0) -> dict[str, float]:
-    return {"req|hit": hit, "req|miss": miss, "req|bypass": bypass, "req|error": error, "tokens_saved": tokens,
-            "why|bypass|temperature": bypass}
+def snap(
+    hit: float = 0, miss: float = 0, bypass: float = 0, error: float = 0, tokens: float = 0
+) -> dict[str, float]:
+    return {
+        "req|hit": hit,
+        "req|miss": miss,
+        "req|bypass": bypass,
+        "req|error": error,
+        "tokens_saved": tokens,
+        "why|bypass|temperature": bypass,
+    }
 
 
 def test_snapshot_flattens_the_charted_counters() -> None:
     samples = {
-        "tokenedge_requests_total": [({"route": "a", "result": "hit", "reason": "l1"}, 3.0),
-                                     ({"route": "b", "result": "hit", "reason": "l2"}, 1.0),
-                                     ({"route": "a", "result": "bypass", "reason": "n"}, 2.0)],
-        "tokenedge_request_duration_seconds_bucket": [({"result": "coalesced", "le": "0.1"}, 2.0),
-                                                      ({"result": "miss", "le": "0.1"}, 1.0),
-                                                      ({"result": "bypass", "le": "0.1"}, 9.0)],
+        "tokenedge_requests_total": [
+            ({"route": "a", "result": "hit", "reason": "l1"}, 3.0),
+            ({"route": "b", "result": "hit", "reason": "l2"}, 1.0),
+            ({"route": "a", "result": "bypass", "reason": "n"}, 2.0),
+        ],
+        "tokenedge_request_duration_seconds_bucket": [
+            ({"result": "coalesced", "le": "0.1"}, 2.0),
+            ({"result": "miss", "le": "0.1"}, 1.0),
+            ({"result": "bypass", "le": "0.1"}, 9.0),
+        ],
         "tokenedge_cost_saved_usd_total": [({}, 0.5)],
     }
     s = snapshot(samples)
@@ -68,8 +80,18 @@ def test_window_series_are_interval_differences_and_totals_span_the_window() -> 
 
 
 def entry(key: str, created_at: float = 100.0) -> Entry:
-    return Entry(key=key, endpoint="chat/completions", body=b"{}", model="m", revision="r", created_at=created_at,
-                 ttl_s=60, stale_if_error_s=0, etag='"x"', tags=())
+    return Entry(
+        key=key,
+        endpoint="chat/completions",
+        body=b"{}",
+        model="m",
+        revision="r",
+        created_at=created_at,
+        ttl_s=60,
+        stale_if_error_s=0,
+        etag='"x"',
+        tags=(),
+    )
 
 
 def test_hot_keys_count_and_trim_to_the_most_hit() -> None:
@@ -83,8 +105,17 @@ def test_hot_keys_count_and_trim_to_the_most_hit() -> None:
 
 
 def test_merged_tables_add_hits_and_show_no_prompt_unless_asked() -> None:
-    a = [{"key": "te1:abc:1", "hits": 2, "model": "m", "route": "r", "created_at": 10.0, "last_hit": 50.0,
-          "prompt": "secret question"}]
+    a = [
+        {
+            "key": "te1:abc:1",
+            "hits": 2,
+            "model": "m",
+            "route": "r",
+            "created_at": 10.0,
+            "last_hit": 50.0,
+            "prompt": "secret question",
+        }
+    ]
     b = [{**a[0], "hits": 3, "created_at": 40.0, "last_hit": 60.0}]
     (row,) = merged([a, b], now=100.0, top=5, show_prompts=False)
     assert row == {"key": "te1:abc:1", "tenant": "abc", "model": "m", "route": "r", "hits": 5, "age_s": 60.0}
@@ -101,13 +132,24 @@ def test_other_workers_tables_are_read_when_their_process_is_alive(tmp_path: Pat
     assert [[row["key"] for row in table] for table in other_workers(str(tmp_path))] == [["te1:t:1"]]
 
 
-@pytest.mark.parametrize(("body", "text"), [
-    ({"messages": [{"role": "user", "content": "first"}, {"role": "assistant", "content": "a"},
-                   {"role": "user", "content": [{"type": "text", "text": "last"}]}]}, "last"),
-    ({"prompt": "x" * 200}, "x" * 80),
-    ({"input": ["one", "two"]}, "one"),
-    ({"prompt": [1, 2, 3]}, None),
-])
+@pytest.mark.parametrize(
+    ("body", "text"),
+    [
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "first"},
+                    {"role": "assistant", "content": "a"},
+                    {"role": "user", "content": [{"type": "text", "text": "last"}]},
+                ]
+            },
+            "last",
+        ),
+        ({"prompt": "x" * 200}, "x" * 80),
+        ({"input": ["one", "two"]}, "one"),
+        ({"prompt": [1, 2, 3]}, None),
+    ],
+)
 def test_prompt_text(body: dict, text: str | None) -> None:
     assert prompt_text(body) == text
 

@@ -57,8 +57,12 @@ async def test_slow_bodies_are_closed_while_normal_requests_are_served(make_gate
     port = gw.server.port
     assert port is not None
     edge = edge_of(gw)
-    partial = request_bytes("POST", "/v1/chat/completions", {"Content-Type": "application/json",
-                                                             "Content-Length": "400"}, b'{"model": "test-')
+    partial = request_bytes(
+        "POST",
+        "/v1/chat/completions",
+        {"Content-Type": "application/json", "Content-Length": "400"},
+        b'{"model": "test-',
+    )
     opened: list[asyncio.StreamWriter] = []
     slow = [asyncio.create_task(hold_open(port, partial, opened)) for _ in range(SLOW_BODY)]
     await until(lambda: sum(c.phase == HANDLING for c in edge.live) == SLOW_BODY)
@@ -71,7 +75,9 @@ async def test_slow_bodies_are_closed_while_normal_requests_are_served(make_gate
         normal_done_with_slow_open = sum(not t.done() for t in slow)
 
     answers = await asyncio.gather(*slow)
-    assert normal_done_with_slow_open == SLOW_BODY  # every normal request finished before any slow one was closed
+    assert (
+        normal_done_with_slow_open == SLOW_BODY
+    )  # every normal request finished before any slow one was closed
     assert [len(a) for a in answers] == [1] * SLOW_BODY
     assert {a[0].status for a in answers} == {408}
     assert all(a[0].is_openai_error() for a in answers)
@@ -85,8 +91,10 @@ async def test_slow_heads_are_closed_with_a_json_408(make_gateway: GatewayFactor
     assert port is not None
     opened: list[asyncio.StreamWriter] = []
     silent = [asyncio.create_task(hold_open(port, b"", opened)) for _ in range(10)]
-    partial = [asyncio.create_task(hold_open(port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n", opened))
-               for _ in range(10)]
+    partial = [
+        asyncio.create_task(hold_open(port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n", opened))
+        for _ in range(10)
+    ]
     answers = await asyncio.gather(*silent, *partial)
     assert all(len(a) == 1 and a[0].status == 408 and a[0].is_openai_error() for a in answers)
     assert slow_clients(gw, "header") == 20
@@ -109,7 +117,9 @@ async def test_a_trickling_head_meets_the_total_deadline(make_gateway: GatewayFa
 
 
 async def test_connections_over_the_cap_are_closed(make_gateway: GatewayFactory) -> None:
-    gw = await make_gateway(server={"max_connections": 3, "header_read_timeout_s": 30.0, "header_total_s": 60.0})
+    gw = await make_gateway(
+        server={"max_connections": 3, "header_read_timeout_s": 30.0, "header_total_s": 60.0}
+    )
     port = gw.server.port
     assert port is not None
     edge = edge_of(gw)
@@ -129,12 +139,12 @@ async def test_connections_over_the_cap_are_closed(make_gateway: GatewayFactory)
 PROTOCOL_ERRORS = {
     "bad content-length": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
     "two content-lengths": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
-                           b"Content-Length: 3\r\n\r\n{}",
+    b"Content-Length: 3\r\n\r\n{}",
     "te and cl": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
-                 b"Content-Length: 3\r\n\r\n0\r\n\r\n",
+    b"Content-Length: 3\r\n\r\n0\r\n\r\n",
     "bad transfer-encoding": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: zip\r\n\r\n",
     "bad chunk size": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-                      b"zz\r\nab\r\n0\r\n\r\n",
+    b"zz\r\nab\r\n0\r\n\r\n",
     "bad method": b"G@T /health HTTP/1.1\r\nHost: x\r\n\r\n",
     "bad version": b"GET /health HTTP/9.x\r\nHost: x\r\n\r\n",
     "oversized header": b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n",
@@ -146,8 +156,9 @@ PROTOCOL_ERRORS = {
 
 
 @pytest.mark.parametrize("name", list(PROTOCOL_ERRORS))
-async def test_protocol_errors_are_json_400s_without_tracebacks(make_gateway: GatewayFactory, name: str,
-                                                               caplog: pytest.LogCaptureFixture) -> None:
+async def test_protocol_errors_are_json_400s_without_tracebacks(
+    make_gateway: GatewayFactory, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
     gw = await make_gateway()
     port = gw.server.port
     assert port is not None
@@ -163,28 +174,40 @@ async def test_a_body_over_the_limit_is_413_json(make_gateway: GatewayFactory) -
     gw = await make_gateway(server={"max_body_bytes": 2048})
     port = gw.server.port
     assert port is not None
-    chunked = (b"POST /v1/files HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
-               + b"".join(b"400\r\n" + b"a" * 1024 + b"\r\n" for _ in range(3)) + b"0\r\n\r\n")
-    [declared] = await exchange(port, request_bytes("POST", "/v1/files", {"Content-Length": "4096"}, b"a" * 4096))
+    chunked = (
+        b"POST /v1/files HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        + b"".join(b"400\r\n" + b"a" * 1024 + b"\r\n" for _ in range(3))
+        + b"0\r\n\r\n"
+    )
+    [declared] = await exchange(
+        port, request_bytes("POST", "/v1/files", {"Content-Length": "4096"}, b"a" * 4096)
+    )
     [streamed] = await exchange(port, chunked)
     assert declared.status == streamed.status == 413
     assert orjson.loads(streamed.body)["error"]["code"] == "payload_too_large"
 
 
 async def test_an_idle_keepalive_connection_after_a_streamed_body_gets_no_spurious_408(
-        make_gateway: GatewayFactory) -> None:
+    make_gateway: GatewayFactory,
+) -> None:
     gw = await make_gateway(server={"header_read_timeout_s": 0.1, "header_total_s": 0.2})
     port = gw.server.port
     assert port is not None
     edge = edge_of(gw)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     body = orjson.dumps(CHAT)
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Authorization: Bearer a\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Authorization: Bearer a\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+    )
     await until(lambda: any(c.phase == HANDLING for c in edge.live))
     writer.write(body)  # the body arrives while the request is being handled
     head = await reader.readuntil(b"\r\n\r\n")
-    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    length = int(
+        next(
+            line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+        )
+    )
     await reader.readexactly(length)
     await until(lambda: all(c.phase != HANDLING for c in edge.live))
     idle = [c.phase for c in edge.live]

@@ -10,10 +10,19 @@ from gateway.entry import ENTRY_FORMAT, Entry, decode, encode, make_etag
 def entry(**overrides: object) -> Entry:
     body = b'{"id":"x","choices":[]}'
     fields: dict[str, object] = dict(
-        key="te1:pub:" + "a" * 64, endpoint="chat/completions", body=body, model="m", revision="r",
-        created_at=1000.5, ttl_s=60, stale_if_error_s=30, etag=make_etag(body),
-        tags=("model:m", "rev:r", "tenant:pub", "key:" + "a" * 64), usage={"total_tokens": 3},
-        stream_chunks=(b'{"a":1}', b'{"b":2}'))
+        key="te1:pub:" + "a" * 64,
+        endpoint="chat/completions",
+        body=body,
+        model="m",
+        revision="r",
+        created_at=1000.5,
+        ttl_s=60,
+        stale_if_error_s=30,
+        etag=make_etag(body),
+        tags=("model:m", "rev:r", "tenant:pub", "key:" + "a" * 64),
+        usage={"total_tokens": 3},
+        stream_chunks=(b'{"a":1}', b'{"b":2}'),
+    )
     fields.update(overrides)
     return Entry(**fields)  # type: ignore[arg-type]
 
@@ -30,8 +39,17 @@ def test_unknown_format_version_is_a_miss() -> None:
     assert decode(bytes(raw)) is None
 
 
-@pytest.mark.parametrize("raw", [b"", b"TE", b"XX\x01\x00\x00\x00\x02{}", b"TE\x01\x00\x00\x10\x00{}",
-                                 b"TE\x01\x00\x00\x00\x02{}", b"TE\x01\x00\x00\x00\x04null"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"TE",
+        b"XX\x01\x00\x00\x00\x02{}",
+        b"TE\x01\x00\x00\x10\x00{}",
+        b"TE\x01\x00\x00\x00\x02{}",
+        b"TE\x01\x00\x00\x00\x04null",
+    ],
+)
 def test_damaged_values_are_misses(raw: bytes) -> None:
     assert decode(raw) is None
 

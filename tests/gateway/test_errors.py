@@ -12,7 +12,12 @@ GOOD = b'{"model":"test-model","temperature":0,"messages":[{"role":"user","conte
 
 
 def nested(depth: int) -> bytes:
-    return b'{"model":"test-model","messages":[{"role":"user","content":"x"}],"x":' + b"[" * depth + b"]" * depth + b"}"
+    return (
+        b'{"model":"test-model","messages":[{"role":"user","content":"x"}],"x":'
+        + b"[" * depth
+        + b"]" * depth
+        + b"}"
+    )
 
 
 CASES: list[tuple[str, str, bytes, dict[str, str], int, str | None]] = [
@@ -21,53 +26,166 @@ CASES: list[tuple[str, str, bytes, dict[str, str], int, str | None]] = [
     ("whitespace body", "/v1/chat/completions", b"   \n", JSON, 400, None),
     ("array body", "/v1/chat/completions", b"[1, 2]", JSON, 400, None),
     ("string body", "/v1/chat/completions", b'"hello"', JSON, 400, None),
-    ("invalid utf-8", "/v1/chat/completions", b'{"model":"test-model","messages":[{"role":"user","content":"\xff\xfe"}]}',
-     JSON, 400, None),
+    (
+        "invalid utf-8",
+        "/v1/chat/completions",
+        b'{"model":"test-model","messages":[{"role":"user","content":"\xff\xfe"}]}',
+        JSON,
+        400,
+        None,
+    ),
     ("wrong content type", "/v1/chat/completions", GOOD, {**AUTH_A, "Content-Type": "text/plain"}, 415, None),
-    ("form content type", "/v1/chat/completions", b"a=b",
-     {**AUTH_A, "Content-Type": "application/x-www-form-urlencoded"}, 415, None),
+    (
+        "form content type",
+        "/v1/chat/completions",
+        b"a=b",
+        {**AUTH_A, "Content-Type": "application/x-www-form-urlencoded"},
+        415,
+        None,
+    ),
     ("huge body", "/v1/chat/completions", b'{"model":"' + b"x" * 70_000 + b'"}', JSON, 413, None),
     ("deeply nested", "/v1/chat/completions", nested(200), JSON, 400, None),
-    ("missing model", "/v1/chat/completions", b'{"messages":[{"role":"user","content":"hi"}]}', JSON, 400, "model"),
-    ("model not a string", "/v1/chat/completions", b'{"model":5,"messages":[{"role":"user","content":"hi"}]}',
-     JSON, 400, "model"),
+    (
+        "missing model",
+        "/v1/chat/completions",
+        b'{"messages":[{"role":"user","content":"hi"}]}',
+        JSON,
+        400,
+        "model",
+    ),
+    (
+        "model not a string",
+        "/v1/chat/completions",
+        b'{"model":5,"messages":[{"role":"user","content":"hi"}]}',
+        JSON,
+        400,
+        "model",
+    ),
     ("messages not a list", "/v1/chat/completions", b'{"model":"m","messages":"hi"}', JSON, 400, "messages"),
     ("empty messages", "/v1/chat/completions", b'{"model":"m","messages":[]}', JSON, 400, "messages"),
-    ("message not an object", "/v1/chat/completions", b'{"model":"m","messages":["hi"]}', JSON, 400, "messages[0]"),
-    ("role missing", "/v1/chat/completions", b'{"model":"m","messages":[{"content":"hi"}]}', JSON, 400,
-     "messages[0].role"),
-    ("unknown role", "/v1/chat/completions",
-     b'{"model":"m","temperature":0,"messages":[{"role":"wizard","content":"hi"}]}', JSON, 400, "messages[0].role"),
-    ("null user content", "/v1/chat/completions",
-     b'{"model":"m","temperature":0,"messages":[{"role":"user","content":null}]}', JSON, 400, "messages[0].content"),
-    ("null system content, streamed", "/v1/chat/completions", b'{"model":"m","temperature":0,"stream":true,'
-     b'"messages":[{"role":"system","content":null},{"role":"user","content":"hi"}]}', JSON, 400,
-     "messages[0].content"),
-    ("missing user content", "/v1/chat/completions",
-     b'{"model":"m","temperature":0.7,"messages":[{"role":"user"}]}', JSON, 400, "messages[0].content"),
-    ("temperature a string", "/v1/chat/completions",
-     b'{"model":"m","temperature":"0","messages":[{"role":"user","content":"hi"}]}', JSON, 400, "temperature"),
-    ("temperature out of range", "/v1/chat/completions",
-     b'{"model":"m","temperature":7,"messages":[{"role":"user","content":"hi"}]}', JSON, 400, "temperature"),
-    ("n zero", "/v1/chat/completions", b'{"model":"m","n":0,"messages":[{"role":"user","content":"hi"}]}', JSON, 400,
-     "n"),
-    ("max_tokens a float", "/v1/chat/completions",
-     b'{"model":"m","max_tokens":1.5,"messages":[{"role":"user","content":"hi"}]}', JSON, 400, "max_tokens"),
-    ("stream not a bool", "/v1/chat/completions",
-     b'{"model":"m","stream":"yes","messages":[{"role":"user","content":"hi"}]}', JSON, 400, "stream"),
-    ("stop a number", "/v1/chat/completions", b'{"model":"m","stop":3,"messages":[{"role":"user","content":"hi"}]}',
-     JSON, 400, "stop"),
-    ("NaN temperature", "/v1/chat/completions",
-     b'{"model":"m","temperature":NaN,"messages":[{"role":"user","content":"hi"}]}', JSON, 400, None),
+    (
+        "message not an object",
+        "/v1/chat/completions",
+        b'{"model":"m","messages":["hi"]}',
+        JSON,
+        400,
+        "messages[0]",
+    ),
+    (
+        "role missing",
+        "/v1/chat/completions",
+        b'{"model":"m","messages":[{"content":"hi"}]}',
+        JSON,
+        400,
+        "messages[0].role",
+    ),
+    (
+        "unknown role",
+        "/v1/chat/completions",
+        b'{"model":"m","temperature":0,"messages":[{"role":"wizard","content":"hi"}]}',
+        JSON,
+        400,
+        "messages[0].role",
+    ),
+    (
+        "null user content",
+        "/v1/chat/completions",
+        b'{"model":"m","temperature":0,"messages":[{"role":"user","content":null}]}',
+        JSON,
+        400,
+        "messages[0].content",
+    ),
+    (
+        "null system content, streamed",
+        "/v1/chat/completions",
+        b'{"model":"m","temperature":0,"stream":true,'
+        b'"messages":[{"role":"system","content":null},{"role":"user","content":"hi"}]}',
+        JSON,
+        400,
+        "messages[0].content",
+    ),
+    (
+        "missing user content",
+        "/v1/chat/completions",
+        b'{"model":"m","temperature":0.7,"messages":[{"role":"user"}]}',
+        JSON,
+        400,
+        "messages[0].content",
+    ),
+    (
+        "temperature a string",
+        "/v1/chat/completions",
+        b'{"model":"m","temperature":"0","messages":[{"role":"user","content":"hi"}]}',
+        JSON,
+        400,
+        "temperature",
+    ),
+    (
+        "temperature out of range",
+        "/v1/chat/completions",
+        b'{"model":"m","temperature":7,"messages":[{"role":"user","content":"hi"}]}',
+        JSON,
+        400,
+        "temperature",
+    ),
+    (
+        "n zero",
+        "/v1/chat/completions",
+        b'{"model":"m","n":0,"messages":[{"role":"user","content":"hi"}]}',
+        JSON,
+        400,
+        "n",
+    ),
+    (
+        "max_tokens a float",
+        "/v1/chat/completions",
+        b'{"model":"m","max_tokens":1.5,"messages":[{"role":"user","content":"hi"}]}',
+        JSON,
+        400,
+        "max_tokens",
+    ),
+    (
+        "stream not a bool",
+        "/v1/chat/completions",
+        b'{"model":"m","stream":"yes","messages":[{"role":"user","content":"hi"}]}',
+        JSON,
+        400,
+        "stream",
+    ),
+    (
+        "stop a number",
+        "/v1/chat/completions",
+        b'{"model":"m","stop":3,"messages":[{"role":"user","content":"hi"}]}',
+        JSON,
+        400,
+        "stop",
+    ),
+    (
+        "NaN temperature",
+        "/v1/chat/completions",
+        b'{"model":"m","temperature":NaN,"messages":[{"role":"user","content":"hi"}]}',
+        JSON,
+        400,
+        None,
+    ),
     ("prompt missing", "/v1/completions", b'{"model":"m"}', JSON, 400, "prompt"),
     ("embedding input an object", "/v1/embeddings", b'{"model":"m","input":{"a":1}}', JSON, 400, "input"),
 ]
 
 
-@pytest.mark.parametrize(("name", "path", "raw", "headers", "status", "param"), CASES, ids=[c[0] for c in CASES])
-async def test_malformed_request_gets_a_json_4xx(make_gateway: GatewayFactory, fake: FakeUpstream, name: str,
-                                                 path: str, raw: bytes, headers: dict[str, str], status: int,
-                                                 param: str | None) -> None:
+@pytest.mark.parametrize(
+    ("name", "path", "raw", "headers", "status", "param"), CASES, ids=[c[0] for c in CASES]
+)
+async def test_malformed_request_gets_a_json_4xx(
+    make_gateway: GatewayFactory,
+    fake: FakeUpstream,
+    name: str,
+    path: str,
+    raw: bytes,
+    headers: dict[str, str],
+    status: int,
+    param: str | None,
+) -> None:
     gw = await make_gateway(server={"max_body_bytes": 65536})
     resp = await gw.client.post(path, data=raw, headers=headers)
     body = await resp.json()
@@ -79,7 +197,9 @@ async def test_malformed_request_gets_a_json_4xx(make_gateway: GatewayFactory, f
     assert sum(fake.calls[k] for k in ("chat", "completions", "embeddings")) == 0
 
 
-async def test_unknown_fields_are_forwarded_and_keyed(make_gateway: GatewayFactory, fake: FakeUpstream) -> None:
+async def test_unknown_fields_are_forwarded_and_keyed(
+    make_gateway: GatewayFactory, fake: FakeUpstream
+) -> None:
     gw = await make_gateway()
     base = {"model": "test-model", "temperature": 0, "messages": [{"role": "user", "content": "hi"}]}
     a = await gw.client.post("/v1/chat/completions", json={**base, "vendor_knob": 1}, headers=AUTH_A)
@@ -100,8 +220,9 @@ async def test_unknown_route_and_method_are_json_errors(make_gateway: GatewayFac
     assert (await wrong_method.json())["error"]["code"] == "method_not_allowed"
 
 
-async def test_a_gateway_bug_is_a_json_500_not_a_bare_page(make_gateway: GatewayFactory,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_gateway_bug_is_a_json_500_not_a_bare_page(
+    make_gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from gateway.handlers import completions
 
     def boom(*_args: object, **_kwargs: object) -> None:
@@ -114,7 +235,9 @@ async def test_a_gateway_bug_is_a_json_500_not_a_bare_page(make_gateway: Gateway
     assert (await resp.json())["error"]["code"] == "internal_error"
 
 
-async def test_chunked_body_over_the_limit_is_a_json_413(make_gateway: GatewayFactory, fake: FakeUpstream) -> None:
+async def test_chunked_body_over_the_limit_is_a_json_413(
+    make_gateway: GatewayFactory, fake: FakeUpstream
+) -> None:
     gw = await make_gateway(server={"max_body_bytes": 65536})
 
     async def chunks():  # no Content-Length: the limit must be enforced while reading

@@ -40,8 +40,9 @@ class Reply:
     names: list[str] = field(default_factory=list)  # header names in order, as sent (duplicates would show)
 
 
-def request_bytes(method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
-                  version: str = "1.1") -> bytes:
+def request_bytes(
+    method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None, version: str = "1.1"
+) -> bytes:
     lines = [f"{method} {path} HTTP/{version}", "Host: gateway", *(f"{k}: {v}" for k, v in AUTH_A.items())]
     if method == "POST":
         lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
@@ -49,7 +50,9 @@ def request_bytes(method: str, path: str, body: bytes = b"", headers: dict[str, 
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
-async def exchange(gw: RunningGateway, requests: list[tuple[str, str]], payload: bytes) -> tuple[list[Reply], bool]:
+async def exchange(
+    gw: RunningGateway, requests: list[tuple[str, str]], payload: bytes
+) -> tuple[list[Reply], bool]:
     """Send `payload` (the requests, pipelined) in one write; parse the replies in order with h11.
 
     `requests` lists each request's (method, target), which h11 needs to frame the replies (HEAD has no body).
@@ -72,7 +75,9 @@ async def exchange(gw: RunningGateway, requests: list[tuple[str, str]], payload:
                 continue
             if isinstance(event, h11.Response):
                 names = [k.decode() for k, _ in event.headers.raw_items()]
-                reply = Reply(event.status_code, {k.decode().lower(): v.decode() for k, v in event.headers}, b"", names)
+                reply = Reply(
+                    event.status_code, {k.decode().lower(): v.decode() for k, v in event.headers}, b"", names
+                )
             elif isinstance(event, h11.Data):
                 assert reply is not None
                 reply.body += bytes(event.data)
@@ -82,7 +87,11 @@ async def exchange(gw: RunningGateway, requests: list[tuple[str, str]], payload:
                 raise AssertionError(f"unexpected h11 event {event!r}")
         assert reply is not None
         replies.append(reply)
-    closed = (await asyncio.wait_for(reader.read(1), 10)) == b"" if replies[-1].headers.get("connection") else False
+    closed = (
+        (await asyncio.wait_for(reader.read(1), 10)) == b""
+        if replies[-1].headers.get("connection")
+        else False
+    )
     writer.close()
     return replies, closed
 
@@ -117,16 +126,31 @@ async def test_pipelined_requests_are_answered_in_order(gw: RunningGateway, fake
     stored = await warm(gw, RAW, OTHER)
     key = (await gw.client.post(PATH, data=RAW, headers=HEADERS)).headers["X-Cache-Key"]
     miss = orjson.dumps({**CHAT, "messages": [{"role": "user", "content": "A new question"}]})
-    plan = [("POST", PATH, RAW, None), ("POST", PATH, OTHER, None), ("POST", PATH, miss, None),
-            ("HEAD", f"/v1/cache/{key}", b"", None), ("POST", PATH, RAW, NORMAL), ("GET", "/health", b"", None),
-            ("GET", f"/v1/cache/{key}", b"", None), ("POST", PATH, OTHER, None)]
+    plan = [
+        ("POST", PATH, RAW, None),
+        ("POST", PATH, OTHER, None),
+        ("POST", PATH, miss, None),
+        ("HEAD", f"/v1/cache/{key}", b"", None),
+        ("POST", PATH, RAW, NORMAL),
+        ("GET", "/health", b"", None),
+        ("GET", f"/v1/cache/{key}", b"", None),
+        ("POST", PATH, OTHER, None),
+    ]
     payload = b"".join(request_bytes(m, t, b, h) for m, t, b, h in plan)
     replies, _ = await exchange(gw, [(m, t) for m, t, _, _ in plan], payload)
     assert [r.status for r in replies] == [200] * len(plan)
     statuses = [r.headers.get("cache-status", "") for r in replies]
-    assert statuses[0].endswith("detail=l1") and statuses[1].endswith("detail=l1") and statuses[7].endswith("l1")
+    assert (
+        statuses[0].endswith("detail=l1") and statuses[1].endswith("detail=l1") and statuses[7].endswith("l1")
+    )
     assert statuses[2] == "tokenedge; fwd=miss; stored; detail=exact"
-    assert [replies[i].body for i in (0, 1, 4, 6, 7)] == [stored[0], stored[1], stored[0], stored[0], stored[1]]
+    assert [replies[i].body for i in (0, 1, 4, 6, 7)] == [
+        stored[0],
+        stored[1],
+        stored[0],
+        stored[0],
+        stored[1],
+    ]
     head = replies[3]
     assert head.body == b"" and head.headers["content-length"] == str(len(stored[0]))
     assert head.headers["etag"] == replies[6].headers["etag"]
@@ -171,7 +195,9 @@ async def test_openai_clients_read_fast_hits(gw: RunningGateway, kind: str) -> N
 
     def sync() -> list[tuple[str, str]]:
         with OpenAI(base_url=gw.url + "/v1", api_key=TOKEN, max_retries=0) as client:
-            raws = [client.chat.completions.with_raw_response.create(**args) for _ in range(4)]  # one connection
+            raws = [
+                client.chat.completions.with_raw_response.create(**args) for _ in range(4)
+            ]  # one connection
             return [(r.headers["cache-status"], r.parse().choices[0].message.content or "") for r in raws]
 
     async def asynchronous() -> list[tuple[str, str]]:
@@ -186,8 +212,9 @@ async def test_openai_clients_read_fast_hits(gw: RunningGateway, kind: str) -> N
 
 
 async def run(*argv: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.STDOUT)
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
     out, _ = await asyncio.wait_for(proc.communicate(), 60)
     return proc.returncode or 0, out.decode()
 
@@ -196,8 +223,19 @@ async def test_curl_reuses_one_connection_for_fast_hits(gw: RunningGateway, tmp_
     (stored,) = await warm(gw, RAW)
     body = tmp_path / "body.json"
     body.write_bytes(RAW)
-    one = ["-sS", "--http1.1", "-H", "Content-Type: application/json", "-H", f"Authorization: Bearer {TOKEN}",
-           "--data-binary", f"@{body}", "-D", "-", gw.url + PATH]
+    one = [
+        "-sS",
+        "--http1.1",
+        "-H",
+        "Content-Type: application/json",
+        "-H",
+        f"Authorization: Bearer {TOKEN}",
+        "--data-binary",
+        f"@{body}",
+        "-D",
+        "-",
+        gw.url + PATH,
+    ]
     code, out = await run("curl", "-v", *one, "--next", *one, "--next", *one)
     assert code == 0, out
     # -D - writes each response head at line starts; -v's copies are prefixed with "< ".
@@ -207,22 +245,26 @@ async def test_curl_reuses_one_connection_for_fast_hits(gw: RunningGateway, tmp_
     assert "Re-using existing connection" in out or "Reusing existing" in out  # keep-alive held across hits
 
 
-async def test_wrk_with_keep_alive_sees_only_well_formed_hits(make_gateway: GatewayFactory,
-                                                              tmp_path: Path) -> None:
+async def test_wrk_with_keep_alive_sees_only_well_formed_hits(
+    make_gateway: GatewayFactory, tmp_path: Path
+) -> None:
     gw = await make_gateway()
     await warm(gw, RAW)
     before = await scrape(gw)
     script = tmp_path / "post.lua"
-    script.write_text(f'wrk.method = "POST"\nwrk.body = [[{RAW.decode()}]]\n'
-                      f'wrk.headers["Content-Type"] = "application/json"\n'
-                      f'wrk.headers["Authorization"] = "Bearer {TOKEN}"\n')
+    script.write_text(
+        f'wrk.method = "POST"\nwrk.body = [[{RAW.decode()}]]\n'
+        f'wrk.headers["Content-Type"] = "application/json"\n'
+        f'wrk.headers["Authorization"] = "Bearer {TOKEN}"\n'
+    )
     code, out = await run("wrk", "-t1", "-c4", "-d1s", "-s", str(script), gw.url + PATH)
     assert code == 0, out
     assert "Socket errors" not in out and "Non-2xx" not in out, out
     done = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     after = await scrape(gw)
-    hits = (value(after, "tokenedge_requests_total", result="hit", reason="l1")
-            - value(before, "tokenedge_requests_total", result="hit", reason="l1"))
+    hits = value(after, "tokenedge_requests_total", result="hit", reason="l1") - value(
+        before, "tokenedge_requests_total", result="hit", reason="l1"
+    )
     assert done > 0 and done <= hits <= done + 4  # at most one request per connection in flight at the end
 
 
@@ -236,8 +278,9 @@ async def drive(gw: RunningGateway, headers: dict[str, str], n: int) -> None:
 TIMING = re.compile(r"_(sum|bucket|created)$")  # durations and creation times differ; counts must not
 
 
-async def test_fast_hits_tally_exactly_what_normal_hits_tally(make_gateway: GatewayFactory,
-                                                              caplog: pytest.LogCaptureFixture) -> None:
+async def test_fast_hits_tally_exactly_what_normal_hits_tally(
+    make_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     fast_gw = await make_gateway(server={"access_log_sample_rate": 1.0})
     normal_gw = await make_gateway(server={"access_log_sample_rate": 1.0})
     tallies, logs = [], []
@@ -246,15 +289,24 @@ async def test_fast_hits_tally_exactly_what_normal_hits_tally(make_gateway: Gate
         with caplog.at_level(logging.INFO, logger="tokenedge.access"):
             caplog.clear()
             await drive(gw, headers, 5)
-            logs.append([orjson.loads(r.getMessage()) for r in caplog.records if r.name == "tokenedge.access"])
+            logs.append(
+                [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "tokenedge.access"]
+            )
         samples = await scrape(gw)
-        tallies.append({(name, tuple(sorted(labels.items()))): v for name, series in samples.items()
-                        if not TIMING.search(name) for labels, v in series})
+        tallies.append(
+            {
+                (name, tuple(sorted(labels.items()))): v
+                for name, series in samples.items()
+                if not TIMING.search(name)
+                for labels, v in series
+            }
+        )
     fast, normal = tallies
     assert fast == normal
     assert len(logs[0]) == len(logs[1]) == 5
     for a, b in zip(logs[0], logs[1], strict=True):
         assert {k: v for k, v in a.items() if not k.endswith("_ms")} == {
-            k: v for k, v in b.items() if not k.endswith("_ms")}
+            k: v for k, v in b.items() if not k.endswith("_ms")
+        }
         assert a["result"] == "hit" and a["reason"] == "l1" and a["status"] == 200
         assert set(a["stages_ms"]) == set(b["stages_ms"]) == {"parse", "l1", "serialize"}

@@ -29,23 +29,112 @@ SEED = int(os.environ.get("FUZZ_SEED", "20261130"))
 FAKE_LOG = "fake.upstream"
 DOCUMENTED_5XX = {(504, "only_if_cached")}  # RFC 9111 §5.2.1.7 on a miss; the upstream here never fails
 
-PATHS = ["/v1/chat/completions"] * 12 + ["/v1/completions"] * 3 + ["/v1/embeddings"] * 3 + ["/v1/models", "/v1/models/test-model",
-         "/v1/cache/explain", "/v1/cache/te1:anon:" + "0" * 64, "/v1/cache/nope", "/v1/files", "/v1/responses",
-         "/v1/unknown/route", "/health", "/ready", "/metrics", "/dashboard", "/dashboard/data", "/admin/purge", "/",
-         "/v1", "/v2/chat/completions"]
+PATHS = (
+    ["/v1/chat/completions"] * 12
+    + ["/v1/completions"] * 3
+    + ["/v1/embeddings"] * 3
+    + [
+        "/v1/models",
+        "/v1/models/test-model",
+        "/v1/cache/explain",
+        "/v1/cache/te1:anon:" + "0" * 64,
+        "/v1/cache/nope",
+        "/v1/files",
+        "/v1/responses",
+        "/v1/unknown/route",
+        "/health",
+        "/ready",
+        "/metrics",
+        "/dashboard",
+        "/dashboard/data",
+        "/admin/purge",
+        "/",
+        "/v1",
+        "/v2/chat/completions",
+    ]
+)
 METHODS = [b"GET"] * 4 + [b"POST"] * 14 + [b"PUT", b"DELETE", b"PATCH", b"OPTIONS", b"HEAD"]
 ODD_METHODS = [b"TRACE", b"CONNECT", b"PRI", b"get", b"G@T", b"POST\x00", b"\xff\xfe", b"X" * 40, b"PROPFIND"]
 VERSIONS = [b"HTTP/1.1"] * 60 + [b"HTTP/1.0", b"HTTP/2.0", b"HTTP/1.x", b"http/1.1", b"HTTP/1.1 extra", b""]
-PATH_MUTATIONS = ["/..", "/../..", "/%2e%2e", "/.%2E", "//", "\\..", "/%5c..", ";x=1", "/..;", "%2f..", "%252e",
-                  "%", "%zz", "%00", "%c0%ae", "/" + "a" * 9000, "/\u00e9", "%C3%A9", "/./", "?q=/../x", "#frag",
-                  "?" + "a=1&" * 50, "/%0d%0aX-Injected:%201", " ", "\t"]
-CREDENTIALS = [{"Authorization": "Bearer sk-a"}, {"Authorization": "Basic dTpw"}, {"Authorization": "Bearer "},
-               {"Authorization": "Token x"}, {"api-key": "k"}, {"x-api-key": "k"}, {"OpenAI-Organization": "o"},
-               {"OpenAI-Project": "p"}, {"Authorization": "Bearer \u00e9"}, {}]
-ODD_VALUES = [None, True, False, -1, 0, 1, 2, 2**63 - 1, 1.5, -0.0, "x", "", [], {}, [1, "a"], {"a": {"b": []}},
-              "\u0000\ud7ff", "a" * 5000]
-FIELDS = ["model", "messages", "temperature", "n", "stream", "max_tokens", "max_completion_tokens", "seed", "stop",
-          "top_p", "logprobs", "tools", "response_format", "stream_options", "user", "prompt", "input", "echo"]
+PATH_MUTATIONS = [
+    "/..",
+    "/../..",
+    "/%2e%2e",
+    "/.%2E",
+    "//",
+    "\\..",
+    "/%5c..",
+    ";x=1",
+    "/..;",
+    "%2f..",
+    "%252e",
+    "%",
+    "%zz",
+    "%00",
+    "%c0%ae",
+    "/" + "a" * 9000,
+    "/\u00e9",
+    "%C3%A9",
+    "/./",
+    "?q=/../x",
+    "#frag",
+    "?" + "a=1&" * 50,
+    "/%0d%0aX-Injected:%201",
+    " ",
+    "\t",
+]
+CREDENTIALS = [
+    {"Authorization": "Bearer sk-a"},
+    {"Authorization": "Basic dTpw"},
+    {"Authorization": "Bearer "},
+    {"Authorization": "Token x"},
+    {"api-key": "k"},
+    {"x-api-key": "k"},
+    {"OpenAI-Organization": "o"},
+    {"OpenAI-Project": "p"},
+    {"Authorization": "Bearer \u00e9"},
+    {},
+]
+ODD_VALUES = [
+    None,
+    True,
+    False,
+    -1,
+    0,
+    1,
+    2,
+    2**63 - 1,
+    1.5,
+    -0.0,
+    "x",
+    "",
+    [],
+    {},
+    [1, "a"],
+    {"a": {"b": []}},
+    "\u0000\ud7ff",
+    "a" * 5000,
+]
+FIELDS = [
+    "model",
+    "messages",
+    "temperature",
+    "n",
+    "stream",
+    "max_tokens",
+    "max_completion_tokens",
+    "seed",
+    "stop",
+    "top_p",
+    "logprobs",
+    "tools",
+    "response_format",
+    "stream_options",
+    "user",
+    "prompt",
+    "input",
+    "echo",
+]
 
 
 def json_body(rng: random.Random, path: str) -> bytes:
@@ -66,8 +155,12 @@ def json_body(rng: random.Random, path: str) -> bytes:
     for _ in range(rng.choice([0, 0, 1, 1, 2, 4])):
         body[rng.choice(FIELDS)] = rng.choice(ODD_VALUES)
     if rng.random() < 0.1:
-        body["messages"] = [{"role": rng.choice(["user", "system", "tool", "x", 1]),
-                             "content": rng.choice([*ODD_VALUES, [{"type": "text", "text": "a"}]])}]
+        body["messages"] = [
+            {
+                "role": rng.choice(["user", "system", "tool", "x", 1]),
+                "content": rng.choice([*ODD_VALUES, [{"type": "text", "text": "a"}]]),
+            }
+        ]
     if rng.random() < 0.05:
         return orjson.dumps({"endpoint": rng.choice(["chat/completions", "x"]), "request": body})
     return orjson.dumps(body)
@@ -86,31 +179,79 @@ def target(rng: random.Random, path: str) -> bytes:
 def headers(rng: random.Random, body: bytes) -> list[bytes]:
     out = [b"Host: gateway.test", b"Connection: close"]
     out += [f"{k}: {v}".encode() for k, v in rng.choice(CREDENTIALS).items()]
-    out.append(rng.choice([b"Content-Type: application/json", b"Content-Type: application/json; charset=utf-8",
-                           b"Content-Type: text/plain", b"Content-Type: application/vnd.x+json", b"Content-Type: ;;",
-                           b"", b"Content-Type: application/json", b"Content-Type: application/json"]))
+    out.append(
+        rng.choice(
+            [
+                b"Content-Type: application/json",
+                b"Content-Type: application/json; charset=utf-8",
+                b"Content-Type: text/plain",
+                b"Content-Type: application/vnd.x+json",
+                b"Content-Type: ;;",
+                b"",
+                b"Content-Type: application/json",
+                b"Content-Type: application/json",
+            ]
+        )
+    )
     if rng.random() < 0.2:
-        out.append(rng.choice([b"Cache-Control: no-cache", b"Cache-Control: no-store", b"Cache-Control: max-age=0",
-                               b"Cache-Control: only-if-cached", b"Cache-Control: max-age=abc, ,,", b"Pragma: no-cache",
-                               b"If-None-Match: *", b"X-Tokenedge-Debug: 1", b"X-Forwarded-For: 1.2.3.4",
-                               b"Accept-Encoding: gzip, br", b"Expect: 100-continue", b"Upgrade: websocket",
-                               b"X-Big: " + b"b" * rng.choice([100, 9000, 20000]), b"Bad Header: x", b"X-Nul: a\x00b",
-                               b"X-Latin: \xe9", b": empty-name", b"X-Fold: a\r\n folded"]))
+        out.append(
+            rng.choice(
+                [
+                    b"Cache-Control: no-cache",
+                    b"Cache-Control: no-store",
+                    b"Cache-Control: max-age=0",
+                    b"Cache-Control: only-if-cached",
+                    b"Cache-Control: max-age=abc, ,,",
+                    b"Pragma: no-cache",
+                    b"If-None-Match: *",
+                    b"X-Tokenedge-Debug: 1",
+                    b"X-Forwarded-For: 1.2.3.4",
+                    b"Accept-Encoding: gzip, br",
+                    b"Expect: 100-continue",
+                    b"Upgrade: websocket",
+                    b"X-Big: " + b"b" * rng.choice([100, 9000, 20000]),
+                    b"Bad Header: x",
+                    b"X-Nul: a\x00b",
+                    b"X-Latin: \xe9",
+                    b": empty-name",
+                    b"X-Fold: a\r\n folded",
+                ]
+            )
+        )
     framing = rng.random()
     if framing < 0.8:
         out.append(b"Content-Length: " + str(len(body)).encode())
     elif framing < 0.84:
-        out.append(b"Content-Length: " + str(len(body) + rng.randrange(1, 100)).encode())  # a body that never ends
+        out.append(
+            b"Content-Length: " + str(len(body) + rng.randrange(1, 100)).encode()
+        )  # a body that never ends
     elif framing < 0.87:
         out.append(b"Content-Length: " + str(max(0, len(body) - rng.randrange(1, 10))).encode())
     elif framing < 0.9:
-        out.append(rng.choice([b"Content-Length: -1", b"Content-Length: 1e3", b"Content-Length: 99999999999999999",
-                               b"Content-Length: 5, 5", b"Content-Length: +5"]))
+        out.append(
+            rng.choice(
+                [
+                    b"Content-Length: -1",
+                    b"Content-Length: 1e3",
+                    b"Content-Length: 99999999999999999",
+                    b"Content-Length: 5, 5",
+                    b"Content-Length: +5",
+                ]
+            )
+        )
     elif framing < 0.95:
         out.append(b"Transfer-Encoding: chunked")
     else:
-        out.append(rng.choice([b"Transfer-Encoding: gzip", b"Transfer-Encoding: chunked, chunked",
-                               b"Transfer-Encoding: chunked\r\nContent-Length: 3", b"Transfer-Encoding: \x0bchunked"]))
+        out.append(
+            rng.choice(
+                [
+                    b"Transfer-Encoding: gzip",
+                    b"Transfer-Encoding: chunked, chunked",
+                    b"Transfer-Encoding: chunked\r\nContent-Length: 3",
+                    b"Transfer-Encoding: \x0bchunked",
+                ]
+            )
+        )
     return out
 
 
@@ -134,8 +275,17 @@ async def json_upstream(fake: FakeUpstream) -> AsyncIterator[str]:
     """The fake upstream, answering unknown routes with an OpenAI-style 404 (so every 4xx in the run is JSON)."""
 
     async def unknown(_request: web.Request) -> web.Response:
-        return web.json_response({"error": {"message": "no such route", "type": "invalid_request_error",
-                                            "param": None, "code": "unknown_url"}}, status=404)
+        return web.json_response(
+            {
+                "error": {
+                    "message": "no such route",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "unknown_url",
+                }
+            },
+            status=404,
+        )
 
     app = fake.app()
     app.router.add_route("*", "/{tail:.*}", unknown)
@@ -175,10 +325,19 @@ def problems_of(method: bytes, responses: list[RawResponse], raw: bytes) -> list
 
 
 async def test_ten_thousand_fuzzed_requests_leave_the_gateway_healthy(
-        make_gateway: GatewayFactory, json_upstream: str, caplog: pytest.LogCaptureFixture) -> None:
-    gw = await make_gateway(json_upstream, server={
-        "header_read_timeout_s": 0.5, "header_total_s": 1.0, "body_read_timeout_s": 0.5, "body_total_s": 1.0,
-        "max_body_bytes": 65536, "admin_token": "fuzz-admin"})
+    make_gateway: GatewayFactory, json_upstream: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    gw = await make_gateway(
+        json_upstream,
+        server={
+            "header_read_timeout_s": 0.5,
+            "header_total_s": 1.0,
+            "body_read_timeout_s": 0.5,
+            "body_total_s": 1.0,
+            "max_body_bytes": 65536,
+            "admin_token": "fuzz-admin",
+        },
+    )
     port = gw.server.port
     assert port is not None
     rng = random.Random(SEED)
@@ -199,8 +358,12 @@ async def test_ten_thousand_fuzzed_requests_leave_the_gateway_healthy(
     with caplog.at_level(logging.INFO):
         await asyncio.gather(*(run(i, m, d) for i, (m, d) in enumerate(cases)))
 
-    assert failures[:5] == [], f"{len(failures)} failing cases (seed {SEED}); statuses {sorted(statuses.items())}"
-    gateway_logs = [r for r in caplog.records if r.name != FAKE_LOG and (r.exc_info or r.levelno >= logging.ERROR)]
+    assert failures[:5] == [], (
+        f"{len(failures)} failing cases (seed {SEED}); statuses {sorted(statuses.items())}"
+    )
+    gateway_logs = [
+        r for r in caplog.records if r.name != FAKE_LOG and (r.exc_info or r.levelno >= logging.ERROR)
+    ]
     assert gateway_logs == []
     assert statuses.get(200, 0) > 500 and statuses.get(400, 0) > 1000  # the run reached handlers and refusals
     healthy = await gw.client.get("/health")

@@ -21,8 +21,13 @@ PAGE = ROOT / "gateway" / "dashboard" / "page.html"
 METRIC = re.compile(r"\b(tokenedge_[a-z0-9_]+)\b")
 SELECTOR = re.compile(r"\b(tokenedge_[a-z0-9_]+)(?:\{([^}]*)\})?")
 MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
-_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",),
-             "summary": ("_sum", "_count", ""), "unknown": ("",)}
+_SUFFIXES = {
+    "counter": ("_total",),
+    "histogram": ("_bucket", "_sum", "_count"),
+    "gauge": ("",),
+    "summary": ("_sum", "_count", ""),
+    "unknown": ("",),
+}
 
 
 def exported_names(text: str) -> set[str]:
@@ -38,8 +43,16 @@ def expressions(dashboard: dict[str, Any]) -> list[str]:
 
 
 def backend_metrics_text() -> str:
-    stats = EngineStats(running=1, waiting=0, blocks_total=64, blocks_free=60, blocks_cached=2,
-                        prefix_hit_tokens_total=0, prefill_tokens_total=0, generated_tokens_total=0)
+    stats = EngineStats(
+        running=1,
+        waiting=0,
+        blocks_total=64,
+        blocks_free=60,
+        blocks_cached=2,
+        prefix_hit_tokens_total=0,
+        prefill_tokens_total=0,
+        generated_tokens_total=0,
+    )
     return BackendMetrics(lambda: stats).render().decode()
 
 
@@ -49,17 +62,25 @@ def test_dashboard_is_importable_json() -> None:
     assert dashboard["__inputs"][0]["pluginId"] == "prometheus"
     ids = [panel["id"] for panel in dashboard["panels"]]
     assert len(ids) == len(set(ids)) >= 15
-    assert all(panel["targets"] and panel["datasource"]["uid"] == "${DS_PROMETHEUS}" for panel in dashboard["panels"])
+    assert all(
+        panel["targets"] and panel["datasource"]["uid"] == "${DS_PROMETHEUS}" for panel in dashboard["panels"]
+    )
 
 
 async def test_every_metric_in_the_dashboard_is_exported(gw: RunningGateway) -> None:
     await gw.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A)
-    exported = exported_names(await (await gw.client.get("/metrics")).text()) | exported_names(backend_metrics_text())
+    exported = exported_names(await (await gw.client.get("/metrics")).text()) | exported_names(
+        backend_metrics_text()
+    )
     used = {name for expr in expressions(json.loads(DASHBOARD.read_text())) for name in METRIC.findall(expr)}
     assert used, "no PromQL found"
     assert used - exported == set()
-    assert {"tokenedge_backend_running_requests", "tokenedge_backend_kv_blocks",
-            "tokenedge_backend_generated_tokens_total", "tokenedge_requests_total"} <= used
+    assert {
+        "tokenedge_backend_running_requests",
+        "tokenedge_backend_kv_blocks",
+        "tokenedge_backend_generated_tokens_total",
+        "tokenedge_requests_total",
+    } <= used
 
 
 def selectors(expr: str) -> list[tuple[str, list[tuple[str, str, str]]]]:
@@ -84,8 +105,12 @@ async def test_a_fresh_gateway_exports_every_series_grafana_and_the_page_read(gw
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             found.setdefault(sample.name, []).append(dict(sample.labels))
-    used = [sel for expr in expressions(json.loads(DASHBOARD.read_text())) for sel in selectors(expr)
-            if not sel[0].startswith("tokenedge_backend_")]
+    used = [
+        sel
+        for expr in expressions(json.loads(DASHBOARD.read_text()))
+        for sel in selectors(expr)
+        if not sel[0].startswith("tokenedge_backend_")
+    ]
     assert len(used) > 20
     for name, matchers in used:
         assert any(matches(labels, matchers) for labels in found.get(name, [])), (name, matchers)

@@ -105,12 +105,18 @@ async def warm_hit_work(gw: RunningGateway, fake: FakeUpstream, redis_server: Re
         await resp.read()
     commands = counter.read() - commands_before - 1  # minus the INFO call that read the counter
     counter.close()
-    return HitWork(resp.headers["Cache-Status"], sum(fake.calls.values()) - upstream_before, commands,
-                   json_work(calls), calls)
+    return HitWork(
+        resp.headers["Cache-Status"],
+        sum(fake.calls.values()) - upstream_before,
+        commands,
+        json_work(calls),
+        calls,
+    )
 
 
 async def test_l1_hit_makes_no_upstream_call_no_redis_command_and_no_json_work(
-        make_gateway: GatewayFactory, fake: FakeUpstream, redis_server: RedisServer, redis_url: str) -> None:
+    make_gateway: GatewayFactory, fake: FakeUpstream, redis_server: RedisServer, redis_url: str
+) -> None:
     gw = await make_gateway(cache={"redis_url": redis_url})
     work = await warm_hit_work(gw, fake, redis_server)
     assert work.cache_status.endswith("detail=l1")
@@ -122,20 +128,29 @@ async def test_l1_hit_makes_no_upstream_call_no_redis_command_and_no_json_work(
 # What the fast path exists to skip, by name: parsing, policy, scope hashing, key derivation, the header dict,
 # aiohttp's header assembly and the response-prepare signal.
 SKIPPED_ON_THE_FAST_PATH = (
-    "gateway.validate:parse_object", "gateway.handlers.completions:prepare", "gateway.policy:decide",
-    "gateway.keys:tenant_scope", "gateway.keys:derive_key_from_bytes", "gateway.headers:entry_headers",
-    "gateway.handlers.ops:on_response_prepare", "aiohttp.web_response:StreamResponse._prepare_headers",
-    "aiohttp.web_response:StreamResponse._write_headers", "aiohttp.web_response:Response.__init__",
+    "gateway.validate:parse_object",
+    "gateway.handlers.completions:prepare",
+    "gateway.policy:decide",
+    "gateway.keys:tenant_scope",
+    "gateway.keys:derive_key_from_bytes",
+    "gateway.headers:entry_headers",
+    "gateway.handlers.ops:on_response_prepare",
+    "aiohttp.web_response:StreamResponse._prepare_headers",
+    "aiohttp.web_response:StreamResponse._write_headers",
+    "aiohttp.web_response:Response.__init__",
 )
 
 
 async def test_l1_hit_takes_the_fast_path_and_skips_the_response_layer(
-        make_gateway: GatewayFactory, fake: FakeUpstream, redis_server: RedisServer, redis_url: str) -> None:
+    make_gateway: GatewayFactory, fake: FakeUpstream, redis_server: RedisServer, redis_url: str
+) -> None:
     gw = await make_gateway(cache={"redis_url": redis_url})
     work = await warm_hit_work(gw, fake, redis_server)
     assert work.calls["gateway.fastpath:try_hit"] == 1
     assert work.calls["gateway.fastpath:HitResponse.write_eof"] == 1
-    assert {name: work.calls[name] for name in SKIPPED_ON_THE_FAST_PATH} == dict.fromkeys(SKIPPED_ON_THE_FAST_PATH, 0)
+    assert {name: work.calls[name] for name in SKIPPED_ON_THE_FAST_PATH} == dict.fromkeys(
+        SKIPPED_ON_THE_FAST_PATH, 0
+    )
     # Still one L1 read and one policy freshness check: the fast path does not skip the cache itself.
     assert work.calls["gateway.tiers.memory:MemoryTier.get"] == 1
     assert work.calls["gateway.policy:freshness"] == 1
@@ -155,8 +170,9 @@ def test_the_json_guard_sees_stdlib_and_aliased_imports() -> None:
     assert work["json.loads"] == 1 and work["json.decode"] >= 2
 
 
-async def test_l2_hit_costs_exactly_one_redis_command(make_gateway: GatewayFactory, fake: FakeUpstream,
-                                                      redis_server: RedisServer, redis_url: str) -> None:
+async def test_l2_hit_costs_exactly_one_redis_command(
+    make_gateway: GatewayFactory, fake: FakeUpstream, redis_server: RedisServer, redis_url: str
+) -> None:
     gw = await make_gateway(cache={"redis_url": redis_url, "l1_max_bytes": 0})
     work = await warm_hit_work(gw, fake, redis_server)
     assert work.cache_status.endswith("detail=l2")
@@ -166,13 +182,15 @@ async def test_l2_hit_costs_exactly_one_redis_command(make_gateway: GatewayFacto
     assert work.json_calls - Counter({"orjson.loads": 1}) == Counter()
 
 
-async def test_l2_hit_costs_exactly_one_memcached_round_trip(make_gateway: GatewayFactory, fake: FakeUpstream,
-                                                             memcached: MemcachedServer) -> None:
+async def test_l2_hit_costs_exactly_one_memcached_round_trip(
+    make_gateway: GatewayFactory, fake: FakeUpstream, memcached: MemcachedServer
+) -> None:
     proxy = CountingProxy(memcached.port)
     port = await proxy.start()
     try:
-        gw = await make_gateway(cache={"l2": "memcached", "memcached_servers": [f"127.0.0.1:{port}"],
-                                       "memcached_l1_max_age_s": 0})  # L1 off: every hit comes from Memcached
+        gw = await make_gateway(
+            cache={"l2": "memcached", "memcached_servers": [f"127.0.0.1:{port}"], "memcached_l1_max_age_s": 0}
+        )  # L1 off: every hit comes from Memcached
         for _ in range(2):
             await gw.client.post("/v1/chat/completions", data=RAW, headers=HEADERS)
         before, upstream_before = Counter(proxy.commands), sum(fake.calls.values())

@@ -24,8 +24,15 @@ HALF_LIFE_S = 100.0
 
 
 def settings(**overrides: float) -> HotSettings:
-    values: dict[str, float] = {"max_keys": 100, "batch": 50, "flush_s": 60.0, "half_life_s": HALF_LIFE_S,
-                                "max_request_bytes": 1024, "timeout_s": 2.0, **overrides}
+    values: dict[str, float] = {
+        "max_keys": 100,
+        "batch": 50,
+        "flush_s": 60.0,
+        "half_life_s": HALF_LIFE_S,
+        "max_request_bytes": 1024,
+        "timeout_s": 2.0,
+        **overrides,
+    }
     return HotSettings(**values)  # type: ignore[arg-type]
 
 
@@ -65,7 +72,9 @@ async def test_a_full_batch_flushes_in_the_background(client: aioredis.Redis) ->
     assert await client.zscore(SCORES, "a") == 1 and await client.zscore(SCORES, "b") == 1
 
 
-async def test_scores_decay_by_half_life_so_the_record_follows_what_is_hot_now(client: aioredis.Redis) -> None:
+async def test_scores_decay_by_half_life_so_the_record_follows_what_is_hot_now(
+    client: aioredis.Redis,
+) -> None:
     clock = FakeClock()
     hot = record(client, clock)
     for _ in range(4):

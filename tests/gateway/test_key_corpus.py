@@ -32,7 +32,9 @@ from tests.support.key_corpus import load
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 CORPUS = load()
-VARIANTS = [(name, group["endpoint"], body) for name, group in CORPUS["groups"].items() for body in group["variants"]]
+VARIANTS = [
+    (name, group["endpoint"], body) for name, group in CORPUS["groups"].items() for body in group["variants"]
+]
 
 
 class Served:
@@ -47,8 +49,9 @@ async def served(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Serv
     model = LlamaModel(loaded.config, dtype=torch.float32)
     model.load_weights(loaded.weights)
     config = EngineConfig(num_blocks=1024, max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=512)
-    info = ServedModel(id=loaded.name, revision=loaded.revision, tokenizer=loaded.tokenizer, max_model_len=512,
-                       created=0)
+    info = ServedModel(
+        id=loaded.name, revision=loaded.revision, tokenizer=loaded.tokenizer, max_model_len=512, created=0
+    )
     app = create_app(info, lambda: AsyncEngine(model, config, loaded.tokenizer.eos_token_ids))
     async with TestClient(TestServer(app)) as backend:
         url = str(backend.server.make_url("")).rstrip("/")
@@ -65,8 +68,15 @@ def model_ids(tok: Tokenizer, endpoint: str, body: dict[str, Any]) -> tuple[int,
     if endpoint == "completions":
         prompt = body["prompt"][0] if isinstance(body["prompt"], list) else body["prompt"]
         return tuple(tok.encode(prompt))
-    messages = [{**m, "content": m["content"] if isinstance(m["content"], str) else "".join(
-        p["text"] for p in m["content"])} for m in body["messages"]]
+    messages = [
+        {
+            **m,
+            "content": m["content"]
+            if isinstance(m["content"], str)
+            else "".join(p["text"] for p in m["content"]),
+        }
+        for m in body["messages"]
+    ]
     return tuple(tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True)))
 
 
@@ -74,7 +84,9 @@ async def explained(served: Served) -> list[dict[str, Any]]:
     if not served.explained:
         docs = []
         for _, endpoint, body in VARIANTS:
-            resp = await served.gateway.client.post("/v1/cache/explain", json={"endpoint": endpoint, "request": body})
+            resp = await served.gateway.client.post(
+                "/v1/cache/explain", json={"endpoint": endpoint, "request": body}
+            )
             assert resp.status == 200, await resp.text()
             docs.append(await resp.json())
         served.explained = docs
@@ -84,8 +96,19 @@ async def explained(served: Served) -> list[dict[str, Any]]:
 async def test_the_corpus_is_large_and_grouped() -> None:
     assert len(VARIANTS) >= 200
     kinds = {name.rsplit("-", 1)[0] for name in CORPUS["groups"]}
-    assert {"chat-ends", "chat-inside", "chat-crlf", "chat-unicode", "chat-zero-width", "chat-parts",
-            "chat-system", "chat-order", "chat-defaults", "chat-tools", "prompt-ends"} <= kinds
+    assert {
+        "chat-ends",
+        "chat-inside",
+        "chat-crlf",
+        "chat-unicode",
+        "chat-zero-width",
+        "chat-parts",
+        "chat-system",
+        "chat-order",
+        "chat-defaults",
+        "chat-tools",
+        "prompt-ends",
+    } <= kinds
 
 
 async def test_keys_differ_wherever_the_model_input_ids_differ(served: Served) -> None:
@@ -117,7 +140,9 @@ async def test_variants_sharing_a_key_get_identical_answers_from_the_model(serve
     for i, doc in enumerate(docs):
         groups[doc["key"]].append(i)
     shared = [members for members in groups.values() if len(members) > 1]
-    spelled: dict[str, int] = {}  # one model call per distinct request body (groups repeat their base request)
+    spelled: dict[
+        str, int
+    ] = {}  # one model call per distinct request body (groups repeat their base request)
     for i in (i for members in shared for i in members):
         spelled.setdefault(json.dumps([VARIANTS[i][1], VARIANTS[i][2]]), i)
     asked = list(spelled.values())

@@ -53,8 +53,11 @@ def test_equivalent_requests_share_a_key_at_exact(a: dict[str, Any], b: dict[str
 TEXT_REWRITES = [
     ("trailing space", body("Hello"), body("Hello ")),
     ("zero-width space", body("Hello"), body("Hel\u200blo")),
-    ("split content parts", body([{"type": "text", "text": "Name a "}, {"type": "text", "text": "color."}]),
-     body([{"type": "text", "text": "Name a"}, {"type": "text", "text": " color."}])),
+    (
+        "split content parts",
+        body([{"type": "text", "text": "Name a "}, {"type": "text", "text": "color."}]),
+        body([{"type": "text", "text": "Name a"}, {"type": "text", "text": " color."}]),
+    ),
 ]
 
 
@@ -87,8 +90,10 @@ def test_endpoint_changes_the_key() -> None:
 
 def test_canonicalization_level_changes_the_key() -> None:
     canonical = canonicalize(CHAT, body("hello"), Level.EXACT)
-    keys = {derive_key(scope=SCOPE, endpoint=CHAT, level=level, model_revision="r", canonical=canonical).key
-            for level in Level}
+    keys = {
+        derive_key(scope=SCOPE, endpoint=CHAT, level=level, model_revision="r", canonical=canonical).key
+        for level in Level
+    }
     assert len(keys) == len(Level)
 
 
@@ -234,10 +239,22 @@ def test_key_from_bytes_equals_the_canonical_json_derivation() -> None:
     from gateway.canonical import CANON_VERSION, canonical_json
     from gateway.keys import derive_key_from_bytes
 
-    canonical = {"model": "m", "messages": [{"role": "user", "content": "h\u00e9llo \"q\""}], "temperature": 0}
-    material = canonical_json({"v": CANON_VERSION, "endpoint": "chat/completions", "level": "tokens",
-                               "revision": "r\u00e9v", "request": canonical})
+    canonical = {"model": "m", "messages": [{"role": "user", "content": 'h\u00e9llo "q"'}], "temperature": 0}
+    material = canonical_json(
+        {
+            "v": CANON_VERSION,
+            "endpoint": "chat/completions",
+            "level": "tokens",
+            "revision": "r\u00e9v",
+            "request": canonical,
+        }
+    )
     expected = hashlib.blake2b(material, digest_size=32).hexdigest()
-    key = derive_key_from_bytes(scope="pub", endpoint="chat/completions", level=Level.TOKENS,
-                                model_revision="r\u00e9v", canonical_bytes=canonical_json(canonical))
+    key = derive_key_from_bytes(
+        scope="pub",
+        endpoint="chat/completions",
+        level=Level.TOKENS,
+        model_revision="r\u00e9v",
+        canonical_bytes=canonical_json(canonical),
+    )
     assert key.digest == expected

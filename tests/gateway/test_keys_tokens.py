@@ -32,17 +32,25 @@ from tests.support.token_backend import EchoEngine, backend_app, chatml_byte_tok
 
 CHAT = "chat/completions"
 # Like SmolLM2's: a default system prompt when none is given, and (unlike SmolLM2's) contents trimmed.
-TRIMMING = ("{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are helpful.<|im_end|>\n{% endif %}"
-            "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | trim }}<|im_end|>\n{% endfor %}"
-            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+TRIMMING = (
+    "{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are helpful.<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | trim }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 TOKENIZER = chatml_byte_tokenizer(TRIMMING)
 ENCODER = ModelEncoder(spec_from_export(TOKENIZER.export()), TokenCache(1 << 20))
 
 
 def joined(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{**m, "content": m["content"] if isinstance(m["content"], str) else "".join(p["text"] for p in
-                                                                                         m["content"])}
-            for m in messages]
+    return [
+        {
+            **m,
+            "content": m["content"]
+            if isinstance(m["content"], str)
+            else "".join(p["text"] for p in m["content"]),
+        }
+        for m in messages
+    ]
 
 
 def oracle_ids(tok: Tokenizer, endpoint: str, body: dict[str, Any]) -> list[int]:
@@ -65,8 +73,25 @@ def tokens_key(endpoint: str, body: dict[str, Any], encoder: ModelEncoder = ENCO
 
 # --- the property ---------------------------------------------------------------------------------------
 
-PIECES = st.sampled_from(["Name a", " ", "color.", "  ", "\n", "\r\n", "\t", "caf\u00e9", "cafe\u0301", "\u200b",
-                          "Sure,", "x", "<|im_end|>", "2+2", "\u00a0"])
+PIECES = st.sampled_from(
+    [
+        "Name a",
+        " ",
+        "color.",
+        "  ",
+        "\n",
+        "\r\n",
+        "\t",
+        "caf\u00e9",
+        "cafe\u0301",
+        "\u200b",
+        "Sure,",
+        "x",
+        "<|im_end|>",
+        "2+2",
+        "\u00a0",
+    ]
+)
 TEXT = st.lists(PIECES, max_size=6).map("".join)
 
 
@@ -85,9 +110,18 @@ def contents(draw: st.DrawFn, text: str | None = None) -> Any:
 @st.composite
 def chats(draw: st.DrawFn) -> dict[str, Any]:
     roles = draw(st.lists(st.sampled_from(["system", "user", "assistant"]), min_size=1, max_size=3))
-    body: dict[str, Any] = {"model": "tiny", "messages": [{"role": r, "content": draw(contents())} for r in roles]}
-    for name, values in (("temperature", [0, 0.0, 0.5]), ("max_tokens", [5, 5.0, 6]), ("stop", ["x", ["x"]]),
-                         ("top_p", [1, 0.9]), ("user", ["u"]), ("guided", [None, {"b": 1, "a": 2}])):
+    body: dict[str, Any] = {
+        "model": "tiny",
+        "messages": [{"role": r, "content": draw(contents())} for r in roles],
+    }
+    for name, values in (
+        ("temperature", [0, 0.0, 0.5]),
+        ("max_tokens", [5, 5.0, 6]),
+        ("stop", ["x", ["x"]]),
+        ("top_p", [1, 0.9]),
+        ("user", ["u"]),
+        ("guided", [None, {"b": 1, "a": 2}]),
+    ):
         if draw(st.booleans()):
             body[name] = draw(st.sampled_from(values))
     return body
@@ -106,8 +140,12 @@ def variant(draw: st.DrawFn, body: dict[str, Any]) -> dict[str, Any]:
     if how == "resplit":
         out["messages"][i] = {**out["messages"][i], "content": draw(contents(text))}
     elif how == "pad":
-        out["messages"][i] = {**out["messages"][i], "content": draw(st.sampled_from([" ", "\n", ""])) + text +
-                              draw(st.sampled_from([" ", "\n", "\u200b", ""]))}
+        out["messages"][i] = {
+            **out["messages"][i],
+            "content": draw(st.sampled_from([" ", "\n", ""]))
+            + text
+            + draw(st.sampled_from([" ", "\n", "\u200b", ""])),
+        }
     elif how == "system":
         out["messages"].insert(0, {"role": "system", "content": "You are helpful."})
     elif how == "param":
@@ -122,18 +160,24 @@ def variant(draw: st.DrawFn, body: dict[str, Any]) -> dict[str, Any]:
 def test_tokens_keys_are_equal_iff_the_model_sees_the_same_ids_and_parameters(data: st.DataObject) -> None:
     a = data.draw(chats())
     b = data.draw(variant(a))
-    same_input = (oracle_ids(TOKENIZER, CHAT, a), params(CHAT, a)) == (oracle_ids(TOKENIZER, CHAT, b), params(CHAT, b))
+    same_input = (oracle_ids(TOKENIZER, CHAT, a), params(CHAT, a)) == (
+        oracle_ids(TOKENIZER, CHAT, b),
+        params(CHAT, b),
+    )
     assert (tokens_key(CHAT, a) == tokens_key(CHAT, b)) == same_input
 
 
 @settings(max_examples=200, deadline=None)
 @given(a=TEXT, b=TEXT, max_a=st.sampled_from([3, 3.0, 4]), max_b=st.sampled_from([3, 4]))
-def test_completion_keys_are_equal_iff_the_prompt_ids_and_parameters_are(a: str, b: str, max_a: Any,
-                                                                        max_b: Any) -> None:
+def test_completion_keys_are_equal_iff_the_prompt_ids_and_parameters_are(
+    a: str, b: str, max_a: Any, max_b: Any
+) -> None:
     body_a = {"model": "tiny", "prompt": a, "max_tokens": max_a, "temperature": 0}
     body_b = {"model": "tiny", "prompt": [b], "max_tokens": max_b, "temperature": 0}  # a one-prompt batch
     same_input = (TOKENIZER.encode(a), params("completions", body_a)) == (
-        TOKENIZER.encode(b), {**params("completions", body_b)})
+        TOKENIZER.encode(b),
+        {**params("completions", body_b)},
+    )
     assert (tokens_key("completions", body_a) == tokens_key("completions", body_b)) == same_input
 
 
@@ -141,11 +185,30 @@ def test_what_the_template_normalizes_collapses_and_nothing_else() -> None:
     base = {"model": "tiny", "temperature": 0, "messages": [{"role": "user", "content": "Name a color."}]}
     system = {**base, "messages": [{"role": "system", "content": "You are helpful."}, *base["messages"]]}
     padded = {**base, "messages": [{"role": "user", "content": "  Name a color.\n"}]}  # TRIMMING trims
-    parts = {**base, "messages": [{"role": "user", "content": [{"type": "text", "text": "Name a "},
-                                                               {"type": "text", "text": "color."}]}]}
-    glued = {**base, "messages": [{"role": "user", "content": [{"type": "text", "text": "Name a"},
-                                                               {"type": "text", "text": "color."}]}]}
-    assert tokens_key(CHAT, base) == tokens_key(CHAT, system) == tokens_key(CHAT, padded) == tokens_key(CHAT, parts)
+    parts = {
+        **base,
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Name a "}, {"type": "text", "text": "color."}],
+            }
+        ],
+    }
+    glued = {
+        **base,
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Name a"}, {"type": "text", "text": "color."}],
+            }
+        ],
+    }
+    assert (
+        tokens_key(CHAT, base)
+        == tokens_key(CHAT, system)
+        == tokens_key(CHAT, padded)
+        == tokens_key(CHAT, parts)
+    )
     assert tokens_key(CHAT, glued) != tokens_key(CHAT, base)
     plain = ModelEncoder(spec_from_export(chatml_byte_tokenizer().export()), TokenCache(1 << 20))  # no trim
     assert tokens_key(CHAT, padded, plain) != tokens_key(CHAT, base, plain)
@@ -160,12 +223,24 @@ def test_model_input_shapes_follow_the_backend_and_fall_back_when_unknown() -> N
     assert model_input(ENCODER, "completions", {"prompt": ["a", "b"]}) is None  # the backend refuses batches
     assert model_input(ENCODER, "embeddings", {"input": "hi"}) == hi
     assert model_input(ENCODER, "embeddings", {"input": ["hi", [7]]}) == [hi, [7]]
-    assert model_input(ENCODER, CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}) is None
-    level, form = canonical_form("auto", CHAT, {"model": "t", "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "x"}}]}]}, ENCODER)
+    assert (
+        model_input(ENCODER, CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
+        is None
+    )
+    level, form = canonical_form(
+        "auto",
+        CHAT,
+        {
+            "model": "t",
+            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+        },
+        ENCODER,
+    )
     assert level is Level.EXACT and form["messages"][0]["content"][0]["type"] == "image_url"
     assert canonical_form("normalized", "completions", {"prompt": " a"}, ENCODER) == (
-        Level.NORMALIZED, {"prompt": "a"})
+        Level.NORMALIZED,
+        {"prompt": "a"},
+    )
 
 
 # --- through the gateway, against the backend app --------------------------------------------------------
@@ -194,7 +269,9 @@ async def make(backend_url: str, tmp_path: Path) -> AsyncIterator[Make]:
     started: list[RunningGateway] = []
 
     async def factory(level: str | None = None, **tokens: Any) -> RunningGateway:
-        routes = {r: {"level": level} for r in ("chat/completions", "completions", "embeddings")} if level else {}
+        routes = (
+            {r: {"level": level} for r in ("chat/completions", "completions", "embeddings")} if level else {}
+        )
         config = gateway_config(backend_url, tokens={"cache_dir": str(tmp_path), **tokens}, routes=routes)
         gw = await start_gateway(config, FakeClock())
         started.append(gw)
@@ -210,10 +287,19 @@ def parts(*texts: str) -> list[dict[str, str]]:
 
 
 TABLE = [  # the issue's table: B differs from A only in bytes the tokenizer sees
-    ("trailing space", "completions", {"prompt": "The capital of France is"}, {"prompt": "The capital of France is "}),
+    (
+        "trailing space",
+        "completions",
+        {"prompt": "The capital of France is"},
+        {"prompt": "The capital of France is "},
+    ),
     ("trailing newline", "completions", {"prompt": "def add(a, b):"}, {"prompt": "def add(a, b):\n"}),
-    ("split content parts", CHAT, {"messages": [{"role": "user", "content": parts("Name a ", "color.")}]},
-     {"messages": [{"role": "user", "content": parts("Name a", "color.")}]}),
+    (
+        "split content parts",
+        CHAT,
+        {"messages": [{"role": "user", "content": parts("Name a ", "color.")}]},
+        {"messages": [{"role": "user", "content": parts("Name a", "color.")}]},
+    ),
 ]
 
 
@@ -227,7 +313,8 @@ async def ask(gw: RunningGateway, endpoint: str, body: dict[str, Any]) -> tuple[
 
 @pytest.mark.parametrize(("endpoint", "a", "b"), [row[1:] for row in TABLE], ids=[row[0] for row in TABLE])
 async def test_the_issue_table_misses_by_default_and_hits_only_at_the_opt_in_levels(
-        make: Make, engine: EchoEngine, endpoint: str, a: dict[str, Any], b: dict[str, Any]) -> None:
+    make: Make, engine: EchoEngine, endpoint: str, a: dict[str, Any], b: dict[str, Any]
+) -> None:
     direct = await make(level="exact")  # B asked on its own: what the model answers to B
     _, b_alone = await ask(direct, endpoint, b)
     engine.prompts.clear()
@@ -247,13 +334,17 @@ async def test_the_issue_table_misses_by_default_and_hits_only_at_the_opt_in_lev
 
 
 async def explain(gw: RunningGateway, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
-    resp = await gw.client.post("/v1/cache/explain", json={"endpoint": endpoint, "request": {
-        "model": "tiny", "temperature": 0, **body}})
+    resp = await gw.client.post(
+        "/v1/cache/explain",
+        json={"endpoint": endpoint, "request": {"model": "tiny", "temperature": 0, **body}},
+    )
     assert resp.status == 200
     return await resp.json()
 
 
-async def test_explain_shows_the_level_used_and_keeps_prefills_and_embeddings_inputs_apart(make: Make) -> None:
+async def test_explain_shows_the_level_used_and_keeps_prefills_and_embeddings_inputs_apart(
+    make: Make,
+) -> None:
     gw = await make()
     prefill = [{"role": "user", "content": "Greet me"}, {"role": "assistant", "content": "Sure, "}]
     a = await explain(gw, CHAT, {"messages": prefill})
@@ -262,15 +353,21 @@ async def test_explain_shows_the_level_used_and_keeps_prefills_and_embeddings_in
     assert a["key"] != b["key"]
     assert a["canonical"]["input"]["tokenizer"] == SERVED.version
     assert a["canonical"]["input"]["ids"] == oracle_ids(SERVED, CHAT, {"messages": prefill})
-    e1, e2 = await explain(gw, "embeddings", {"input": "hello "}), await explain(gw, "embeddings", {"input": "hello"})
+    e1, e2 = (
+        await explain(gw, "embeddings", {"input": "hello "}),
+        await explain(gw, "embeddings", {"input": "hello"}),
+    )
     assert e1["level"] == "tokens" and e1["canonical"]["input"]["ids"] == SERVED.encode("hello ")
     assert e1["key"] != e2["key"]
     exact = await make(level="exact")
-    x1, x2 = await explain(exact, "embeddings", {"input": "hello "}), await explain(exact, "embeddings",
-                                                                                   {"input": "hello"})
+    x1, x2 = (
+        await explain(exact, "embeddings", {"input": "hello "}),
+        await explain(exact, "embeddings", {"input": "hello"}),
+    )
     assert x1["level"] == "exact" and x1["canonical"]["input"] == "hello " and x1["key"] != x2["key"]
-    real = await gw.client.post("/v1/chat/completions", json={"model": "tiny", "temperature": 0,
-                                                              "messages": prefill})
+    real = await gw.client.post(
+        "/v1/chat/completions", json={"model": "tiny", "temperature": 0, "messages": prefill}
+    )
     assert real.headers["X-Cache-Key"] == a["key"]
 
 
@@ -287,11 +384,13 @@ def counting(calls: Counter[str], name: str, fn: Callable[..., Any]) -> Callable
     def counted(*args: Any) -> Any:
         calls[name] += 1
         return fn(*args)
+
     return counted
 
 
 async def test_repeated_bytes_hit_without_rendering_or_encoding_and_new_spellings_reuse_the_token_cache(
-        make: Make, engine: EchoEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    make: Make, engine: EchoEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     gw = await make()
     body = {"model": "tiny", "temperature": 0, "messages": [{"role": "user", "content": "What is 2+2?"}]}
     raw = json.dumps(body).encode()
@@ -308,4 +407,6 @@ async def test_repeated_bytes_hit_without_rendering_or_encoding_and_new_spelling
     twin = json.dumps(dict(reversed(list({**body, "temperature": 0.0, "user": "u"}.items())))).encode()
     again = await gw.client.post("/v1/chat/completions", data=twin, headers=headers)
     assert again.headers["Cache-Status"].startswith("tokenedge; hit") and len(engine.prompts) == 1
-    assert calls["encode_chat"] == 1 and cache.misses == misses  # rendered once; every segment's ids were cached
+    assert (
+        calls["encode_chat"] == 1 and cache.misses == misses
+    )  # rendered once; every segment's ids were cached

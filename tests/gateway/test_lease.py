@@ -27,13 +27,22 @@ HEADERS = {"Authorization": "Bearer sk-lease-test", "Content-Type": "application
 
 
 def chat(text: str, *, stream: bool = False) -> bytes:
-    return orjson.dumps({"model": "test-model", "temperature": 0, "stream": stream,
-                         "messages": [{"role": "user", "content": text}]})
+    return orjson.dumps(
+        {
+            "model": "test-model",
+            "temperature": 0,
+            "stream": stream,
+            "messages": [{"role": "user", "content": text}],
+        }
+    )
 
 
 def env(redis_url: str) -> dict[str, str]:
-    return {"TOKENEDGE_CACHE_REDIS_URL": redis_url, "TOKENEDGE_CACHE_LEASE_TTL_S": str(LEASE_TTL_S),
-            "TOKENEDGE_CACHE_LEASE_MAX_WAIT_S": "30"}
+    return {
+        "TOKENEDGE_CACHE_REDIS_URL": redis_url,
+        "TOKENEDGE_CACHE_LEASE_TTL_S": str(LEASE_TTL_S),
+        "TOKENEDGE_CACHE_LEASE_MAX_WAIT_S": "30",
+    }
 
 
 async def lease_waits(session: aiohttp.ClientSession, url: str) -> float:
@@ -57,8 +66,9 @@ async def post(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[i
         return resp.status, await resp.read(), resp.headers.get("Cache-Status", "")
 
 
-async def test_fifty_misses_over_two_replicas_make_one_upstream_call(fake: FakeUpstream, upstream_url: str,
-                                                                    redis_url: str) -> None:
+async def test_fifty_misses_over_two_replicas_make_one_upstream_call(
+    fake: FakeUpstream, upstream_url: str, redis_url: str
+) -> None:
     fake.gate = asyncio.Event()
     async with replicas(upstream_url, 2, env(redis_url)) as (a, b), aiohttp.ClientSession() as session:
         body = chat("one call for fifty")
@@ -73,8 +83,9 @@ async def test_fifty_misses_over_two_replicas_make_one_upstream_call(fake: FakeU
     assert sum("collapsed" in status for _, _, status in results) >= 48  # all but each replica's leader
 
 
-async def test_a_killed_holder_delays_the_others_by_at_most_the_lease_ttl(fake: FakeUpstream, upstream_url: str,
-                                                                          redis_url: str) -> None:
+async def test_a_killed_holder_delays_the_others_by_at_most_the_lease_ttl(
+    fake: FakeUpstream, upstream_url: str, redis_url: str
+) -> None:
     fake.gate = asyncio.Event()
     async with replicas(upstream_url, 3, env(redis_url)) as (a, b, c), aiohttp.ClientSession() as session:
         body = chat("the holder dies")
@@ -92,11 +103,14 @@ async def test_a_killed_holder_delays_the_others_by_at_most_the_lease_ttl(fake: 
     assert [status for status, _, _ in results] == [200] * 10
     assert len({orjson.loads(raw)["id"] for _, raw, _ in results}) == 1  # one answer, shared by B and C
     assert fake.calls["chat"] == 2  # the dead holder's call and exactly one more, not one per replica
-    assert elapsed < LEASE_TTL_S + 4.0  # bounded by the lease TTL (+ slack for this loaded box), not max-wait 30 s
+    assert (
+        elapsed < LEASE_TTL_S + 4.0
+    )  # bounded by the lease TTL (+ slack for this loaded box), not max-wait 30 s
 
 
-async def test_a_streamed_miss_on_another_replica_replays_the_holders_entry(fake: FakeUpstream, upstream_url: str,
-                                                                            redis_url: str) -> None:
+async def test_a_streamed_miss_on_another_replica_replays_the_holders_entry(
+    fake: FakeUpstream, upstream_url: str, redis_url: str
+) -> None:
     fake.gate = asyncio.Event()
     async with replicas(upstream_url, 2, env(redis_url)) as (a, b), aiohttp.ClientSession() as session:
         body = chat("stream me once", stream=True)
@@ -116,7 +130,9 @@ async def test_a_streamed_miss_on_another_replica_replays_the_holders_entry(fake
 
 def make_leases(client: aioredis.Redis, *, ttl_s: float = 5.0, max_wait_s: float = 5.0) -> Leases:
     counter = Counter("tokenedge_lease", "test", ["outcome"], registry=CollectorRegistry())
-    return Leases(client, LeaseSettings(ttl_s=ttl_s, max_wait_s=max_wait_s, timeout_s=1.0), counter, time.time)
+    return Leases(
+        client, LeaseSettings(ttl_s=ttl_s, max_wait_s=max_wait_s, timeout_s=1.0), counter, time.time
+    )
 
 
 async def nothing() -> None:
@@ -146,7 +162,9 @@ async def test_release_is_token_checked_and_not_stored_sends_waiters_upstream(re
         await client.aclose()
 
 
-async def test_a_waiter_goes_upstream_itself_after_max_wait_while_a_live_holder_renews(redis_url: str) -> None:
+async def test_a_waiter_goes_upstream_itself_after_max_wait_while_a_live_holder_renews(
+    redis_url: str,
+) -> None:
     client = aioredis.Redis.from_url(redis_url)
     holder = make_leases(client, ttl_s=0.3)
     waiter = make_leases(client, ttl_s=0.3, max_wait_s=1.0)
@@ -173,15 +191,20 @@ def test_cluster_urls_are_validated() -> None:
 async def parked(gw: RunningGateway) -> None:
     """Bounded wait until this in-process gateway reports a lease wait."""
     for _ in range(500):
-        if any(s.labels.get("outcome") == "wait" and s.value >= 1
-               for m in gw.state.metrics.registry.collect() for s in m.samples if s.name == "tokenedge_lease_total"):
+        if any(
+            s.labels.get("outcome") == "wait" and s.value >= 1
+            for m in gw.state.metrics.registry.collect()
+            for s in m.samples
+            if s.name == "tokenedge_lease_total"
+        ):
             return
         await asyncio.sleep(0.01)
     raise AssertionError("the gateway never waited on the lease")
 
 
-async def test_an_uncacheable_answer_is_not_shared_across_replicas(make_gateway: GatewayFactory, fake: FakeUpstream,
-                                                                   redis_url: str) -> None:
+async def test_an_uncacheable_answer_is_not_shared_across_replicas(
+    make_gateway: GatewayFactory, fake: FakeUpstream, redis_url: str
+) -> None:
     fake.gate, fake.status = asyncio.Event(), 500
     one = await make_gateway(cache={"redis_url": redis_url})
     two = await make_gateway(cache={"redis_url": redis_url})
@@ -195,8 +218,9 @@ async def test_an_uncacheable_answer_is_not_shared_across_replicas(make_gateway:
     assert fake.calls["chat"] == 2  # the waiter asked for itself: an error is never handed to another replica
 
 
-async def test_lease_streams_off_lets_each_replica_stream_from_the_upstream(make_gateway: GatewayFactory,
-                                                                           fake: FakeUpstream, redis_url: str) -> None:
+async def test_lease_streams_off_lets_each_replica_stream_from_the_upstream(
+    make_gateway: GatewayFactory, fake: FakeUpstream, redis_url: str
+) -> None:
     fake.gate = asyncio.Event()
     cache = {"redis_url": redis_url, "lease_streams": False}
     one, two = await make_gateway(cache=cache), await make_gateway(cache=cache)

@@ -25,9 +25,19 @@ TAGS = entry_tags(model="m/x y", revision="r1", scope=SCOPE, digest=DIGEST)
 
 
 def entry(body: bytes = b'{"ok":true}') -> Entry:
-    return Entry(key=f"te1:{SCOPE}:{DIGEST}", endpoint="chat/completions", body=body, model="m/x y", revision="r1",
-                 created_at=1_800_000_000.0, ttl_s=60, stale_if_error_s=10, etag=make_etag(body), tags=TAGS,
-                 stream_chunks=(b'{"a":1}',))
+    return Entry(
+        key=f"te1:{SCOPE}:{DIGEST}",
+        endpoint="chat/completions",
+        body=body,
+        model="m/x y",
+        revision="r1",
+        created_at=1_800_000_000.0,
+        ttl_s=60,
+        stale_if_error_s=10,
+        etag=make_etag(body),
+        tags=TAGS,
+        stream_chunks=(b'{"a":1}',),
+    )
 
 
 def test_record_round_trips_entry_and_versions() -> None:
@@ -36,12 +46,17 @@ def test_record_round_trips_entry_and_versions() -> None:
     assert loaded == stored
 
 
-@pytest.mark.parametrize("raw", [
-    b"", b"TM", b"TM\x02\x00" + encode(entry()),  # a future record format
-    b"TM\x01\x04" + b"\x00" * 8,  # versions cut short
-    b"TM\x01\x00" + b"TE\x09garbage",  # an entry of an unknown format
-    b"XX\x01\x00" + encode(entry()),
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"TM",
+        b"TM\x02\x00" + encode(entry()),  # a future record format
+        b"TM\x01\x04" + b"\x00" * 8,  # versions cut short
+        b"TM\x01\x00" + b"TE\x09garbage",  # an entry of an unknown format
+        b"XX\x01\x00" + encode(entry()),
+    ],
+)
 def test_anything_but_a_known_record_loads_as_a_miss(raw: bytes) -> None:
     assert load_record(raw) is None
     assert RecordSerializer().loads(raw) is None
@@ -85,6 +100,8 @@ def test_initial_versions_are_never_zero_and_differ() -> None:
 
 def test_record_size_counts_header_versions_key_and_item_overhead() -> None:
     e = entry()
-    assert record_size(e, len(encode(e))) == len(dump_record(Stored(e, (1, 2, 3, 4)))) + len(e.key) \
-        + ITEM_OVERHEAD_BYTES
+    assert (
+        record_size(e, len(encode(e)))
+        == len(dump_record(Stored(e, (1, 2, 3, 4)))) + len(e.key) + ITEM_OVERHEAD_BYTES
+    )
     assert struct.calcsize(">Q") == 8

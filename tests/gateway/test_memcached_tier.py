@@ -31,8 +31,9 @@ async def status(gw: RunningGateway, body: dict[str, Any], headers: dict[str, st
     return resp.headers["Cache-Status"]
 
 
-async def test_l2_is_shared_between_gateways_and_backfills_l1(make_gateway: GatewayFactory, fake: FakeUpstream,
-                                                              memcached: MemcachedServer) -> None:
+async def test_l2_is_shared_between_gateways_and_backfills_l1(
+    make_gateway: GatewayFactory, fake: FakeUpstream, memcached: MemcachedServer
+) -> None:
     one = await make_gateway(cache=mc(memcached))
     two = await make_gateway(cache=mc(memcached))
     first = await one.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A)
@@ -45,14 +46,17 @@ async def test_l2_is_shared_between_gateways_and_backfills_l1(make_gateway: Gate
     assert sample(two, "tokenedge_cache_lookups_total", tier="l2", outcome="hit") == 1
 
 
-async def test_two_worker_processes_share_entries_through_memcached(upstream_url: str, fake: FakeUpstream,
-                                                                     memcached: MemcachedServer) -> None:
+async def test_two_worker_processes_share_entries_through_memcached(
+    upstream_url: str, fake: FakeUpstream, memcached: MemcachedServer
+) -> None:
     env = {"TOKENEDGE_CACHE_L2": "memcached", "TOKENEDGE_CACHE_MEMCACHED_SERVERS": memcached.server}
     statuses = []
     async with gateway_workers(upstream_url, 2, env) as url:
         for _ in range(16):  # a fresh connection each time, so the kernel spreads them over both workers
-            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session, \
-                    session.post(f"{url}/v1/chat/completions", json=CHAT, headers=AUTH_A) as resp:
+            async with (
+                aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session,
+                session.post(f"{url}/v1/chat/completions", json=CHAT, headers=AUTH_A) as resp,
+            ):
                 assert resp.status == 200
                 statuses.append(resp.headers["Cache-Status"])
     assert fake.calls["chat"] == 1  # one worker filled; the other read the entry from Memcached
@@ -60,8 +64,9 @@ async def test_two_worker_processes_share_entries_through_memcached(upstream_url
     assert sum("fwd=miss" in s for s in statuses) == 1
 
 
-async def test_another_tenants_request_never_reads_the_entry(make_gateway: GatewayFactory, fake: FakeUpstream,
-                                                             memcached: MemcachedServer) -> None:
+async def test_another_tenants_request_never_reads_the_entry(
+    make_gateway: GatewayFactory, fake: FakeUpstream, memcached: MemcachedServer
+) -> None:
     one = await make_gateway(cache=mc(memcached))
     two = await make_gateway(cache=mc(memcached))
     await status(one, CHAT, AUTH_A)
@@ -69,22 +74,25 @@ async def test_another_tenants_request_never_reads_the_entry(make_gateway: Gatew
     assert fake.calls["chat"] == 2
 
 
-async def test_purge_by_key_deletes_it_for_every_gateway(make_gateway: GatewayFactory, fake: FakeUpstream,
-                                                         memcached: MemcachedServer) -> None:
+async def test_purge_by_key_deletes_it_for_every_gateway(
+    make_gateway: GatewayFactory, fake: FakeUpstream, memcached: MemcachedServer
+) -> None:
     one = await make_gateway(cache=mc(memcached), server={"admin_token": "admin-secret"})
     two = await make_gateway(cache=mc(memcached, memcached_l1_max_age_s=0))
     first = await one.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A)
     await status(one, OTHER)
-    purged = await one.client.post("/admin/purge", json={"keys": [first.headers["X-Cache-Key"]]}, headers=ADMIN)
+    purged = await one.client.post(
+        "/admin/purge", json={"keys": [first.headers["X-Cache-Key"]]}, headers=ADMIN
+    )
     assert (await purged.json())["purged"] == {"l1": 1, "l2": 1}
     assert (await status(two, CHAT)).startswith("tokenedge; fwd=miss")
     assert (await status(two, OTHER)).endswith("detail=l2")  # only the purged key is gone
     assert fake.calls["chat"] == 3
 
 
-async def test_purge_by_tag_bumps_its_version_and_spares_other_tags(make_gateway: GatewayFactory,
-                                                                    fake: FakeUpstream,
-                                                                    memcached: MemcachedServer) -> None:
+async def test_purge_by_tag_bumps_its_version_and_spares_other_tags(
+    make_gateway: GatewayFactory, fake: FakeUpstream, memcached: MemcachedServer
+) -> None:
     one = await make_gateway(cache=mc(memcached), server={"admin_token": "admin-secret"})
     two = await make_gateway(cache=mc(memcached, memcached_l1_max_age_s=0))
     a = await one.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A)
@@ -100,9 +108,9 @@ async def test_purge_by_tag_bumps_its_version_and_spares_other_tags(make_gateway
     assert fake.calls["chat"] == 5
 
 
-async def test_purge_by_model_tag_reaches_a_gateway_that_never_saw_the_tag(make_gateway: GatewayFactory,
-                                                                           fake: FakeUpstream,
-                                                                           memcached: MemcachedServer) -> None:
+async def test_purge_by_model_tag_reaches_a_gateway_that_never_saw_the_tag(
+    make_gateway: GatewayFactory, fake: FakeUpstream, memcached: MemcachedServer
+) -> None:
     one = await make_gateway(cache=mc(memcached), server={"admin_token": "admin-secret"})
     await status(one, CHAT)
     await one.client.post("/admin/purge", json={"tags": ["model:test-model"]}, headers=ADMIN)
@@ -119,9 +127,9 @@ async def big_stream(gw: RunningGateway) -> str:
     return resp.headers["Cache-Status"]
 
 
-async def test_an_entry_over_the_item_limit_is_refused_and_counted(make_gateway: GatewayFactory,
-                                                                   fake: FakeUpstream,
-                                                                   memcached: MemcachedServer) -> None:
+async def test_an_entry_over_the_item_limit_is_refused_and_counted(
+    make_gateway: GatewayFactory, fake: FakeUpstream, memcached: MemcachedServer
+) -> None:
     fake.stream_pieces = ["y" * 200_000] * 3  # body + recorded chunks: about 1.2 MB, over memcached's 1 MiB
     gw = await make_gateway(cache=mc(memcached, memcached_l1_max_age_s=0))
     for _ in range(2):
@@ -135,7 +143,8 @@ async def test_an_entry_over_the_item_limit_is_refused_and_counted(make_gateway:
 
 
 async def test_a_server_with_a_smaller_item_limit_refuses_without_tripping_the_breaker(
-        make_gateway: GatewayFactory, fake: FakeUpstream, memcached: MemcachedServer) -> None:
+    make_gateway: GatewayFactory, fake: FakeUpstream, memcached: MemcachedServer
+) -> None:
     fake.stream_pieces = ["y" * 200_000] * 3
     # configured above the server's real -I (1 MiB): memcached itself answers "object too large"
     gw = await make_gateway(cache=mc(memcached, memcached_l1_max_age_s=0, memcached_max_item_bytes=4 << 20))
@@ -145,10 +154,9 @@ async def test_a_server_with_a_smaller_item_limit_refuses_without_tripping_the_b
     assert gw.state.cache.l2 is not None and gw.state.cache.l2.available
 
 
-async def test_l1_lifetime_is_capped_so_another_gateways_purge_is_seen(make_gateway: GatewayFactory,
-                                                                       fake: FakeUpstream,
-                                                                       memcached: MemcachedServer,
-                                                                       clock: FakeClock) -> None:
+async def test_l1_lifetime_is_capped_so_another_gateways_purge_is_seen(
+    make_gateway: GatewayFactory, fake: FakeUpstream, memcached: MemcachedServer, clock: FakeClock
+) -> None:
     one = await make_gateway(cache=mc(memcached), server={"admin_token": "admin-secret"})
     two = await make_gateway(cache=mc(memcached, memcached_l1_max_age_s=2.0))
     first = await one.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A)
@@ -160,9 +168,9 @@ async def test_l1_lifetime_is_capped_so_another_gateways_purge_is_seen(make_gate
     assert fake.calls["chat"] == 2
 
 
-async def test_memcached_crash_and_restart_under_load_fails_no_request(make_gateway: GatewayFactory,
-                                                                       fake: FakeUpstream,
-                                                                       memcached: MemcachedServer) -> None:
+async def test_memcached_crash_and_restart_under_load_fails_no_request(
+    make_gateway: GatewayFactory, fake: FakeUpstream, memcached: MemcachedServer
+) -> None:
     gw = await make_gateway(cache=mc(memcached, memcached_l1_max_age_s=0, memcached_retry_after_s=0))
     bodies = [{**CHAT, "messages": [{"role": "user", "content": f"load {i % 8}"}]} for i in range(240)]
     done = 0
@@ -197,17 +205,18 @@ async def test_memcached_crash_and_restart_under_load_fails_no_request(make_gate
     assert (await status(gw, CHAT)).endswith("detail=l2")  # back without a gateway restart
 
 
-async def test_purging_a_tag_nothing_carries_is_a_no_op_not_an_error(make_gateway: GatewayFactory,
-                                                                     memcached: MemcachedServer) -> None:
+async def test_purging_a_tag_nothing_carries_is_a_no_op_not_an_error(
+    make_gateway: GatewayFactory, memcached: MemcachedServer
+) -> None:
     gw = await make_gateway(cache=mc(memcached), server={"admin_token": "admin-secret"})
     resp = await gw.client.post("/admin/purge", json={"tags": ["model:never-served"]}, headers=ADMIN)
     assert (await resp.json())["purged"] == {"l1": 0, "l2": 0}
     assert sample(gw, "tokenedge_cache_errors_total", tier="l2") == 0
 
 
-async def test_keys_spread_over_servers_and_a_tag_purge_reaches_every_server(make_gateway: GatewayFactory,
-                                                                             fake: FakeUpstream,
-                                                                             memcached: MemcachedServer) -> None:
+async def test_keys_spread_over_servers_and_a_tag_purge_reaches_every_server(
+    make_gateway: GatewayFactory, fake: FakeUpstream, memcached: MemcachedServer
+) -> None:
     second = MemcachedServer()
     second.start()
     try:
@@ -250,11 +259,20 @@ async def test_a_server_closing_mid_command_degrades_instead_of_hanging() -> Non
     server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     errors: list[int] = []
-    tier = MemcachedTier([f"127.0.0.1:{port}"], timeout_s=5.0, retry_after_s=0, max_item_bytes=1 << 20,
-                         clock=lambda: 0.0, on_error=lambda: errors.append(1), on_refusal=lambda _r: None)
+    tier = MemcachedTier(
+        [f"127.0.0.1:{port}"],
+        timeout_s=5.0,
+        retry_after_s=0,
+        max_item_bytes=1 << 20,
+        clock=lambda: 0.0,
+        on_error=lambda: errors.append(1),
+        on_refusal=lambda _r: None,
+    )
     try:
         with pytest.raises(L2Unavailable):
-            await asyncio.wait_for(tier.delete(["te1:pub:" + "0" * 64]), 10)  # a hang would fail here, not pass
+            await asyncio.wait_for(
+                tier.delete(["te1:pub:" + "0" * 64]), 10
+            )  # a hang would fail here, not pass
         assert errors == [1]
     finally:
         await tier.close()

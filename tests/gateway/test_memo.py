@@ -14,14 +14,26 @@ CHAT = "chat/completions"
 
 def remember(memo: RequestMemo, i: int) -> ParsedRequest:
     """What the handler does for new bytes: parse, store, then canonical bytes and a key on the first lookup."""
-    raw = memoryview(orjson.dumps({"model": "test-model", "temperature": 0, "messages": [
-        {"role": "user", "content": f"What is {i} + {i}? Answer in one word."}]})).tobytes()  # exact, as aiohttp
+    raw = memoryview(
+        orjson.dumps(
+            {
+                "model": "test-model",
+                "temperature": 0,
+                "messages": [{"role": "user", "content": f"What is {i} + {i}? Answer in one word."}],
+            }
+        )
+    ).tobytes()  # exact, as aiohttp
     parsed = ParsedRequest(CHAT, orjson.loads(raw))
     memo.put(CHAT, raw, parsed)
     memo.set_canonical(parsed, canonical_json(canonicalize(CHAT, parsed.body, Level.EXACT)), Level.EXACT, "")
     assert parsed.canonical is not None
-    key = derive_key_from_bytes(scope="t0123456789abcdef", endpoint=CHAT, level=Level.EXACT,
-                                model_revision="rev-1", canonical_bytes=parsed.canonical)
+    key = derive_key_from_bytes(
+        scope="t0123456789abcdef",
+        endpoint=CHAT,
+        level=Level.EXACT,
+        model_revision="rev-1",
+        canonical_bytes=parsed.canonical,
+    )
     memo.set_key(parsed, key, Level.EXACT, ("t0123456789abcdef", "rev-1", ""))
     return parsed
 

@@ -17,8 +17,18 @@ from tests.support.gateway import FakeClock
 
 def entry(n: int, size: int = 100, ttl_s: int = 60, tags: tuple[str, ...] = ()) -> Entry:
     body = b"x" * size
-    return Entry(key=f"k{n}", endpoint="chat/completions", body=body, model="m", revision="r",
-                 created_at=1_800_000_000.0, ttl_s=ttl_s, stale_if_error_s=10, etag=make_etag(body), tags=tags)
+    return Entry(
+        key=f"k{n}",
+        endpoint="chat/completions",
+        body=body,
+        model="m",
+        revision="r",
+        created_at=1_800_000_000.0,
+        ttl_s=ttl_s,
+        stale_if_error_s=10,
+        etag=make_etag(body),
+        tags=tags,
+    )
 
 
 def test_byte_budget_evicts_least_recently_used() -> None:
@@ -79,16 +89,36 @@ def realistic(i: int) -> Entry:
     """An entry as a fill builds it: per-request strings, an orjson body, usage parsed from it."""
     request = orjson.loads(orjson.dumps({"model": "test-model", "n": i}))
     digest = hashlib.blake2b(str(i).encode(), digest_size=32).hexdigest()
-    body = orjson.dumps({"id": f"chatcmpl-{i}", "object": "chat.completion", "created": 1_800_000_000 + i,
-                         "model": "test-model", "choices": [{"index": 0, "message": {
-                             "role": "assistant", "content": f"answer {i} " * (i % 40)}, "finish_reason": "stop"}],
-                         "usage": {"prompt_tokens": 12, "completion_tokens": 300 + i % 99, "total_tokens": 400}})
+    body = orjson.dumps(
+        {
+            "id": f"chatcmpl-{i}",
+            "object": "chat.completion",
+            "created": 1_800_000_000 + i,
+            "model": "test-model",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": f"answer {i} " * (i % 40)},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 12, "completion_tokens": 300 + i % 99, "total_tokens": 400},
+        }
+    )
     model = request["model"]
-    return Entry(key=f"te1:pub:{digest}", endpoint="chat/completions", body=body, model=model,
-                 revision=orjson.loads(b'"rev-1"'), created_at=1_800_000_000.0 + i, ttl_s=3600,
-                 stale_if_error_s=600, etag=make_etag(body),
-                 tags=entry_tags(model=model, revision="rev-1", scope="pub", digest=digest),
-                 usage=orjson.loads(body)["usage"])
+    return Entry(
+        key=f"te1:pub:{digest}",
+        endpoint="chat/completions",
+        body=body,
+        model=model,
+        revision=orjson.loads(b'"rev-1"'),
+        created_at=1_800_000_000.0 + i,
+        ttl_s=3600,
+        stale_if_error_s=600,
+        etag=make_etag(body),
+        tags=entry_tags(model=model, revision="rev-1", scope="pub", digest=digest),
+        usage=orjson.loads(body)["usage"],
+    )
 
 
 def traced_growth(fill: Callable[[], object]) -> tuple[int, object]:
@@ -118,9 +148,23 @@ def test_the_budget_counts_what_the_entries_really_hold() -> None:
 
 def test_bodies_are_exact_size_copies() -> None:
     """orjson keeps its growth buffer behind its output (4 KB behind a 114-byte answer): entries must not."""
+
     def holding(make_body: Callable[[int], bytes]) -> Callable[[], object]:
-        return lambda: [Entry(key=f"k{i}", endpoint="chat/completions", body=make_body(i), model="m", revision="r",
-                              created_at=0.0, ttl_s=1, stale_if_error_s=0, etag="e", tags=()) for i in range(200)]
+        return lambda: [
+            Entry(
+                key=f"k{i}",
+                endpoint="chat/completions",
+                body=make_body(i),
+                model="m",
+                revision="r",
+                created_at=0.0,
+                ttl_s=1,
+                stale_if_error_s=0,
+                etag="e",
+                tags=(),
+            )
+            for i in range(200)
+        ]
 
     from_orjson, kept = traced_growth(holding(lambda i: orjson.dumps({"content": f"{i:0700d}"})))
     exact, _ = traced_growth(holding(lambda i: b'{"content":"%s"}' % f"{i:0700d}".encode()))

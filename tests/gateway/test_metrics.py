@@ -37,8 +37,9 @@ def chat(content: str, **extra: object) -> dict[str, object]:
     return {**CHAT, "messages": [{"role": "user", "content": content}], **extra}
 
 
-async def test_scripted_mix_counts_every_result_reason_and_tier(make_gateway: GatewayFactory, redis_url: str,
-                                                               redis_server: RedisServer, clock: FakeClock) -> None:
+async def test_scripted_mix_counts_every_result_reason_and_tier(
+    make_gateway: GatewayFactory, redis_url: str, redis_server: RedisServer, clock: FakeClock
+) -> None:
     gw = await make_gateway(cache={"redis_url": redis_url, "redis_retry_after_s": 1.0})
     post = gw.client.post
     redis_server.stop()
@@ -47,7 +48,9 @@ async def test_scripted_mix_counts_every_result_reason_and_tier(make_gateway: Ga
         assert outage.status == 200
     finally:
         redis_server.start()
-    await gw.state.coherence.wait_subscribed(True)  # L1 is off (and L1 misses uncounted) until the bus is back
+    await gw.state.coherence.wait_subscribed(
+        True
+    )  # L1 is off (and L1 misses uncounted) until the bus is back
     clock.advance(2)  # past the breaker window
     first = await post("/v1/chat/completions", json=chat("q1"), headers=AUTH_A)  # miss, stored in L1 and L2
     await post("/v1/chat/completions", json=chat("q1"), headers=AUTH_A)  # hit from L1
@@ -62,11 +65,23 @@ async def test_scripted_mix_counts_every_result_reason_and_tier(make_gateway: Ga
     m = await scrape(gw)
 
     requests = {(labels["result"], labels["reason"]): v for labels, v in m["tokenedge_requests_total"] if v}
-    assert requests == {("hit", "l1"): 2, ("hit", "l2"): 1, ("miss", "stored"): 3,
-                        ("bypass", "temperature"): 2, ("bypass", "no-store"): 1}
-    lookups = {(labels["tier"], labels["outcome"]): v for labels, v in m["tokenedge_cache_lookups_total"] if v}
-    assert lookups == {("l1", "hit"): 2, ("l1", "miss"): 3, ("l2", "hit"): 1, ("l2", "miss"): 2,
-                       ("l2", "error"): 1}
+    assert requests == {
+        ("hit", "l1"): 2,
+        ("hit", "l2"): 1,
+        ("miss", "stored"): 3,
+        ("bypass", "temperature"): 2,
+        ("bypass", "no-store"): 1,
+    }
+    lookups = {
+        (labels["tier"], labels["outcome"]): v for labels, v in m["tokenedge_cache_lookups_total"] if v
+    }
+    assert lookups == {
+        ("l1", "hit"): 2,
+        ("l1", "miss"): 3,
+        ("l2", "hit"): 1,
+        ("l2", "miss"): 2,
+        ("l2", "error"): 1,
+    }
     assert value(m, "tokenedge_cache_errors_total", tier="l2") == 1
     assert value(m, "tokenedge_cache_stores_total", tier="l1") == 2  # not q3: L1 was off during the outage
     assert value(m, "tokenedge_cache_stores_total", tier="l2") == 2
@@ -89,11 +104,20 @@ async def test_every_design_metric_is_exposed(gw: RunningGateway) -> None:
     await gw.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A)
     text = await (await gw.client.get("/metrics")).text()
     families = {f.name for f in text_string_to_metric_families(text)}
-    design = {"tokenedge_requests", "tokenedge_cache_lookups", "tokenedge_request_duration_seconds",
-              "tokenedge_upstream_duration_seconds", "tokenedge_time_to_first_token_seconds",
-              "tokenedge_tokens_saved", "tokenedge_cache_entries", "tokenedge_cache_bytes",
-              "tokenedge_cache_errors", "tokenedge_tokenize_duration_seconds", "tokenedge_stage_duration_seconds",
-              "tokenedge_bytes_served_from_cache"}
+    design = {
+        "tokenedge_requests",
+        "tokenedge_cache_lookups",
+        "tokenedge_request_duration_seconds",
+        "tokenedge_upstream_duration_seconds",
+        "tokenedge_time_to_first_token_seconds",
+        "tokenedge_tokens_saved",
+        "tokenedge_cache_entries",
+        "tokenedge_cache_bytes",
+        "tokenedge_cache_errors",
+        "tokenedge_tokenize_duration_seconds",
+        "tokenedge_stage_duration_seconds",
+        "tokenedge_bytes_served_from_cache",
+    }
     assert design <= families
 
 

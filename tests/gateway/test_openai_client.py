@@ -38,8 +38,9 @@ def from_chunks(chunks: list[Any]) -> Answer:
             answer.text += choice.delta.content or ""
             answer.finish_reason = choice.finish_reason or answer.finish_reason
             for call in choice.delta.tool_calls or ():
-                slot = calls.setdefault(call.index, {"id": None, "type": "function",
-                                                     "function": {"name": "", "arguments": ""}})
+                slot = calls.setdefault(
+                    call.index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+                )
                 slot["id"] = call.id or slot["id"]
                 slot["function"]["name"] += call.function.name or ""
                 slot["function"]["arguments"] += call.function.arguments or ""
@@ -99,8 +100,9 @@ async def test_json_miss_then_streamed_hit(gw: RunningGateway, fake: FakeUpstrea
 
 
 @KINDS
-async def test_include_usage_gives_a_usage_chunk_on_the_hit(gw: RunningGateway, fake: FakeUpstream,
-                                                            kind: str) -> None:
+async def test_include_usage_gives_a_usage_chunk_on_the_hit(
+    gw: RunningGateway, fake: FakeUpstream, kind: str
+) -> None:
     options = {"stream_options": {"include_usage": True}}
     miss = await ask(gw, kind, stream=True, **options)
     hit = await ask(gw, kind, stream=True, **options)
@@ -111,15 +113,18 @@ async def test_include_usage_gives_a_usage_chunk_on_the_hit(gw: RunningGateway, 
 
 
 @KINDS
-async def test_json_recorded_entry_gives_usage_to_a_streamed_hit(gw: RunningGateway, fake: FakeUpstream,
-                                                                 kind: str) -> None:
+async def test_json_recorded_entry_gives_usage_to_a_streamed_hit(
+    gw: RunningGateway, fake: FakeUpstream, kind: str
+) -> None:
     await ask(gw, kind, stream=False)
     hit = await ask(gw, kind, stream=True, stream_options={"include_usage": True})
     assert hit.usage is not None and hit.usage.total_tokens == 15
 
 
 @KINDS
-async def test_tool_calls_survive_record_and_replay(gw: RunningGateway, fake: FakeUpstream, kind: str) -> None:
+async def test_tool_calls_survive_record_and_replay(
+    gw: RunningGateway, fake: FakeUpstream, kind: str
+) -> None:
     fake.stream_tool_calls = True
     miss = await ask(gw, kind, stream=True, tools=TOOLS)
     as_json = await ask(gw, kind, stream=False, tools=TOOLS)
@@ -130,8 +135,9 @@ async def test_tool_calls_survive_record_and_replay(gw: RunningGateway, fake: Fa
 
 
 @KINDS
-async def test_a_stream_cut_by_the_upstream_raises_in_the_client(gw: RunningGateway, fake: FakeUpstream,
-                                                                 kind: str) -> None:
+async def test_a_stream_cut_by_the_upstream_raises_in_the_client(
+    gw: RunningGateway, fake: FakeUpstream, kind: str
+) -> None:
     fake.stream_fail_after = 2
     with pytest.raises(openai.APIError, match="closed the connection early"):
         await ask(gw, kind, stream=True)

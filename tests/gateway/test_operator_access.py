@@ -8,13 +8,25 @@ import pytest
 from tests.gateway.conftest import GatewayFactory
 
 ADMIN = {"Authorization": "Bearer s3cret"}
-FORWARDING = ["Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "Via", "X-Real-IP",
-              "True-Client-IP", "CF-Connecting-IP", "Fastly-Client-IP", "X-Client-IP", "x-forwarded-for"]
+FORWARDING = [
+    "Forwarded",
+    "X-Forwarded-For",
+    "X-Forwarded-Host",
+    "X-Forwarded-Proto",
+    "Via",
+    "X-Real-IP",
+    "True-Client-IP",
+    "CF-Connecting-IP",
+    "Fastly-Client-IP",
+    "X-Client-IP",
+    "x-forwarded-for",
+]
 
 
 @pytest.mark.parametrize("header", FORWARDING)
-async def test_any_forwarding_header_makes_a_loopback_request_relayed(make_gateway: GatewayFactory,
-                                                                      header: str) -> None:
+async def test_any_forwarding_header_makes_a_loopback_request_relayed(
+    make_gateway: GatewayFactory, header: str
+) -> None:
     gw = await make_gateway(server={"admin_token": "s3cret"})
     relayed = {header: "203.0.113.7"}
     for path in ("/dashboard", "/dashboard/data"):
@@ -32,8 +44,11 @@ async def test_relayed_requests_without_an_admin_token_find_nothing(make_gateway
 
 async def test_metrics_can_require_the_admin_token(make_gateway: GatewayFactory) -> None:
     open_gw = await make_gateway(server={"admin_token": "s3cret"})
-    closed = await make_gateway(server={"admin_token": "s3cret", "metrics_require_token": True,
-                                        "dashboard_public_on_loopback": False})
-    assert (await open_gw.client.get("/metrics", headers={"Via": "1.1 cdn"})).status == 200  # the default: open
+    closed = await make_gateway(
+        server={"admin_token": "s3cret", "metrics_require_token": True, "dashboard_public_on_loopback": False}
+    )
+    assert (
+        await open_gw.client.get("/metrics", headers={"Via": "1.1 cdn"})
+    ).status == 200  # the default: open
     assert (await closed.client.get("/metrics")).status == 401
     assert (await closed.client.get("/metrics", headers=ADMIN)).status == 200

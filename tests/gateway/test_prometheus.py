@@ -24,12 +24,16 @@ from tests.support.services import free_port
 SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "prometheus" / "prometheus.yml"
 HIT_RATIO = 'sum(tokenedge_requests_total{result="hit"}) / sum(tokenedge_requests_total)'
 
+
 def adjusted_config(gateway_port: int, backend_port: int) -> str:
     text = SHIPPED.read_text()
     assert "127.0.0.1:8080" in text and "127.0.0.1:8000" in text and "scrape_interval: 5s" in text
-    return (text.replace("127.0.0.1:8080", f"127.0.0.1:{gateway_port}")
-            .replace("127.0.0.1:8000", f"127.0.0.1:{backend_port}")
-            .replace("scrape_interval: 5s", "scrape_interval: 1s"))
+    return (
+        text.replace("127.0.0.1:8080", f"127.0.0.1:{gateway_port}")
+        .replace("127.0.0.1:8000", f"127.0.0.1:{backend_port}")
+        .replace("scrape_interval: 5s", "scrape_interval: 1s")
+    )
+
 
 @pytest.fixture
 async def prometheus(gw: RunningGateway) -> AsyncIterator[str]:
@@ -42,8 +46,13 @@ async def prometheus(gw: RunningGateway) -> AsyncIterator[str]:
     url = f"http://127.0.0.1:{port}"
     log = (workdir / "prometheus.log").open("w")
     proc = await asyncio.create_subprocess_exec(
-        binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
-        f"--web.listen-address=127.0.0.1:{port}", stdout=log, stderr=log)
+        binary,
+        f"--config.file={workdir / 'prometheus.yml'}",
+        f"--storage.tsdb.path={workdir / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        stdout=log,
+        stderr=log,
+    )
     try:
         async with aiohttp.ClientSession() as session:
             for _ in range(300):  # readiness, bounded (~30 s)
@@ -68,9 +77,11 @@ async def prometheus(gw: RunningGateway) -> AsyncIterator[str]:
         log.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
+
 async def query(session: aiohttp.ClientSession, url: str, expr: str) -> dict[str, object]:
     async with session.get(f"{url}/api/v1/query", params={"query": expr}) as resp:
         return json.loads(await resp.text())
+
 
 async def test_promql_hit_ratio_matches_the_traffic(gw: RunningGateway, prometheus: str) -> None:
     await gw.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A)  # miss
@@ -80,7 +91,9 @@ async def test_promql_hit_ratio_matches_the_traffic(gw: RunningGateway, promethe
 
     ratio = None
     async with aiohttp.ClientSession() as session:
-        for _ in range(200):  # until a scrape taken after the traffic has landed (1 s interval; bounded ~20 s)
+        for _ in range(
+            200
+        ):  # until a scrape taken after the traffic has landed (1 s interval; bounded ~20 s)
             answer = await query(session, prometheus, HIT_RATIO)
             result = answer["data"]["result"]  # type: ignore[index]
             if result and float(result[0]["value"][1]) == 3 / 5:
@@ -90,6 +103,7 @@ async def test_promql_hit_ratio_matches_the_traffic(gw: RunningGateway, promethe
         assert ratio == 3 / 5
         up = await query(session, prometheus, 'up{job="tokenedge-gateway"}')
         assert float(up["data"]["result"][0]["value"][1]) == 1  # type: ignore[index]
+
 
 async def test_every_grafana_expression_parses_in_prometheus(gw: RunningGateway, prometheus: str) -> None:
     async with aiohttp.ClientSession() as session:

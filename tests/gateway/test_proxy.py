@@ -13,8 +13,9 @@ async def post_chat(gw: RunningGateway, body: dict | None = None, headers: dict 
     return await gw.client.post("/v1/chat/completions", json=body or CHAT, headers=headers or AUTH_A)
 
 
-async def test_repeated_deterministic_request_is_a_byte_identical_hit(gw: RunningGateway, fake: FakeUpstream,
-                                                                      clock: FakeClock) -> None:
+async def test_repeated_deterministic_request_is_a_byte_identical_hit(
+    gw: RunningGateway, fake: FakeUpstream, clock: FakeClock
+) -> None:
     first = await post_chat(gw)
     first_body = await first.read()
     clock.advance(7)
@@ -35,15 +36,21 @@ async def test_repeated_deterministic_request_is_a_byte_identical_hit(gw: Runnin
 async def test_equivalent_requests_share_one_entry(gw: RunningGateway, fake: FakeUpstream) -> None:
     first = await post_chat(gw)
     assert first.headers["Cache-Status"] == "tokenedge; fwd=miss; stored; detail=exact"  # no tokenizer: exact
-    variant = {"messages": [{"content": "What is 2+2?", "role": "user"}], "temperature": 0.0,
-               "model": "test-model", "top_p": 1, "user": "u"}
+    variant = {
+        "messages": [{"content": "What is 2+2?", "role": "user"}],
+        "temperature": 0.0,
+        "model": "test-model",
+        "top_p": 1,
+        "user": "u",
+    }
     resp = await post_chat(gw, variant)
     assert resp.headers["Cache-Status"].startswith("tokenedge; hit")
     assert fake.calls["chat"] == 1
 
 
 async def test_text_variants_share_an_entry_only_at_the_opt_in_normalized_level(
-        make_gateway: GatewayFactory, fake: FakeUpstream) -> None:
+    make_gateway: GatewayFactory, fake: FakeUpstream
+) -> None:
     variant = {**CHAT, "messages": [{"content": "What is 2+2? \u200b", "role": "user"}]}
     exact = await make_gateway()
     await post_chat(exact)
@@ -68,7 +75,9 @@ async def test_tenants_never_share_an_entry_on_a_tenant_route(gw: RunningGateway
     assert a.headers["Cache-Control"] == "private"
 
 
-async def test_tenants_share_an_entry_on_a_public_route(make_gateway: GatewayFactory, fake: FakeUpstream) -> None:
+async def test_tenants_share_an_entry_on_a_public_route(
+    make_gateway: GatewayFactory, fake: FakeUpstream
+) -> None:
     gw = await make_gateway(routes={"chat/completions": {"scope": "public"}})
     a = await post_chat(gw, headers=AUTH_A)
     b = await post_chat(gw, headers=AUTH_B)
@@ -105,7 +114,9 @@ async def test_no_cache_skips_the_lookup_but_stores(gw: RunningGateway, fake: Fa
     assert fake.calls["chat"] == 2
 
 
-async def test_max_age_rejects_older_entries(gw: RunningGateway, fake: FakeUpstream, clock: FakeClock) -> None:
+async def test_max_age_rejects_older_entries(
+    gw: RunningGateway, fake: FakeUpstream, clock: FakeClock
+) -> None:
     await post_chat(gw)
     clock.advance(30)
     young_enough = await post_chat(gw, headers={**AUTH_A, "Cache-Control": "max-age=60"})
@@ -134,8 +145,9 @@ async def test_expired_entry_is_a_miss(gw: RunningGateway, fake: FakeUpstream, c
     assert fake.calls["chat"] == 2
 
 
-async def test_fifty_concurrent_identical_misses_make_one_upstream_call(gw: RunningGateway,
-                                                                        fake: FakeUpstream) -> None:
+async def test_fifty_concurrent_identical_misses_make_one_upstream_call(
+    gw: RunningGateway, fake: FakeUpstream
+) -> None:
     fake.gate = asyncio.Event()
     tasks = [asyncio.create_task(post_chat(gw)) for _ in range(50)]
     await fake.entered.wait()
@@ -159,7 +171,9 @@ async def test_failing_leader_propagates_to_every_follower(make_gateway: Gateway
     assert len(gw.state.flights) == 0
 
 
-async def test_upstream_errors_pass_through_and_are_never_stored(gw: RunningGateway, fake: FakeUpstream) -> None:
+async def test_upstream_errors_pass_through_and_are_never_stored(
+    gw: RunningGateway, fake: FakeUpstream
+) -> None:
     for status in (429, 500):
         fake.status = status
         first = await post_chat(gw)
@@ -182,8 +196,9 @@ async def test_content_filtered_answers_are_not_stored(gw: RunningGateway, fake:
     assert fake.calls["chat"] == 2
 
 
-async def test_upstream_down_serves_stale_inside_stale_if_error(make_gateway: GatewayFactory,
-                                                                 upstream_url: str, clock: FakeClock) -> None:
+async def test_upstream_down_serves_stale_inside_stale_if_error(
+    make_gateway: GatewayFactory, upstream_url: str, clock: FakeClock
+) -> None:
     gw = await make_gateway(cache={"stale_if_error_s": 600})
     first = await post_chat(gw)
     stored = await first.read()
@@ -211,15 +226,26 @@ async def test_connection_refused_is_a_prompt_502(make_gateway: GatewayFactory) 
 
 
 async def test_the_upstream_receives_the_clients_own_bytes(gw: RunningGateway, fake: FakeUpstream) -> None:
-    raw = b'{"model":"test-model","temperature":0,"messages":[{"role":"user","content":"  hi  "}],"x_custom":1}'
-    await gw.client.post("/v1/chat/completions", data=raw,
-                         headers={**AUTH_A, "Content-Type": "application/json", "Connection": "keep-alive"})
-    assert fake.bodies[-1] == {"model": "test-model", "temperature": 0, "x_custom": 1,
-                               "messages": [{"role": "user", "content": "  hi  "}]}
+    raw = (
+        b'{"model":"test-model","temperature":0,"messages":[{"role":"user","content":"  hi  "}],"x_custom":1}'
+    )
+    await gw.client.post(
+        "/v1/chat/completions",
+        data=raw,
+        headers={**AUTH_A, "Content-Type": "application/json", "Connection": "keep-alive"},
+    )
+    assert fake.bodies[-1] == {
+        "model": "test-model",
+        "temperature": 0,
+        "x_custom": 1,
+        "messages": [{"role": "user", "content": "  hi  "}],
+    }
     assert fake.headers[-1]["Authorization"] == "Bearer tenant-a-key"
 
 
-async def test_configured_upstream_key_replaces_the_clients(make_gateway: GatewayFactory, fake: FakeUpstream) -> None:
+async def test_configured_upstream_key_replaces_the_clients(
+    make_gateway: GatewayFactory, fake: FakeUpstream
+) -> None:
     gw = await make_gateway(upstream={"api_key": "sk-upstream"})
     await post_chat(gw)
     assert fake.headers[-1]["Authorization"] == "Bearer sk-upstream"
@@ -271,8 +297,9 @@ async def test_stream_requests_pass_through(gw: RunningGateway, fake: FakeUpstre
     assert '"content":"world"' in text
 
 
-async def test_public_route_follower_is_not_refused_with_the_leaders_credential(make_gateway: GatewayFactory,
-                                                                               fake: FakeUpstream) -> None:
+async def test_public_route_follower_is_not_refused_with_the_leaders_credential(
+    make_gateway: GatewayFactory, fake: FakeUpstream
+) -> None:
     gw = await make_gateway(routes={"chat/completions": {"scope": "public"}})
     fake.denied_tokens = {AUTH_B["Authorization"]}
     fake.gate = asyncio.Event()
@@ -290,7 +317,9 @@ async def test_public_route_follower_is_not_refused_with_the_leaders_credential(
     assert fake.calls["chat"] == 2
 
 
-async def test_tenant_route_followers_share_the_leaders_refusal(gw: RunningGateway, fake: FakeUpstream) -> None:
+async def test_tenant_route_followers_share_the_leaders_refusal(
+    gw: RunningGateway, fake: FakeUpstream
+) -> None:
     fake.denied_tokens = {AUTH_A["Authorization"]}
     fake.gate = asyncio.Event()
     leader = asyncio.create_task(post_chat(gw))

@@ -30,7 +30,14 @@ async def test_the_streamed_miss_column_matches_a_streamed_miss(gw: RunningGatew
     resp = await gw.client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=AUTH_A)
     await resp.read()
     assert resp.status == 200
-    assert {"Cache-Status", "Cache-Control", "CDN-Cache-Control", "Age", "ETag", "X-Cache-Key"} <= table.keys()
+    assert {
+        "Cache-Status",
+        "Cache-Control",
+        "CDN-Cache-Control",
+        "Age",
+        "ETag",
+        "X-Cache-Key",
+    } <= table.keys()
     for name, cells in table.items():
         cell, actual = cells[column], resp.headers.get(name)
         if cell == "-":

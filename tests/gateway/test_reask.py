@@ -61,8 +61,9 @@ async def ask(gw: RunningGateway, body: bytes, headers: dict[str, str] = JSON) -
     return resp.headers["Cache-Status"]
 
 
-async def test_warm_re_asks_the_top_n_against_the_new_revision(make_gateway: GatewayFactory, fake: FakeUpstream,
-                                                               redis_url: str) -> None:
+async def test_warm_re_asks_the_top_n_against_the_new_revision(
+    make_gateway: GatewayFactory, fake: FakeUpstream, redis_url: str
+) -> None:
     gw = await make_gateway(cache={"redis_url": redis_url})
     bodies = [chat(f"question {i}") for i in range(3)]
     for i, body in enumerate(bodies):
@@ -72,7 +73,9 @@ async def test_warm_re_asks_the_top_n_against_the_new_revision(make_gateway: Gat
     for _ in range(2):  # a store then a hit: as hot as question 1, hotter than question 2
         resp = await gw.client.post("/v1/chat/completions", data=streamed, headers=JSON)
         assert resp.status == 200 and b"[DONE]" in await resp.read()
-    for _ in range(5):  # the hottest of all, but tenant-scoped: never re-asked without the tenant's credential
+    for _ in range(
+        5
+    ):  # the hottest of all, but tenant-scoped: never re-asked without the tenant's credential
         await ask(gw, chat("tenant question"), {**JSON, **AUTH_A})
     record = hot_record_of(gw.state)
     assert record is not None
@@ -82,8 +85,19 @@ async def test_warm_re_asks_the_top_n_against_the_new_revision(make_gateway: Gat
     new = await make_gateway(cache={"redis_url": redis_url})
     calls = fake.calls["chat"]
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway", "warm", "--top", "3", "--rate", "50", "--url", new.url,
-        env={**os.environ, "TOKENEDGE_CACHE_REDIS_URL": redis_url}, stdout=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "gateway",
+        "warm",
+        "--top",
+        "3",
+        "--rate",
+        "50",
+        "--url",
+        new.url,
+        env={**os.environ, "TOKENEDGE_CACHE_REDIS_URL": redis_url},
+        stdout=asyncio.subprocess.PIPE,
+    )
     out, _ = await proc.communicate()
     assert proc.returncode == 0
     assert out.decode().strip() == "re-asked 3 request(s): stored 3"
@@ -94,7 +108,9 @@ async def test_warm_re_asks_the_top_n_against_the_new_revision(make_gateway: Gat
     for body in bodies[:2]:
         assert "; hit;" in await ask(new, body)  # hot again under rev-2 before any client asked
     resp = await new.client.post("/v1/chat/completions", data=streamed, headers=JSON)
-    assert "; hit;" in resp.headers["Cache-Status"] and b"[DONE]" in await resp.read()  # one entry serves both
+    assert (
+        "; hit;" in resp.headers["Cache-Status"] and b"[DONE]" in await resp.read()
+    )  # one entry serves both
     assert "fwd=miss" in await ask(new, bodies[2])
 
 

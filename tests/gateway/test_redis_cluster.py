@@ -62,8 +62,9 @@ def _held_here(client: redis.Redis, key: str) -> bool:
         return False
 
 
-async def test_l1_and_l2_hits_across_gateways_on_a_cluster(make_gateway: GatewayFactory, fake: FakeUpstream,
-                                                           cluster_url: str, cluster: LocalCluster) -> None:
+async def test_l1_and_l2_hits_across_gateways_on_a_cluster(
+    make_gateway: GatewayFactory, fake: FakeUpstream, cluster_url: str, cluster: LocalCluster
+) -> None:
     one = await make_gateway(cache={"redis_url": cluster_url})
     two = await make_gateway(cache={"redis_url": cluster_url})
     keys = []
@@ -80,11 +81,13 @@ async def test_l1_and_l2_hits_across_gateways_on_a_cluster(make_gateway: Gateway
     assert fake.calls["chat"] == 12
 
 
-
 async def test_warm_up_on_a_cluster_fills_a_new_replica_from_the_hot_record(
-        make_gateway: GatewayFactory, fake: FakeUpstream, cluster_url: str, cluster: LocalCluster) -> None:
+    make_gateway: GatewayFactory, fake: FakeUpstream, cluster_url: str, cluster: LocalCluster
+) -> None:
     one = await make_gateway(cache={"redis_url": cluster_url})
-    for i in range(6):  # anonymous: these requests are kept for `gateway warm`, and their entries span the masters
+    for i in range(
+        6
+    ):  # anonymous: these requests are kept for `gateway warm`, and their entries span the masters
         assert (await one.client.post("/v1/chat/completions", json=ask(i))).status == 200
     record = hot_record_of(one.state)
     assert record is not None
@@ -101,8 +104,10 @@ async def test_warm_up_on_a_cluster_fills_a_new_replica_from_the_hot_record(
         assert first.headers["Cache-Status"].endswith("detail=l1")
     assert fake.calls["chat"] == 6
 
-async def test_a_batch_of_reads_is_one_batched_call_over_every_node(make_gateway: GatewayFactory,
-                                                                    cluster_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+
+async def test_a_batch_of_reads_is_one_batched_call_over_every_node(
+    make_gateway: GatewayFactory, cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     gw = await make_gateway(cache={"redis_url": cluster_url, "l1_max_bytes": 0})
     keys = []
     for i in range(12):
@@ -123,12 +128,16 @@ async def test_a_batch_of_reads_is_one_batched_call_over_every_node(make_gateway
     assert batches == [13]  # one batched read (one pipeline per node), not one per key
 
 
-async def test_purge_by_key_and_by_tag_across_slots(make_gateway: GatewayFactory, fake: FakeUpstream,
-                                                    cluster_url: str) -> None:
-    gw = await make_gateway(cache={"redis_url": cluster_url, "l1_max_bytes": 0},
-                            server={"admin_token": "admin-secret"})
-    keys = [(await gw.client.post("/v1/chat/completions", json=ask(i), headers=AUTH_A)).headers["X-Cache-Key"]
-            for i in range(6)]
+async def test_purge_by_key_and_by_tag_across_slots(
+    make_gateway: GatewayFactory, fake: FakeUpstream, cluster_url: str
+) -> None:
+    gw = await make_gateway(
+        cache={"redis_url": cluster_url, "l1_max_bytes": 0}, server={"admin_token": "admin-secret"}
+    )
+    keys = [
+        (await gw.client.post("/v1/chat/completions", json=ask(i), headers=AUTH_A)).headers["X-Cache-Key"]
+        for i in range(6)
+    ]
     by_key = await gw.client.post("/admin/purge", json={"keys": keys[:2]}, headers=ADMIN)
     assert (await by_key.json())["purged"]["l2"] == 2
     for i in range(6):
@@ -143,7 +152,8 @@ async def test_purge_by_key_and_by_tag_across_slots(make_gateway: GatewayFactory
 
 
 async def test_concurrent_misses_on_two_gateways_share_one_call_through_cluster_leases(
-        make_gateway: GatewayFactory, fake: FakeUpstream, cluster_url: str) -> None:
+    make_gateway: GatewayFactory, fake: FakeUpstream, cluster_url: str
+) -> None:
     fake.gate = asyncio.Event()
     one = await make_gateway(cache={"redis_url": cluster_url})
     two = await make_gateway(cache={"redis_url": cluster_url})
@@ -151,8 +161,12 @@ async def test_concurrent_misses_on_two_gateways_share_one_call_through_cluster_
     await fake.entered.wait()
     second = asyncio.ensure_future(two.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A))
     for _ in range(500):  # bounded: until the second gateway is parked on the lease
-        if any(s.labels.get("outcome") == "wait" and s.value >= 1
-               for m in two.state.metrics.registry.collect() for s in m.samples if s.name == "tokenedge_lease_total"):
+        if any(
+            s.labels.get("outcome") == "wait" and s.value >= 1
+            for m in two.state.metrics.registry.collect()
+            for s in m.samples
+            if s.name == "tokenedge_lease_total"
+        ):
             break
         await asyncio.sleep(0.01)
     fake.gate.set()
@@ -162,9 +176,13 @@ async def test_concurrent_misses_on_two_gateways_share_one_call_through_cluster_
     assert fake.calls["chat"] == 1
 
 
-async def test_a_master_killed_and_failed_over_fails_no_request(make_gateway: GatewayFactory, fake: FakeUpstream,
-                                                                cluster_url: str, cluster: LocalCluster,
-                                                                clock: FakeClock) -> None:
+async def test_a_master_killed_and_failed_over_fails_no_request(
+    make_gateway: GatewayFactory,
+    fake: FakeUpstream,
+    cluster_url: str,
+    cluster: LocalCluster,
+    clock: FakeClock,
+) -> None:
     gw = await make_gateway(cache={"redis_url": cluster_url, "l1_max_bytes": 0, "redis_retry_after_s": 0.5})
     for i in range(12):
         assert (await gw.client.post("/v1/chat/completions", json=ask(i), headers=AUTH_A)).status == 200
@@ -196,6 +214,9 @@ async def test_a_master_killed_and_failed_over_fails_no_request(make_gateway: Ga
 
 
 def l2_errors(gw: RunningGateway) -> float:
-    return sum(s.value for m in gw.state.metrics.registry.collect() for s in m.samples
-               if s.name == "tokenedge_cache_errors_total" and s.labels.get("tier") == "l2")
-
+    return sum(
+        s.value
+        for m in gw.state.metrics.registry.collect()
+        for s in m.samples
+        if s.name == "tokenedge_cache_errors_total" and s.labels.get("tier") == "l2"
+    )

@@ -13,13 +13,18 @@ from tests.support.services import RedisServer
 def sample(gw: RunningGateway, name: str, **labels: str) -> float:
     for metric in gw.state.metrics.registry.collect():
         for s in metric.samples:
-            if isinstance(s, Sample) and s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+            if (
+                isinstance(s, Sample)
+                and s.name == name
+                and all(s.labels.get(k) == v for k, v in labels.items())
+            ):
                 return float(s.value)
     return 0.0
 
 
-async def test_l2_is_shared_between_gateways_and_backfills_l1(make_gateway: GatewayFactory, fake: FakeUpstream,
-                                                              redis_url: str) -> None:
+async def test_l2_is_shared_between_gateways_and_backfills_l1(
+    make_gateway: GatewayFactory, fake: FakeUpstream, redis_url: str
+) -> None:
     one = await make_gateway(cache={"redis_url": redis_url})
     two = await make_gateway(cache={"redis_url": redis_url})
     first = await one.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A)
@@ -31,8 +36,9 @@ async def test_l2_is_shared_between_gateways_and_backfills_l1(make_gateway: Gate
     assert fake.calls["chat"] == 1
 
 
-async def test_l2_only_gateway_serves_hits_from_redis(make_gateway: GatewayFactory, fake: FakeUpstream,
-                                                      redis_url: str) -> None:
+async def test_l2_only_gateway_serves_hits_from_redis(
+    make_gateway: GatewayFactory, fake: FakeUpstream, redis_url: str
+) -> None:
     gw = await make_gateway(cache={"redis_url": redis_url, "l1_max_bytes": 0})
     await gw.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A)
     resp = await gw.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A)
@@ -41,15 +47,22 @@ async def test_l2_only_gateway_serves_hits_from_redis(make_gateway: GatewayFacto
     assert fake.calls["chat"] == 1
 
 
-async def test_redis_outage_degrades_and_recovers_without_restart(make_gateway: GatewayFactory, fake: FakeUpstream,
-                                                                  redis_server: RedisServer, redis_url: str,
-                                                                  clock: FakeClock) -> None:
+async def test_redis_outage_degrades_and_recovers_without_restart(
+    make_gateway: GatewayFactory,
+    fake: FakeUpstream,
+    redis_server: RedisServer,
+    redis_url: str,
+    clock: FakeClock,
+) -> None:
     gw = await make_gateway(cache={"redis_url": redis_url, "l1_max_bytes": 0, "redis_retry_after_s": 1.0})
     redis_server.stop()
     try:
         for i in range(3):
-            resp = await gw.client.post("/v1/chat/completions", json={**CHAT, "messages": [
-                {"role": "user", "content": f"outage {i}"}]}, headers=AUTH_A)
+            resp = await gw.client.post(
+                "/v1/chat/completions",
+                json={**CHAT, "messages": [{"role": "user", "content": f"outage {i}"}]},
+                headers=AUTH_A,
+            )
             assert resp.status == 200
             clock.advance(2)  # past the breaker window: every request tries Redis again
         assert sample(gw, "tokenedge_cache_errors_total", tier="l2") >= 3
@@ -62,14 +75,18 @@ async def test_redis_outage_degrades_and_recovers_without_restart(make_gateway: 
     assert fake.calls["chat"] == 4
 
 
-async def test_breaker_skips_redis_after_a_failure(make_gateway: GatewayFactory, redis_server: RedisServer,
-                                                   redis_url: str) -> None:
+async def test_breaker_skips_redis_after_a_failure(
+    make_gateway: GatewayFactory, redis_server: RedisServer, redis_url: str
+) -> None:
     gw = await make_gateway(cache={"redis_url": redis_url, "l1_max_bytes": 0, "redis_retry_after_s": 60})
     redis_server.stop()
     try:
         for i in range(5):
-            resp = await gw.client.post("/v1/chat/completions", json={**CHAT, "messages": [
-                {"role": "user", "content": f"q{i}"}]}, headers=AUTH_A)
+            resp = await gw.client.post(
+                "/v1/chat/completions",
+                json={**CHAT, "messages": [{"role": "user", "content": f"q{i}"}]},
+                headers=AUTH_A,
+            )
             assert resp.status == 200
     finally:
         redis_server.start()
@@ -77,8 +94,9 @@ async def test_breaker_skips_redis_after_a_failure(make_gateway: GatewayFactory,
     assert sample(gw, "tokenedge_cache_errors_total", tier="l2") == 1
 
 
-async def test_corrupt_or_foreign_values_read_as_misses(make_gateway: GatewayFactory, fake: FakeUpstream,
-                                                        redis_url: str) -> None:
+async def test_corrupt_or_foreign_values_read_as_misses(
+    make_gateway: GatewayFactory, fake: FakeUpstream, redis_url: str
+) -> None:
     import redis.asyncio as aioredis
 
     gw = await make_gateway(cache={"redis_url": redis_url, "l1_max_bytes": 0})

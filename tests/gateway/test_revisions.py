@@ -72,8 +72,9 @@ async def until(condition: Callable[[], bool]) -> None:
     raise AssertionError("condition not reached")
 
 
-async def test_a_pushed_revision_is_used_at_once(make_gateway: GatewayFactory, fake: FakeUpstream,
-                                                 pushing: tuple[str, revisions.RevisionFeed]) -> None:
+async def test_a_pushed_revision_is_used_at_once(
+    make_gateway: GatewayFactory, fake: FakeUpstream, pushing: tuple[str, revisions.RevisionFeed]
+) -> None:
     url, feed = pushing
     gw = await make_gateway(url, upstream=HOUR)
     await until(lambda: gw.state.catalog.push_live)
@@ -89,7 +90,8 @@ async def test_a_pushed_revision_is_used_at_once(make_gateway: GatewayFactory, f
 
 
 async def test_after_the_stream_drops_the_first_answer_of_a_new_backend_is_never_old(
-        make_gateway: GatewayFactory, fake: FakeUpstream, pushing: tuple[str, revisions.RevisionFeed]) -> None:
+    make_gateway: GatewayFactory, fake: FakeUpstream, pushing: tuple[str, revisions.RevisionFeed]
+) -> None:
     url, feed = pushing
     gw = await make_gateway(url, upstream=HOUR)
     await until(lambda: gw.state.catalog.push_live)
@@ -104,7 +106,8 @@ async def test_after_the_stream_drops_the_first_answer_of_a_new_backend_is_never
 
 
 async def test_an_answer_naming_a_new_revision_updates_the_catalog(
-        make_gateway: GatewayFactory, fake: FakeUpstream, pushing: tuple[str, revisions.RevisionFeed]) -> None:
+    make_gateway: GatewayFactory, fake: FakeUpstream, pushing: tuple[str, revisions.RevisionFeed]
+) -> None:
     url, _ = pushing
     gw = await make_gateway(url, upstream={**HOUR, "revision_push": False})  # an upstream that cannot push
     _, old = await ask(gw)
@@ -121,12 +124,15 @@ def backend_app(revision: str) -> web.Application:
     from backend.server import ServedModel, ServerLimits, create_app
     from tests.backend.test_server import FakeEngine, byte_tokenizer
 
-    model = ServedModel(id="tiny", revision=revision, tokenizer=byte_tokenizer(), max_model_len=256, created=0)
+    model = ServedModel(
+        id="tiny", revision=revision, tokenizer=byte_tokenizer(), max_model_len=256, created=0
+    )
     return create_app(model, FakeEngine, ServerLimits(default_max_tokens=16))
 
 
 async def test_a_restarted_backend_with_a_new_revision_is_never_answered_from_old_entries(
-        make_gateway: GatewayFactory) -> None:
+    make_gateway: GatewayFactory,
+) -> None:
     """The real backend app, stopped and started again on the same port with another revision."""
     first = TestServer(backend_app("rev-A"), host="127.0.0.1")
     await first.start_server()
@@ -135,8 +141,11 @@ async def test_a_restarted_backend_with_a_new_revision_is_never_answered_from_ol
     body = {"model": "tiny", "temperature": 0, "messages": [{"role": "user", "content": "hi"}]}
     await until(lambda: gw.state.catalog.push_live)
     before = await gw.client.post("/v1/chat/completions", json=body, headers=AUTH_A)
-    assert (await gw.client.post("/v1/chat/completions", json=body, headers=AUTH_A)).headers[
-        "Cache-Status"].endswith("detail=l1")
+    assert (
+        (await gw.client.post("/v1/chat/completions", json=body, headers=AUTH_A))
+        .headers["Cache-Status"]
+        .endswith("detail=l1")
+    )
     await first.close()
     second = TestServer(backend_app("rev-B"), host="127.0.0.1", port=port)
     await second.start_server()

@@ -75,8 +75,9 @@ async def test_streamed_miss_then_hit_replay_the_same_events(gw: RunningGateway,
     assert "Content-Encoding" not in hit.headers
 
 
-async def test_stream_recorded_entry_serves_json_and_json_recorded_serves_a_stream(gw: RunningGateway,
-                                                                                  fake: FakeUpstream) -> None:
+async def test_stream_recorded_entry_serves_json_and_json_recorded_serves_a_stream(
+    gw: RunningGateway, fake: FakeUpstream
+) -> None:
     await collect(await post(gw, STREAM))
     as_json = await (await post(gw, CHAT)).json()
     other = {**CHAT, "messages": [{"role": "user", "content": "And 3+3?"}]}
@@ -108,21 +109,27 @@ async def test_include_usage_is_per_request_on_the_hit(gw: RunningGateway, fake:
     assert len(plain) == len(miss) - 1
 
 
-async def test_json_recorded_entry_synthesizes_usage_and_rechunks(make_gateway: GatewayFactory,
-                                                                 fake: FakeUpstream) -> None:
+async def test_json_recorded_entry_synthesizes_usage_and_rechunks(
+    make_gateway: GatewayFactory, fake: FakeUpstream
+) -> None:
     gw = await make_gateway(stream={"replay_chunk_chars": 4})
     first = await (await post(gw, CHAT)).json()
     events = await collect(await post(gw, {**STREAM, "stream_options": {"include_usage": True}}))
     content = first["choices"][0]["message"]["content"]
     pieces = [orjson.loads(e)["choices"][0]["delta"].get("content") for e in events[1:-3]]
 
-    assert pieces == [content[i:i + 4] for i in range(0, len(content), 4)]
-    assert orjson.loads(events[-2]) == {**{k: first[k] for k in ("id", "created", "model")},
-                                        "object": "chat.completion.chunk", "choices": [], "usage": first["usage"]}
+    assert pieces == [content[i : i + 4] for i in range(0, len(content), 4)]
+    assert orjson.loads(events[-2]) == {
+        **{k: first[k] for k in ("id", "created", "model")},
+        "object": "chat.completion.chunk",
+        "choices": [],
+        "usage": first["usage"],
+    }
 
 
 async def test_the_first_event_reaches_the_client_before_the_upstream_sends_its_last(
-        gw: RunningGateway, fake: FakeUpstream) -> None:
+    gw: RunningGateway, fake: FakeUpstream
+) -> None:
     fake.stream_gates = [asyncio.Event() for _ in range(6)]
     fake.stream_gates[0].set()
     resp = await post(gw, STREAM)
@@ -151,8 +158,9 @@ async def test_heartbeats_cover_upstream_silences(make_gateway: GatewayFactory, 
     assert rest[-1] == "[DONE]"
 
 
-async def test_twenty_concurrent_streamed_misses_share_one_upstream_stream(gw: RunningGateway,
-                                                                         fake: FakeUpstream) -> None:
+async def test_twenty_concurrent_streamed_misses_share_one_upstream_stream(
+    gw: RunningGateway, fake: FakeUpstream
+) -> None:
     fake.stream_gates = [asyncio.Event() for _ in range(6)]
     fake.stream_gates[0].set()
     leader = await post(gw, STREAM)
@@ -188,8 +196,9 @@ async def test_leader_disconnect_does_not_stop_the_followers(gw: RunningGateway,
     assert await stored(gw, follower.headers["X-Cache-Key"]) is not None
 
 
-async def test_upstream_drop_mid_stream_is_an_error_event_and_nothing_is_stored(gw: RunningGateway,
-                                                                                fake: FakeUpstream) -> None:
+async def test_upstream_drop_mid_stream_is_an_error_event_and_nothing_is_stored(
+    gw: RunningGateway, fake: FakeUpstream
+) -> None:
     fake.stream_fail_after = 2
     resp = await post(gw, STREAM)
     events = await collect(resp)
@@ -203,8 +212,9 @@ async def test_upstream_drop_mid_stream_is_an_error_event_and_nothing_is_stored(
     assert fake.calls["chat"] == 2
 
 
-async def test_a_stream_without_done_or_with_an_error_event_is_not_stored(gw: RunningGateway,
-                                                                         fake: FakeUpstream) -> None:
+async def test_a_stream_without_done_or_with_an_error_event_is_not_stored(
+    gw: RunningGateway, fake: FakeUpstream
+) -> None:
     fake.stream_no_done = True
     resp = await post(gw, STREAM)
     events = await collect(resp)
@@ -237,7 +247,9 @@ async def test_tool_call_stream_is_assembled_and_replayed(gw: RunningGateway, fa
     assert hit == miss
 
 
-async def test_text_completion_streams_are_recorded_and_replayed(gw: RunningGateway, fake: FakeUpstream) -> None:
+async def test_text_completion_streams_are_recorded_and_replayed(
+    gw: RunningGateway, fake: FakeUpstream
+) -> None:
     body = {"model": "test-model", "prompt": "Say hi", "temperature": 0, "stream": True}
     miss = await collect(await post(gw, body, "/v1/completions"))
     hit = await collect(await post(gw, body, "/v1/completions"))
@@ -247,8 +259,9 @@ async def test_text_completion_streams_are_recorded_and_replayed(gw: RunningGate
     assert as_json["object"] == "text_completion" and as_json["choices"][0]["text"] == "Hello, world!"
 
 
-async def test_upstream_status_errors_pass_through_before_the_first_byte(gw: RunningGateway,
-                                                                         fake: FakeUpstream) -> None:
+async def test_upstream_status_errors_pass_through_before_the_first_byte(
+    gw: RunningGateway, fake: FakeUpstream
+) -> None:
     fake.status = 429
     resp = await post(gw, STREAM)
     assert resp.status == 429
@@ -257,7 +270,9 @@ async def test_upstream_status_errors_pass_through_before_the_first_byte(gw: Run
     assert "detail=status" in resp.headers["Cache-Status"]
 
 
-async def test_refused_upstream_is_a_502_or_a_stale_stream(make_gateway: GatewayFactory, clock: FakeClock) -> None:
+async def test_refused_upstream_is_a_502_or_a_stale_stream(
+    make_gateway: GatewayFactory, clock: FakeClock
+) -> None:
     gw = await make_gateway(cache={"stale_if_error_s": 600})
     first = await collect(await post(gw, STREAM))
     gw.state.upstream._base = "http://127.0.0.1:9"
@@ -283,7 +298,8 @@ async def test_streamed_results_are_counted(gw: RunningGateway) -> None:
 
 
 async def test_public_route_stream_follower_is_not_refused_with_the_leaders_credential(
-        make_gateway: GatewayFactory, fake: FakeUpstream) -> None:
+    make_gateway: GatewayFactory, fake: FakeUpstream
+) -> None:
     gw = await make_gateway(routes={"chat/completions": {"scope": "public"}})
     fake.denied_tokens = {AUTH_B["Authorization"]}
     fake.gate = asyncio.Event()
@@ -302,8 +318,9 @@ async def test_public_route_stream_follower_is_not_refused_with_the_leaders_cred
     assert fake.calls["chat"] == 2
 
 
-async def test_tenant_route_stream_followers_share_the_leaders_refusal(gw: RunningGateway,
-                                                                       fake: FakeUpstream) -> None:
+async def test_tenant_route_stream_followers_share_the_leaders_refusal(
+    gw: RunningGateway, fake: FakeUpstream
+) -> None:
     fake.denied_tokens = {AUTH_A["Authorization"]}
     fake.gate = asyncio.Event()
     leader = asyncio.create_task(post(gw, STREAM))

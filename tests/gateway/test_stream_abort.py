@@ -44,7 +44,9 @@ async def until(predicate: Callable[[], bool], rounds: int = 20_000) -> None:
     raise AssertionError("condition not reached")
 
 
-async def run_client(session: aiohttp.ClientSession, url: str, client: Client, progress: asyncio.Condition) -> None:
+async def run_client(
+    session: aiohttp.ClientSession, url: str, client: Client, progress: asyncio.Condition
+) -> None:
     body = {**CHAT, "stream": True, "messages": [{"role": "user", "content": f"question {client.key}"}]}
     try:
         async with session.post(url, json=body, headers=AUTH_A) as resp:
@@ -72,8 +74,10 @@ async def abort_everyone(gw: RunningGateway, fake: FakeUpstream) -> list[Client]
     fake.stream_gates[0].set()
     progress = asyncio.Condition()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        tasks = [asyncio.create_task(run_client(session, gw.url + "/v1/chat/completions", c, progress))
-                 for c in clients]
+        tasks = [
+            asyncio.create_task(run_client(session, gw.url + "/v1/chat/completions", c, progress))
+            for c in clients
+        ]
         for i in range(1, EVENTS):
             async with progress:
                 await progress.wait_for(lambda i=i: all(c.done or c.received >= i for c in clients))
@@ -87,7 +91,8 @@ async def abort_everyone(gw: RunningGateway, fake: FakeUpstream) -> list[Client]
 
 @pytest.mark.parametrize("complete_abandoned", [False, True])
 async def test_two_hundred_aborted_clients_store_nothing_partial_and_leak_nothing(
-        make_gateway: GatewayFactory, fake: FakeUpstream, complete_abandoned: bool) -> None:
+    make_gateway: GatewayFactory, fake: FakeUpstream, complete_abandoned: bool
+) -> None:
     gw = await make_gateway(stream={"complete_abandoned_streams": complete_abandoned})
     connector = gw.state.upstream._session.connector
     assert connector is not None

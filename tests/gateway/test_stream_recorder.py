@@ -11,12 +11,15 @@ from gateway.streaming.replay import replay_frames
 from gateway.streaming.sse import Event, SSEParser, data_frame
 
 
-@pytest.mark.parametrize("pieces", [
-    [b"data: a\n\ndata: b\n\n"],
-    [b"data: a\n", b"\ndata: b\n\n"],
-    [b"data: a\r", b"\n\r\ndata: b\r\n\r\n"],
-    [b": keep-alive\n\ndata:a\n\n", b"data: b\n", b"\n"],
-])
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        [b"data: a\n\ndata: b\n\n"],
+        [b"data: a\n", b"\ndata: b\n\n"],
+        [b"data: a\r", b"\n\r\ndata: b\r\n\r\n"],
+        [b": keep-alive\n\ndata:a\n\n", b"data: b\n", b"\n"],
+    ],
+)
 def test_parser_yields_each_event_once_whatever_the_split(pieces: list[bytes]) -> None:
     parser = SSEParser()
     events = [e for piece in pieces for e in parser.feed(piece)] + parser.close()
@@ -31,8 +34,9 @@ def test_parser_joins_data_lines_and_keeps_the_event_name() -> None:
 
 def chunk(delta: dict | None = None, finish: str | None = None, **top: object) -> bytes:
     choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
-    return orjson.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                         "choices": choices, **top})
+    return orjson.dumps(
+        {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": choices, **top}
+    )
 
 
 def record(*payloads: bytes, max_bytes: int = 1 << 20) -> Recorder:
@@ -46,8 +50,18 @@ def test_recorder_assembles_content_tool_calls_and_usage() -> None:
     rec = record(
         chunk({"role": "assistant", "content": ""}),
         chunk({"content": "Hi"}),
-        chunk({"tool_calls": [{"index": 0, "id": "t1", "type": "function",
-                               "function": {"name": "f", "arguments": '{"a"'}}]}),
+        chunk(
+            {
+                "tool_calls": [
+                    {
+                        "index": 0,
+                        "id": "t1",
+                        "type": "function",
+                        "function": {"name": "f", "arguments": '{"a"'},
+                    }
+                ]
+            }
+        ),
         chunk({"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]}),
         chunk({}, "tool_calls"),
         chunk(None, usage={"total_tokens": 3}),
@@ -56,19 +70,25 @@ def test_recorder_assembles_content_tool_calls_and_usage() -> None:
     body = orjson.loads(rec.body())
     assert rec.complete and len(rec.chunks) == 6
     assert body["object"] == "chat.completion"
-    assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hi", "tool_calls": [
-        {"id": "t1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]}
+    assert body["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": "Hi",
+        "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}],
+    }
     assert body["choices"][0]["finish_reason"] == "tool_calls"
     assert body["usage"] == {"total_tokens": 3}
 
 
-@pytest.mark.parametrize(("payloads", "complete"), [
-    ([chunk({"content": "x"}, "stop"), b"[DONE]"], True),
-    ([chunk({"content": "x"}, "stop")], False),  # no [DONE]
-    ([chunk({"content": "x"}), b"[DONE]"], False),  # a choice never finished
-    ([chunk({"content": "x"}, "stop"), b'{"error": {"message": "boom"}}', b"[DONE]"], False),
-    ([chunk({"content": "x"}, "stop"), b"not json", b"[DONE]"], False),
-])
+@pytest.mark.parametrize(
+    ("payloads", "complete"),
+    [
+        ([chunk({"content": "x"}, "stop"), b"[DONE]"], True),
+        ([chunk({"content": "x"}, "stop")], False),  # no [DONE]
+        ([chunk({"content": "x"}), b"[DONE]"], False),  # a choice never finished
+        ([chunk({"content": "x"}, "stop"), b'{"error": {"message": "boom"}}', b"[DONE]"], False),
+        ([chunk({"content": "x"}, "stop"), b"not json", b"[DONE]"], False),
+    ],
+)
 def test_recorder_completeness(payloads: list[bytes], complete: bool) -> None:
     assert record(*payloads).complete is complete
 
@@ -86,11 +106,26 @@ def test_recorder_classifies_events() -> None:
     assert rec.feed(b"[DONE]") is Kind.DONE
 
 
-def entry(body: dict, chunks: tuple[bytes, ...] | None = None, usage: dict | None = None,
-          endpoint: str = "chat/completions") -> Entry:
-    return Entry(key="te1:t:d", endpoint=endpoint, body=orjson.dumps(body), model="m", revision="r",
-                 created_at=0.0, ttl_s=60, stale_if_error_s=0, etag='"e"', tags=(), usage=usage,
-                 stream_chunks=chunks)
+def entry(
+    body: dict,
+    chunks: tuple[bytes, ...] | None = None,
+    usage: dict | None = None,
+    endpoint: str = "chat/completions",
+) -> Entry:
+    return Entry(
+        key="te1:t:d",
+        endpoint=endpoint,
+        body=orjson.dumps(body),
+        model="m",
+        revision="r",
+        created_at=0.0,
+        ttl_s=60,
+        stale_if_error_s=0,
+        etag='"e"',
+        tags=(),
+        usage=usage,
+        stream_chunks=chunks,
+    )
 
 
 def payloads(frames: list[bytes]) -> list[dict | str]:
@@ -101,9 +136,14 @@ def payloads(frames: list[bytes]) -> list[dict | str]:
     return out
 
 
-COMPLETION = {"id": "c9", "object": "chat.completion", "created": 5, "model": "m",
-              "choices": [{"index": 0, "message": {"role": "assistant", "content": "abcdef"},
-                           "finish_reason": "stop"}], "usage": {"total_tokens": 9}}
+COMPLETION = {
+    "id": "c9",
+    "object": "chat.completion",
+    "created": 5,
+    "model": "m",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "abcdef"}, "finish_reason": "stop"}],
+    "usage": {"total_tokens": 9},
+}
 
 
 @pytest.mark.parametrize(("chunk_chars", "pieces"), [(0, ["abcdef"]), (4, ["abcd", "ef"]), (100, ["abcdef"])])
@@ -121,15 +161,29 @@ def test_recorded_usage_chunk_follows_the_new_request() -> None:
     without = payloads(replay_frames(entry(COMPLETION, chunks), include_usage=False, chunk_chars=0))
     with_usage = payloads(replay_frames(entry(COMPLETION, chunks), include_usage=True, chunk_chars=0))
     assert len(without) == 2 and len(with_usage) == 3
-    synthesized = payloads(replay_frames(entry(COMPLETION, chunks[:1], usage={"total_tokens": 2}),
-                                         include_usage=True, chunk_chars=0))
-    assert synthesized[1] == {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                              "choices": [], "usage": {"total_tokens": 2}}
+    synthesized = payloads(
+        replay_frames(
+            entry(COMPLETION, chunks[:1], usage={"total_tokens": 2}), include_usage=True, chunk_chars=0
+        )
+    )
+    assert synthesized[1] == {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [],
+        "usage": {"total_tokens": 2},
+    }
 
 
 def test_text_completion_entry_replays_as_text_completion_events() -> None:
-    doc = {"id": "t", "object": "text_completion", "created": 1, "model": "m",
-           "choices": [{"index": 0, "text": "hey", "logprobs": None, "finish_reason": "length"}]}
+    doc = {
+        "id": "t",
+        "object": "text_completion",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "text": "hey", "logprobs": None, "finish_reason": "length"}],
+    }
     out = payloads(replay_frames(entry(doc, endpoint="completions"), include_usage=True, chunk_chars=0))
     assert [c["choices"][0]["text"] for c in out[:-1]] == ["hey", ""]
     assert out[-2]["choices"][0]["finish_reason"] == "length"

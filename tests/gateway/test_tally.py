@@ -12,8 +12,12 @@ VALUES = [0.0005, 0.001, 0.0011, 0.05, 0.1, 0.5, 1.0, 3.0, 0.0]
 
 def samples(registry: CollectorRegistry) -> list[tuple[str, dict[str, str], float]]:
     """Every sample except the `_created` timestamps, which differ between two registries by construction."""
-    return [(s.name, s.labels, s.value) for m in registry.collect() for s in m.samples
-            if not s.name.endswith("_created")]
+    return [
+        (s.name, s.labels, s.value)
+        for m in registry.collect()
+        for s in m.samples
+        if not s.name.endswith("_created")
+    ]
 
 
 def metrics() -> tuple[CollectorRegistry, Counter, Histogram]:

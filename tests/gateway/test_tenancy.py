@@ -33,7 +33,8 @@ def basic(user: str) -> str:
 CALLERS: list[dict[str, str]] = [
     *({"Authorization": f"Bearer sk-{i}"} for i in range(4)),
     *({"Authorization": basic(f"user{i}")} for i in range(3)),
-    {"Authorization": "Token tok-1"}, {"Authorization": "ApiKey key-1"},
+    {"Authorization": "Token tok-1"},
+    {"Authorization": "ApiKey key-1"},
     *({"api-key": f"azure-{i}"} for i in range(3)),
     *({"x-api-key": f"xkey-{i}"} for i in range(3)),
     *({"Authorization": "Bearer shared", "OpenAI-Organization": f"org-{i}"} for i in range(3)),
@@ -54,14 +55,29 @@ def credential_digest(headers: Any) -> str:
 async def credential_upstream_chat(request: web.Request) -> web.Response:
     body = await request.json()
     prompt = body["messages"][0]["content"]
-    return web.json_response({"id": "x", "object": "chat.completion", "model": "test-model", "choices": [{
-        "index": 0, "finish_reason": "stop",
-        "message": {"role": "assistant", "content": f"{credential_digest(request.headers)}|{prompt}"}}]})
+    return web.json_response(
+        {
+            "id": "x",
+            "object": "chat.completion",
+            "model": "test-model",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {
+                        "role": "assistant",
+                        "content": f"{credential_digest(request.headers)}|{prompt}",
+                    },
+                }
+            ],
+        }
+    )
 
 
 async def credential_upstream_models(_request: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": [
-        {"id": "test-model", "object": "model", "tokenedge": {"revision": "r1"}}]})
+    return web.json_response(
+        {"object": "list", "data": [{"id": "test-model", "object": "model", "tokenedge": {"revision": "r1"}}]}
+    )
 
 
 @pytest.fixture
@@ -77,8 +93,9 @@ async def credential_upstream() -> AsyncIterator[str]:
         await server.close()
 
 
-async def test_no_answer_crosses_callers_under_concurrent_load(make_gateway: GatewayFactory,
-                                                               credential_upstream: str) -> None:
+async def test_no_answer_crosses_callers_under_concurrent_load(
+    make_gateway: GatewayFactory, credential_upstream: str
+) -> None:
     gw = await make_gateway(credential_upstream, tokens={"enabled": False})
     rng = random.Random(12)
     plan = [(rng.randrange(len(CALLERS)), rng.randrange(8)) for _ in range(5000)]
@@ -88,7 +105,10 @@ async def test_no_answer_crosses_callers_under_concurrent_load(make_gateway: Gat
 
     async def one(session: aiohttp.ClientSession, caller: int, prompt: int) -> None:
         body = {**CHAT, "messages": [{"role": "user", "content": f"prompt {prompt}"}]}
-        async with limit, session.post(gw.url + "/v1/chat/completions", json=body, headers=CALLERS[caller]) as resp:
+        async with (
+            limit,
+            session.post(gw.url + "/v1/chat/completions", json=body, headers=CALLERS[caller]) as resp,
+        ):
             doc = await resp.json()
             statuses.append(resp.headers.get("Cache-Status", ""))
         content = doc["choices"][0]["message"]["content"]
@@ -101,7 +121,9 @@ async def test_no_answer_crosses_callers_under_concurrent_load(make_gateway: Gat
     assert len(CALLERS) >= 20 and len(statuses) == 5000
     assert wrong == []
     hits = sum("; hit" in s for s in statuses)
-    assert hits >= 5000 - len(CALLERS) * 8 * 2  # the cache was in play: at most one miss (or follower) per pair
+    assert (
+        hits >= 5000 - len(CALLERS) * 8 * 2
+    )  # the cache was in play: at most one miss (or follower) per pair
 
 
 async def test_each_credential_part_separates_scopes(make_gateway: GatewayFactory) -> None:
@@ -128,8 +150,9 @@ async def test_anonymous_callers_can_be_refused(make_gateway: GatewayFactory) ->
 TENANT = {"tenant_header": "X-Tenant"}
 
 
-async def test_tenant_header_from_an_untrusted_peer_is_ignored(make_gateway: GatewayFactory,
-                                                                fake: FakeUpstream) -> None:
+async def test_tenant_header_from_an_untrusted_peer_is_ignored(
+    make_gateway: GatewayFactory, fake: FakeUpstream
+) -> None:
     gw = await make_gateway(server={**TENANT, "tenant_trusted_cidrs": ["10.0.0.0/8"]})
     first = await gw.client.post("/v1/chat/completions", json=CHAT, headers={**AUTH_A, "X-Tenant": "acme"})
     spoof = await gw.client.post("/v1/chat/completions", json=CHAT, headers={**AUTH_B, "X-Tenant": "acme"})
@@ -143,8 +166,9 @@ async def test_tenant_header_from_an_untrusted_peer_is_ignored(make_gateway: Gat
     assert fake.calls["chat"] == 3
 
 
-async def test_trusted_request_without_the_tenant_header_is_refused(make_gateway: GatewayFactory,
-                                                                    fake: FakeUpstream) -> None:
+async def test_trusted_request_without_the_tenant_header_is_refused(
+    make_gateway: GatewayFactory, fake: FakeUpstream
+) -> None:
     gw = await make_gateway(server={**TENANT, "tenant_trusted_cidrs": ["127.0.0.0/8", "::1/128"]})
     missing = await gw.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A)
     first = await gw.client.post("/v1/chat/completions", json=CHAT, headers={**AUTH_A, "X-Tenant": "acme"})
@@ -157,14 +181,22 @@ async def test_trusted_request_without_the_tenant_header_is_refused(make_gateway
     assert fake.calls["chat"] == 1
 
 
-async def test_tenant_header_with_the_proxy_secret_is_honoured(make_gateway: GatewayFactory,
-                                                               fake: FakeUpstream) -> None:
+async def test_tenant_header_with_the_proxy_secret_is_honoured(
+    make_gateway: GatewayFactory, fake: FakeUpstream
+) -> None:
     gw = await make_gateway(server={**TENANT, "tenant_proxy_secret": "proxy-s3cret"})
     proxied = {"X-Tokenedge-Proxy-Secret": "proxy-s3cret"}
-    first = await gw.client.post("/v1/chat/completions", json=CHAT, headers={**AUTH_A, **proxied, "X-Tenant": "t1"})
-    again = await gw.client.post("/v1/chat/completions", json=CHAT, headers={**AUTH_B, **proxied, "X-Tenant": "t1"})
-    wrong = await gw.client.post("/v1/chat/completions", json=CHAT,
-                                 headers={**AUTH_B, "X-Tokenedge-Proxy-Secret": "guess", "X-Tenant": "t1"})
+    first = await gw.client.post(
+        "/v1/chat/completions", json=CHAT, headers={**AUTH_A, **proxied, "X-Tenant": "t1"}
+    )
+    again = await gw.client.post(
+        "/v1/chat/completions", json=CHAT, headers={**AUTH_B, **proxied, "X-Tenant": "t1"}
+    )
+    wrong = await gw.client.post(
+        "/v1/chat/completions",
+        json=CHAT,
+        headers={**AUTH_B, "X-Tokenedge-Proxy-Secret": "guess", "X-Tenant": "t1"},
+    )
     missing = await gw.client.post("/v1/chat/completions", json=CHAT, headers={**AUTH_A, **proxied})
 
     assert "hit" in again.headers["Cache-Status"]
@@ -200,22 +232,30 @@ async def test_a_created_secret_is_kept_in_the_state_dir(make_gateway: GatewayFa
     assert [p.name for p in state_dir.iterdir()] == [SECRET_FILE]
 
 
-async def test_replicas_agree_on_a_secret_created_in_redis(make_gateway: GatewayFactory, redis_url: str,
-                                                          tmp_path: Any) -> None:
-    replicas = await asyncio.gather(*(make_gateway(cache={"redis_url": redis_url},
-                                                   server={"state_dir": str(tmp_path / f"r{i}")}) for i in range(3)))
+async def test_replicas_agree_on_a_secret_created_in_redis(
+    make_gateway: GatewayFactory, redis_url: str, tmp_path: Any
+) -> None:
+    replicas = await asyncio.gather(
+        *(
+            make_gateway(cache={"redis_url": redis_url}, server={"state_dir": str(tmp_path / f"r{i}")})
+            for i in range(3)
+        )
+    )
     keys = {await cache_key_of(gw, AUTH_A) for gw in replicas}
     assert len(keys) == 1
     assert redis.Redis.from_url(redis_url).get(SECRET_KEY) is not None
     assert not any((tmp_path / f"r{i}").exists() for i in range(3))  # no file when Redis holds it
 
 
-@pytest.mark.parametrize(("server", "needle"), [
-    ({"tenant_header": "X-Tenant"}, "tenant_trusted_cidrs"),
-    ({"tenant_header": "X-Tenant", "tenant_trusted_cidrs": ["10.0.0.0/33"]}, "not an address or CIDR"),
-    ({"header_read_timeout_s": 0}, "header_read_timeout_s"),
-    ({"max_connections": 0}, "max_connections"),
-])
+@pytest.mark.parametrize(
+    ("server", "needle"),
+    [
+        ({"tenant_header": "X-Tenant"}, "tenant_trusted_cidrs"),
+        ({"tenant_header": "X-Tenant", "tenant_trusted_cidrs": ["10.0.0.0/33"]}, "not an address or CIDR"),
+        ({"header_read_timeout_s": 0}, "header_read_timeout_s"),
+        ({"max_connections": 0}, "max_connections"),
+    ],
+)
 def test_unsafe_or_malformed_tenancy_settings_fail_at_startup(server: dict[str, Any], needle: str) -> None:
     from gateway.config import ConfigError, GatewayConfig
 
@@ -235,4 +275,6 @@ def test_the_scope_memo_never_mixes_credential_sets() -> None:
         tenancy.scope(CIMultiDict({"x-api-key": f"k{i}"}), None)
     assert scopes[0] != scopes[1] and scopes[0] == scopes[2] == scopes[3]
     assert tenancy.scope(one, None) == scopes[0]
-    assert tenancy.scope(CIMultiDict({"x-team": "red"}), None) != tenancy.scope(CIMultiDict({"x-team": "blue"}), None)
+    assert tenancy.scope(CIMultiDict({"x-team": "red"}), None) != tenancy.scope(
+        CIMultiDict({"x-team": "blue"}), None
+    )

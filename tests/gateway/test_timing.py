@@ -29,12 +29,25 @@ async def test_server_timing_only_for_admin_debug_requests(make_gateway: Gateway
     miss = await gw.client.post("/v1/chat/completions", json=CHAT, headers=ADMIN)
     hit = await gw.client.post("/v1/chat/completions", json=CHAT, headers=ADMIN)
     plain = await gw.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A)
-    tenant_debug = await gw.client.post("/v1/chat/completions", json=CHAT, headers={**AUTH_A, "X-Tokenedge-Debug": "1"})
-    admin_no_debug = await gw.client.post("/v1/chat/completions", json=CHAT,
-                                          headers={"Authorization": "Bearer admin-secret"})
+    tenant_debug = await gw.client.post(
+        "/v1/chat/completions", json=CHAT, headers={**AUTH_A, "X-Tokenedge-Debug": "1"}
+    )
+    admin_no_debug = await gw.client.post(
+        "/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer admin-secret"}
+    )
     assert [p.split(";")[0] for p in miss.headers["Server-Timing"].split(", ")] == [
-        "parse", "l1", "upstream", "serialize", "total"]
-    assert [p.split(";")[0] for p in hit.headers["Server-Timing"].split(", ")] == ["parse", "l1", "serialize", "total"]
+        "parse",
+        "l1",
+        "upstream",
+        "serialize",
+        "total",
+    ]
+    assert [p.split(";")[0] for p in hit.headers["Server-Timing"].split(", ")] == [
+        "parse",
+        "l1",
+        "serialize",
+        "total",
+    ]
     for resp in (plain, tenant_debug, admin_no_debug):
         assert resp.status == 200
         assert "Server-Timing" not in resp.headers
@@ -42,8 +55,9 @@ async def test_server_timing_only_for_admin_debug_requests(make_gateway: Gateway
 
 async def test_no_server_timing_without_a_configured_admin_token(make_gateway: GatewayFactory) -> None:
     gw = await make_gateway()
-    resp = await gw.client.post("/v1/chat/completions", json=CHAT,
-                                headers={"Authorization": "Bearer ", "X-Tokenedge-Debug": "1"})
+    resp = await gw.client.post(
+        "/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer ", "X-Tokenedge-Debug": "1"}
+    )
     assert "Server-Timing" not in resp.headers
 
 
@@ -67,8 +81,12 @@ async def test_streamed_miss_reports_its_upstream_stage(make_gateway: GatewayFac
     resp = await gw.client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=ADMIN)
     await resp.read()
     assert resp.headers["Content-Type"].startswith("text/event-stream")
-    assert [p.split(";")[0] for p in resp.headers["Server-Timing"].split(", ")] == ["parse", "l1", "upstream",
-                                                                                   "total"]
+    assert [p.split(";")[0] for p in resp.headers["Server-Timing"].split(", ")] == [
+        "parse",
+        "l1",
+        "upstream",
+        "total",
+    ]
 
 
 async def test_each_streamed_request_is_one_ttft_observation(make_gateway: GatewayFactory) -> None:

@@ -19,9 +19,33 @@ from tokenedge_wire.pattern import GPT2, GPT2_SINGLE_DIGITS, LLAMA3
 from tokenedge_wire.tokenizer_version import tokenizer_version
 
 # CJK, emoji (with ZWJ sequences), zero-width characters, digits, whitespace runs, punctuation, apostrophes.
-ALPHABET = st.sampled_from([*"abcXYZ 0123456789.,!?'\n\r\t-_/", "\u200b", "\u200c", "\u200d", "\u2060",
-                           "\ufeff", "\u00a0", "\u3000", "你好世界", "日本語", "한국어", "😀", "👩‍💻", "🇫🇷",
-                           "é", "e\u0301", "  ", "\n\n", "   \n", "'s", "'ll", "<|im_start|>", "<|endoftext|>"])
+ALPHABET = st.sampled_from(
+    [
+        *"abcXYZ 0123456789.,!?'\n\r\t-_/",
+        "\u200b",
+        "\u200c",
+        "\u200d",
+        "\u2060",
+        "\ufeff",
+        "\u00a0",
+        "\u3000",
+        "你好世界",
+        "日本語",
+        "한국어",
+        "😀",
+        "👩‍💻",
+        "🇫🇷",
+        "é",
+        "e\u0301",
+        "  ",
+        "\n\n",
+        "   \n",
+        "'s",
+        "'ll",
+        "<|im_start|>",
+        "<|endoftext|>",
+    ]
+)
 TEXT = st.lists(ALPHABET, max_size=60).map("".join)
 PHRASES = ("You are a helpful assistant.\n", "Answer in JSON\n", "Context:\n", "Q: 123\nA: 4.5\n")
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -38,15 +62,26 @@ def backend_spec(pattern: str, drop: tuple[int, ...] = ()) -> tuple[Tokenizer, T
     return tok, spec_from_export(tok.export())
 
 
-TINY = {name: backend_spec(p, (0xE4,) if name == "gpt2-drop" else ())
-        for name, p in (("gpt2", GPT2), ("single-digits", GPT2_SINGLE_DIGITS), ("llama3", LLAMA3),
-                        ("gpt2-drop", GPT2))}
+TINY = {
+    name: backend_spec(p, (0xE4,) if name == "gpt2-drop" else ())
+    for name, p in (
+        ("gpt2", GPT2),
+        ("single-digits", GPT2_SINGLE_DIGITS),
+        ("llama3", LLAMA3),
+        ("gpt2-drop", GPT2),
+    )
+}
 
 
 def test_export_rebuilds_the_backend_version_and_ids() -> None:
     tok, spec = TINY["single-digits"]
-    assert spec.version == tok.version == tokenizer_version(spec.encoding._pat_str, spec.encoding._mergeable_ranks,
-                                                         spec.encoding._special_tokens)
+    assert (
+        spec.version
+        == tok.version
+        == tokenizer_version(
+            spec.encoding._pat_str, spec.encoding._mergeable_ranks, spec.encoding._special_tokens
+        )
+    )
     assert spec.dropped_ids == frozenset(tok.export()["dropped_ids"])
 
 
@@ -69,8 +104,9 @@ def test_backend_tokenizers_cached_encode_equals_backend_encode(text: str, name:
 
 
 def spliced_texts() -> st.SearchStrategy[str]:
-    return st.lists(st.one_of(TEXT, st.sampled_from(PHRASES), st.sampled_from(PHRASES).map(lambda p: "x" + p)),
-                    max_size=8).map("".join)
+    return st.lists(
+        st.one_of(TEXT, st.sampled_from(PHRASES), st.sampled_from(PHRASES).map(lambda p: "x" + p)), max_size=8
+    ).map("".join)
 
 
 @SETTINGS
@@ -97,7 +133,9 @@ def test_phrases_are_spliced_where_anchored(cl100k: TokenizerSpec) -> None:
     assert not is_anchor("a \nb", 3) and is_anchor("a\nb", 2) and not is_anchor("a\n b", 2)
 
 
-@pytest.mark.parametrize("phrase", ["no newline", " leading space\n", "trailing space \n", "<|endoftext|>x\n"])
+@pytest.mark.parametrize(
+    "phrase", ["no newline", " leading space\n", "trailing space \n", "<|endoftext|>x\n"]
+)
 def test_phrases_that_cannot_splice_exactly_are_refused(phrase: str) -> None:
     with pytest.raises(PhraseRejected):
         check_phrase(phrase, ("<|endoftext|>",))
@@ -116,11 +154,19 @@ def test_a_tokenizer_version_change_misses_the_cache(cl100k: TokenizerSpec) -> N
 
 
 def test_chat_segments_share_the_system_prompt() -> None:
-    tok = Tokenizer(name="t", pattern=GPT2, mergeable_ranks={bytes([b]): b for b in range(256)},
-                    special_tokens={"<|im_start|>": 256, "<|im_end|>": 257}, vocab_size=258, bos_token_id=None,
-                    eos_token_ids=[257], chat_template=(
-                        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"))
+    tok = Tokenizer(
+        name="t",
+        pattern=GPT2,
+        mergeable_ranks={bytes([b]): b for b in range(256)},
+        special_tokens={"<|im_start|>": 256, "<|im_end|>": 257},
+        vocab_size=258,
+        bos_token_id=None,
+        eos_token_ids=[257],
+        chat_template=(
+            "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+        ),
+    )
     spec = spec_from_export(tok.export())
     cache = TokenCache(1 << 20)
     encoder = ModelEncoder(spec, cache)

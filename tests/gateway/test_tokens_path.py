@@ -61,10 +61,17 @@ async def make(backend_url: str, tmp_path: Path) -> AsyncIterator[Make]:
 
 
 def chat(question: str, **extra: Any) -> dict[str, Any]:
-    return {"model": "tiny", "temperature": 0, "messages": [SYSTEM, {"role": "user", "content": question}], **extra}
+    return {
+        "model": "tiny",
+        "temperature": 0,
+        "messages": [SYSTEM, {"role": "user", "content": question}],
+        **extra,
+    }
 
 
-async def test_an_over_long_prompt_is_refused_by_the_gateway(make: Make, engine: EchoEngine, tmp_path: Path) -> None:
+async def test_an_over_long_prompt_is_refused_by_the_gateway(
+    make: Make, engine: EchoEngine, tmp_path: Path
+) -> None:
     gw = await make()
     resp = await gw.client.post("/v1/chat/completions", json=chat("x" * 400))
     doc = await resp.json()
@@ -93,8 +100,11 @@ async def test_the_token_rate_limit_answers_429_with_retry_after(make: Make, eng
     assert again.status == 200 and again.headers["Cache-Status"].startswith("tokenedge; hit")  # hits are free
     clock.advance(60)
     assert (await gw.client.post("/v1/chat/completions", json=chat("two", max_tokens=150))).status == 200
-    other = await gw.client.post("/v1/chat/completions", json=chat("three", max_tokens=150),
-                                 headers={"Authorization": "Bearer someone-else"})
+    other = await gw.client.post(
+        "/v1/chat/completions",
+        json=chat("three", max_tokens=150),
+        headers={"Authorization": "Bearer someone-else"},
+    )
     assert other.status == 200  # budgets are per tenant
     assert len(engine.prompts) == 3
 
@@ -143,8 +153,9 @@ REQUESTS = [
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_json_and_binary_transports_answer_identically(make: Make, engine: EchoEngine, stream: bool,
-                                                             paths: list[str]) -> None:
+async def test_json_and_binary_transports_answer_identically(
+    make: Make, engine: EchoEngine, stream: bool, paths: list[str]
+) -> None:
     binary, plain = await make(binary_transport=True), await make(binary_transport=False)
     for path, body in REQUESTS:
         body = {**body, "stream": stream}
@@ -161,8 +172,12 @@ async def test_json_and_binary_transports_answer_identically(make: Make, engine:
 
 async def test_openai_models_are_counted_with_offline_cl100k_for_the_rate_limit(make_openai: Make) -> None:
     gw = await make_openai()
-    body = {"model": "gpt-4", "temperature": 0, "max_tokens": 10,
-            "messages": [{"role": "user", "content": "word " * 60}]}
+    body = {
+        "model": "gpt-4",
+        "temperature": 0,
+        "max_tokens": 10,
+        "messages": [{"role": "user", "content": "word " * 60}],
+    }
     assert (await gw.client.post("/v1/chat/completions", json=body)).status == 200
     limited = await gw.client.post("/v1/chat/completions", json={**body, "max_tokens": 11})
     assert limited.status == 429 and limited.headers["Retry-After"]

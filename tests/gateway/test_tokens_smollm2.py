@@ -38,15 +38,23 @@ CHATS = [
     [SYSTEM, {"role": "user", "content": "What is the capital of France?"}],
     [SYSTEM, {"role": "user", "content": "Compute 12345 * 678 and explain.\n\nShow   your work."}],
     [{"role": "user", "content": "Übersetze: 猫は可愛い 😺 — and keep the emoji."}],
-    [SYSTEM, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"},
-     {"role": "user", "content": [{"type": "text", "text": "Tell me "}, {"type": "text", "text": "a joke."}]}],
+    [
+        SYSTEM,
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Tell me "}, {"type": "text", "text": "a joke."}],
+        },
+    ],
     [{"role": "user", "content": "Text with <|im_end|> inside and trailing spaces   "}],
 ]
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_smollm2_json_and_binary_transports_answer_identically(smollm2: Tokenizer, tmp_path: Path,
-                                                                     stream: bool) -> None:
+async def test_smollm2_json_and_binary_transports_answer_identically(
+    smollm2: Tokenizer, tmp_path: Path, stream: bool
+) -> None:
     engine = EchoEngine(smollm2)
     paths: list[str] = []
     app = backend_app(smollm2, engine, model_id="smollm2", max_model_len=2048)
@@ -58,20 +66,44 @@ async def test_smollm2_json_and_binary_transports_answer_identically(smollm2: To
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     url = str(server.make_url("")).rstrip("/")
-    gateways = [await start_gateway(gateway_config(url, tokens={"cache_dir": str(tmp_path), "binary_transport": b}),
-                                    FakeClock()) for b in (False, True)]
+    gateways = [
+        await start_gateway(
+            gateway_config(url, tokens={"cache_dir": str(tmp_path), "binary_transport": b}), FakeClock()
+        )
+        for b in (False, True)
+    ]
     try:
         for messages in CHATS:
-            body = {"model": "smollm2", "temperature": 0, "max_tokens": 40, "messages": messages, "stream": stream}
+            body = {
+                "model": "smollm2",
+                "temperature": 0,
+                "max_tokens": 40,
+                "messages": messages,
+                "stream": stream,
+            }
             engine.prompts.clear()
             via_json = await answer(gateways[0], "/v1/chat/completions", body)
             assert paths[-1] == "/v1/chat/completions"
             via_binary = await answer(gateways[1], "/v1/chat/completions", body)
             assert paths[-1] == "/v1/tokens/generate"
             assert via_json[0] == 200 and via_binary == via_json
-            assert engine.prompts[0] == engine.prompts[1] == smollm2.encode(
-                smollm2.apply_chat_template([{**m, "content": m["content"] if isinstance(m["content"], str) else
-                                              "".join(p["text"] for p in m["content"])} for m in messages]))
+            assert (
+                engine.prompts[0]
+                == engine.prompts[1]
+                == smollm2.encode(
+                    smollm2.apply_chat_template(
+                        [
+                            {
+                                **m,
+                                "content": m["content"]
+                                if isinstance(m["content"], str)
+                                else "".join(p["text"] for p in m["content"]),
+                            }
+                            for m in messages
+                        ]
+                    )
+                )
+            )
     finally:
         for gw in gateways:
             await gw.close()

@@ -35,8 +35,9 @@ class _Upstream:
         self._resp = _Body(status, body)
 
     @asynccontextmanager
-    async def open(self, method: str, path_qs: str, headers: Mapping[str, str],
-                   body: bytes | None = None) -> AsyncIterator[Any]:
+    async def open(
+        self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None = None
+    ) -> AsyncIterator[Any]:
         yield self._resp
 
     request = Upstream.request  # the real read-and-translate, over this `open`
@@ -68,8 +69,16 @@ async def test_a_garbled_event_body_is_an_upstream_error() -> None:
         await _call(_Upstream(200, struct.pack("<I", 3) + b"{no")).request({})
 
 
-@pytest.mark.parametrize("event", [{"t": "x", "f": None}, {"i": 7, "t": "x", "f": None}, {"i": 0, "t": 5, "f": None},
-                                   {"i": "0", "t": "x", "f": None}, {"i": 0, "t": "x", "f": 3}])
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"t": "x", "f": None},
+        {"i": 7, "t": "x", "f": None},
+        {"i": 0, "t": 5, "f": None},
+        {"i": "0", "t": "x", "f": None},
+        {"i": 0, "t": "x", "f": 3},
+    ],
+)
 async def test_a_malformed_text_event_is_an_upstream_error_not_a_500(event: dict[str, Any]) -> None:
     body = frame({"meta": {"id": "x"}}) + frame(event) + frame({"usage": {}})
     with pytest.raises(UpstreamError, match="malformed text event"):

@@ -39,7 +39,8 @@ def warmup_of(gw: RunningGateway) -> Warmup:
 
 
 async def test_a_replica_started_against_a_warm_l2_answers_hot_keys_from_l1(
-        make_gateway: GatewayFactory, fake: FakeUpstream, redis_url: str) -> None:
+    make_gateway: GatewayFactory, fake: FakeUpstream, redis_url: str
+) -> None:
     first = await make_gateway(cache={"redis_url": redis_url})
     hot = [chat(f"hot question {i}") for i in range(3)]
     for body in hot:
@@ -61,7 +62,8 @@ async def test_a_replica_started_against_a_warm_l2_answers_hot_keys_from_l1(
 
 
 async def test_the_fill_keeps_the_hottest_when_l1_cannot_hold_them_all(
-        make_gateway: GatewayFactory, redis_url: str) -> None:
+    make_gateway: GatewayFactory, redis_url: str
+) -> None:
     first = await make_gateway(cache={"redis_url": redis_url})
     bodies = [chat(f"question {i}") for i in range(4)]
     for i, body in enumerate(bodies):
@@ -71,7 +73,9 @@ async def test_the_fill_keeps_the_hottest_when_l1_cannot_hold_them_all(
     assert record is not None
     await record.flush()
     entry_bytes = first.state.cache.l1.bytes_used() // 4
-    second = await make_gateway(cache={"redis_url": redis_url, "l1_max_bytes": entry_bytes * 2 + entry_bytes // 2})
+    second = await make_gateway(
+        cache={"redis_url": redis_url, "l1_max_bytes": entry_bytes * 2 + entry_bytes // 2}
+    )
     await warmup_of(second).done.wait()
     assert (await ask(second, bodies[3])).endswith("detail=l1")
     assert (await ask(second, bodies[0])).endswith("detail=l2")
@@ -85,8 +89,9 @@ def gated_fill(gate: asyncio.Event):
     return fill
 
 
-async def test_ready_says_warming_until_the_fill_is_done(make_gateway: GatewayFactory, redis_url: str,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_ready_says_warming_until_the_fill_is_done(
+    make_gateway: GatewayFactory, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     gate = asyncio.Event()
     monkeypatch.setattr(warm, "fill_l1", gated_fill(gate))
     gw = await make_gateway(cache={"redis_url": redis_url})
@@ -98,8 +103,9 @@ async def test_ready_says_warming_until_the_fill_is_done(make_gateway: GatewayFa
     assert resp.status == 200 and (await resp.json())["status"] == "ready"
 
 
-async def test_ready_waits_for_the_fill_no_longer_than_the_timeout(make_gateway: GatewayFactory, redis_url: str,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_ready_waits_for_the_fill_no_longer_than_the_timeout(
+    make_gateway: GatewayFactory, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(warm, "fill_l1", gated_fill(asyncio.Event()))  # never released
     gw = await make_gateway(cache={"redis_url": redis_url, "warm_fill_timeout_s": 0.05})
     warmup = warmup_of(gw)
@@ -113,9 +119,9 @@ async def test_without_a_redis_l2_there_is_no_record_and_ready_does_not_wait(gw:
     assert (await gw.client.get("/ready")).status == 200
 
 
-async def test_an_entry_purged_while_the_fill_runs_is_not_left_in_l1(make_gateway: GatewayFactory, fake: FakeUpstream,
-                                                                     redis_url: str,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_an_entry_purged_while_the_fill_runs_is_not_left_in_l1(
+    make_gateway: GatewayFactory, fake: FakeUpstream, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     first = await make_gateway(cache={"redis_url": redis_url})
     bodies = [chat("kept"), chat("purged")]
     keys = []

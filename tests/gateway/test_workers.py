@@ -31,8 +31,10 @@ async def workers(upstream_url: str) -> AsyncIterator[str]:
 async def test_totals_across_two_workers_equal_requests_sent(workers: str, fake: FakeUpstream) -> None:
     for _ in range(N):  # a fresh connection each time, so the kernel spreads them over both workers
         connector = aiohttp.TCPConnector(force_close=True)
-        async with aiohttp.ClientSession(connector=connector) as session, session.post(
-                f"{workers}/v1/chat/completions", json=CHAT, headers=AUTH_A) as resp:
+        async with (
+            aiohttp.ClientSession(connector=connector) as session,
+            session.post(f"{workers}/v1/chat/completions", json=CHAT, headers=AUTH_A) as resp,
+        ):
             assert resp.status == 200
             await resp.read()
     # Each worker folds its hot-path tallies into the shared files at least once a second (gateway/tally.py):

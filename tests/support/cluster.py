@@ -28,11 +28,37 @@ class ClusterNodeProc:
         if binary is None:
             raise RuntimeError("redis-server is not installed: run scripts/install-system.sh")
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-             "--cluster-port", str(self.bus_port), "--cluster-config-file", "nodes.conf",
-             "--cluster-node-timeout", "1000", "--repl-diskless-sync-delay", "0", "--save", "", "--appendonly", "no", "--dir", str(self.dir),
-             "--logfile", "", "--loglevel", "notice"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--cluster-enabled",
+                "yes",
+                "--cluster-port",
+                str(self.bus_port),
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "1000",
+                "--repl-diskless-sync-delay",
+                "0",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.dir),
+                "--logfile",
+                "",
+                "--loglevel",
+                "notice",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         wait_for_line(self.proc, "Ready to accept connections", "redis-server (cluster)")
 
     def kill(self) -> None:
@@ -64,9 +90,20 @@ class LocalCluster:
         cli = shutil.which("redis-cli")
         if cli is None:
             raise RuntimeError("redis-cli is not installed")
-        subprocess.run([cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
-                        "--cluster-replicas", str(self.replicas_per_master), "--cluster-yes"],
-                       check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            [
+                cli,
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{n.port}" for n in self.nodes),
+                "--cluster-replicas",
+                str(self.replicas_per_master),
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         self.wait_ok([n for n in self.nodes if n.proc is not None])
         self.wait_replicas_synced()
 
@@ -82,8 +119,12 @@ class LocalCluster:
                 finally:
                     client.close()
                 if info.get("role") == "slave":
-                    links.append(info.get("master_link_status") == "up" and not info.get("master_sync_in_progress"))
-            if len(links) == len(self.nodes) - len(self.nodes) // (1 + self.replicas_per_master) and all(links):
+                    links.append(
+                        info.get("master_link_status") == "up" and not info.get("master_sync_in_progress")
+                    )
+            if len(links) == len(self.nodes) - len(self.nodes) // (1 + self.replicas_per_master) and all(
+                links
+            ):
                 return
             time.sleep(0.1)
         raise RuntimeError("the cluster's replicas did not sync")

@@ -44,8 +44,9 @@ class EdgeProcess:
         raise NotImplementedError
 
     def start(self, ready: str) -> None:
-        self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     cwd=self.dir)
+        self.proc = subprocess.Popen(
+            self.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=self.dir
+        )
         threading.Thread(target=self._drain, args=(self.proc,), daemon=True).start()
         deadline = time.monotonic() + START_TIMEOUT_S
         with self._seen:
@@ -91,9 +92,28 @@ class VarnishServer(EdgeProcess):
         self.vcl.write_text(render_vcl(config), encoding="utf-8")
 
     def command(self) -> list[str]:
-        return [self.binary, "-F", "-j", "none", "-a", f"127.0.0.1:{self.port}", "-T", f"127.0.0.1:{self.admin_port}",
-                "-n", str(self.dir / "work"), "-f", str(self.vcl), "-s", "malloc,64m",
-                "-p", "cc_command=exec cc -O0 -fno-var-tracking -fPIC -shared -o %o %s", "-p", "thread_pools=1", "-p", "thread_pool_min=5"]
+        return [
+            self.binary,
+            "-F",
+            "-j",
+            "none",
+            "-a",
+            f"127.0.0.1:{self.port}",
+            "-T",
+            f"127.0.0.1:{self.admin_port}",
+            "-n",
+            str(self.dir / "work"),
+            "-f",
+            str(self.vcl),
+            "-s",
+            "malloc,64m",
+            "-p",
+            "cc_command=exec cc -O0 -fno-var-tracking -fPIC -shared -o %o %s",
+            "-p",
+            "thread_pools=1",
+            "-p",
+            "thread_pool_min=5",
+        ]
 
     def start(self, ready: str = "said Child starts") -> None:
         super().start(ready)
@@ -111,7 +131,9 @@ class NginxServer(EdgeProcess):
             raise RuntimeError("nginx is not installed: run `make test` (it installs it)")
         # As root, workers would run as nobody and could not write our private temp dir: keep them as us.
         user = {"user": "root"} if os.geteuid() == 0 else {}
-        self.config = NginxEdgeConfig(**{**_fields(config), "listen_port": self.port, "prefix": str(self.dir), **user})
+        self.config = NginxEdgeConfig(
+            **{**_fields(config), "listen_port": self.port, "prefix": str(self.dir), **user}
+        )
         self.conf = self.dir / "tokenedge.conf"
         self.conf.write_text(render_nginx(self.config), encoding="utf-8")
 

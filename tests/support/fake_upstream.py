@@ -28,7 +28,9 @@ class FakeUpstream:
     stream_fail_after: int | None = None  # send this many chunks, then drop the connection
     stream_no_done: bool = False  # end the stream cleanly but without [DONE]
     stream_tool_calls: bool = False
-    stream_error_after: int | None = None  # send this many chunks, then an OpenAI-style error event and [DONE]
+    stream_error_after: int | None = (
+        None  # send this many chunks, then an OpenAI-style error event and [DONE]
+    )
     finish_reason: str = "stop"
     denied_tokens: set[str] = field(default_factory=set)  # Authorization values answered with 401
     calls: Counter[str] = field(default_factory=Counter)
@@ -49,13 +51,25 @@ class FakeUpstream:
 
     async def models(self, request: web.Request) -> web.Response:
         self.calls["models"] += 1
-        return web.json_response({"object": "list", "data": [
-            {"id": "test-model", "object": "model", "owned_by": "tokenedge",
-             "tokenedge": {"revision": self.revision, "max_model_len": 2048}}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": "test-model",
+                        "object": "model",
+                        "owned_by": "tokenedge",
+                        "tokenedge": {"revision": self.revision, "max_model_len": 2048},
+                    }
+                ],
+            }
+        )
 
     async def files(self, request: web.Request) -> web.Response:
         self.calls["files"] += 1
-        return web.json_response({"object": "list", "data": [], "echo_auth": request.headers.get("Authorization")})
+        return web.json_response(
+            {"object": "list", "data": [], "echo_auth": request.headers.get("Authorization")}
+        )
 
     async def _enter(self, request: web.Request, name: str) -> dict[str, Any]:
         body = await request.json()
@@ -70,14 +84,25 @@ class FakeUpstream:
     def _forced(self) -> web.Response | None:
         if self.status is None or self.status == 200:
             return None
-        return web.json_response({"error": {"message": f"forced {self.status}", "type": "upstream",
-                                            "param": None, "code": None}}, status=self.status)
+        return web.json_response(
+            {"error": {"message": f"forced {self.status}", "type": "upstream", "param": None, "code": None}},
+            status=self.status,
+        )
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._enter(request, "chat")
         if request.headers.get("Authorization") in self.denied_tokens:
-            return web.json_response({"error": {"message": "invalid api key", "type": "invalid_request_error",
-                                                "param": None, "code": "invalid_api_key"}}, status=401)
+            return web.json_response(
+                {
+                    "error": {
+                        "message": "invalid api key",
+                        "type": "invalid_request_error",
+                        "param": None,
+                        "code": "invalid_api_key",
+                    }
+                },
+                status=401,
+            )
         if (forced := self._forced()) is not None:
             return forced
         n = next(self.serial)
@@ -87,15 +112,24 @@ class FakeUpstream:
         message: dict[str, Any] = {"role": "assistant", "content": f"answer #{n} to {last!r}"}
         if self.stream_tool_calls:
             message = {"role": "assistant", "content": None, "tool_calls": [self._tool_call()]}
-        return web.json_response({
-            "id": f"chatcmpl-{n}", "object": "chat.completion", "created": 1700000000 + n, "model": body["model"],
-            "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}})
+        return web.json_response(
+            {
+                "id": f"chatcmpl-{n}",
+                "object": "chat.completion",
+                "created": 1700000000 + n,
+                "model": body["model"],
+                "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+            }
+        )
 
     @staticmethod
     def _tool_call() -> dict[str, Any]:
-        return {"id": "call_1", "type": "function",
-                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+        return {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+        }
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._enter(request, "completions")
@@ -104,53 +138,127 @@ class FakeUpstream:
         n = next(self.serial)
         if body.get("stream"):
             return await self._stream(request, body, n)
-        return web.json_response({
-            "id": f"cmpl-{n}", "object": "text_completion", "created": 1700000000 + n, "model": body["model"],
-            "choices": [{"index": 0, "text": f" completion #{n}", "finish_reason": "stop", "logprobs": None}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+        return web.json_response(
+            {
+                "id": f"cmpl-{n}",
+                "object": "text_completion",
+                "created": 1700000000 + n,
+                "model": body["model"],
+                "choices": [
+                    {"index": 0, "text": f" completion #{n}", "finish_reason": "stop", "logprobs": None}
+                ],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+            }
+        )
 
     async def embeddings(self, request: web.Request) -> web.Response:
         body = await self._enter(request, "embeddings")
         n = next(self.serial)
-        return web.json_response({"object": "list", "model": body["model"],
-                                  "data": [{"object": "embedding", "index": 0, "embedding": [n / 10, 0.5]}],
-                                  "usage": {"prompt_tokens": 2, "total_tokens": 2}})
+        return web.json_response(
+            {
+                "object": "list",
+                "model": body["model"],
+                "data": [{"object": "embedding", "index": 0, "embedding": [n / 10, 0.5]}],
+                "usage": {"prompt_tokens": 2, "total_tokens": 2},
+            }
+        )
 
     def _text_chunks(self, body: dict[str, Any], n: int) -> list[dict[str, Any]]:
-        base = {"id": f"cmpl-{n}", "object": "text_completion", "created": 1700000000 + n, "model": body["model"]}
-        out = [{**base, "choices": [{"index": 0, "text": piece, "logprobs": None, "finish_reason": None}]}
-               for piece in self.stream_pieces]
-        out.append({**base, "choices": [{"index": 0, "text": "", "logprobs": None,
-                                         "finish_reason": self.finish_reason}]})
+        base = {
+            "id": f"cmpl-{n}",
+            "object": "text_completion",
+            "created": 1700000000 + n,
+            "model": body["model"],
+        }
+        out = [
+            {**base, "choices": [{"index": 0, "text": piece, "logprobs": None, "finish_reason": None}]}
+            for piece in self.stream_pieces
+        ]
+        out.append(
+            {
+                **base,
+                "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": self.finish_reason}],
+            }
+        )
         if (body.get("stream_options") or {}).get("include_usage"):
-            out.append({**base, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4,
-                                                          "total_tokens": 7}})
+            out.append(
+                {
+                    **base,
+                    "choices": [],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
+                }
+            )
         return out
 
     def _chunks(self, body: dict[str, Any], n: int) -> list[dict[str, Any]]:
         if "prompt" in body:
             return self._text_chunks(body, n)
-        base = {"id": f"chatcmpl-{n}", "object": "chat.completion.chunk", "created": 1700000000 + n,
-                "model": body["model"]}
-        out = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                     "finish_reason": None}]}]
+        base = {
+            "id": f"chatcmpl-{n}",
+            "object": "chat.completion.chunk",
+            "created": 1700000000 + n,
+            "model": body["model"],
+        }
+        out = [
+            {
+                **base,
+                "choices": [
+                    {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+                ],
+            }
+        ]
         if self.stream_tool_calls:
             call = self._tool_call()
             args = call["function"]["arguments"]
-            out.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": [
-                {"index": 0, "id": call["id"], "type": "function",
-                 "function": {"name": call["function"]["name"], "arguments": ""}}]}, "finish_reason": None}]})
+            out.append(
+                {
+                    **base,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {
+                                "tool_calls": [
+                                    {
+                                        "index": 0,
+                                        "id": call["id"],
+                                        "type": "function",
+                                        "function": {"name": call["function"]["name"], "arguments": ""},
+                                    }
+                                ]
+                            },
+                            "finish_reason": None,
+                        }
+                    ],
+                }
+            )
             for part in (args[:8], args[8:]):
-                out.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": [
-                    {"index": 0, "function": {"arguments": part}}]}, "finish_reason": None}]})
+                out.append(
+                    {
+                        **base,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "delta": {"tool_calls": [{"index": 0, "function": {"arguments": part}}]},
+                                "finish_reason": None,
+                            }
+                        ],
+                    }
+                )
         else:
             for piece in self.stream_pieces:
-                out.append({**base, "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
+                out.append(
+                    {**base, "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
+                )
         finish = "tool_calls" if self.stream_tool_calls else self.finish_reason
         out.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
         if (body.get("stream_options") or {}).get("include_usage"):
-            out.append({**base, "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 4,
-                                                          "total_tokens": 14}})
+            out.append(
+                {
+                    **base,
+                    "choices": [],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14},
+                }
+            )
         return out
 
     async def _stream(self, request: web.Request, body: dict[str, Any], n: int) -> web.StreamResponse:
@@ -166,8 +274,10 @@ class FakeUpstream:
                 self.chunks_sent.append(sent)
                 return resp
             if self.stream_error_after is not None and sent >= self.stream_error_after:
-                await resp.write(b'data: {"error": {"message": "model overloaded", "type": "server_error", '
-                                 b'"param": null, "code": null}}\n\n')
+                await resp.write(
+                    b'data: {"error": {"message": "model overloaded", "type": "server_error", '
+                    b'"param": null, "code": null}}\n\n'
+                )
                 break
             await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
             sent += 1

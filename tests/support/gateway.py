@@ -28,7 +28,9 @@ class FakeClock:
 
 
 def gateway_config(upstream_url: str, **sections: dict[str, Any]) -> GatewayConfig:
-    data: dict[str, Any] = {"upstream": {"url": upstream_url, "connect_timeout_s": 1.0, "read_timeout_s": 10.0}}
+    data: dict[str, Any] = {
+        "upstream": {"url": upstream_url, "connect_timeout_s": 1.0, "read_timeout_s": 10.0}
+    }
     for name, values in sections.items():
         data[name] = {**data.get(name, {}), **values}
     return GatewayConfig.from_mapping(data)
@@ -51,8 +53,9 @@ class RunningGateway:
         await self.client.close()
 
 
-async def start_gateway(config: GatewayConfig, clock: FakeClock | None = None,
-                        cdn: CdnConfig | None = None) -> RunningGateway:
+async def start_gateway(
+    config: GatewayConfig, clock: FakeClock | None = None, cdn: CdnConfig | None = None
+) -> RunningGateway:
     app = create_app(config, clock=clock or FakeClock(), cdn=cdn)
     server = EdgeTestServer(app, host="127.0.0.1", handler_cancellation=True)
     client = TestClient(server)

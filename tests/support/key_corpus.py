@@ -17,24 +17,56 @@ from typing import Any
 PATH = Path(__file__).parents[1] / "gateway" / "data" / "key_corpus.json"
 MAX_TOKENS = 24
 SMOLLM_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-QUESTIONS = ["What is the capital of France?", "Name a color.", "Write a haiku about the sea.",
-             "Is a tomato a fruit? Answer briefly.", "Translate 'good morning' into French."]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name a color.",
+    "Write a haiku about the sea.",
+    "Is a tomato a fruit? Answer briefly.",
+    "Translate 'good morning' into French.",
+]
 PROMPTS = ["The capital of France is", "def add(a, b):", "Once upon a time", "The café on the corner"]
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
-         {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]
-SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {
-    "type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    },
+    {
+        "type": "function",
+        "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}},
+    },
+]
+SCHEMA = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "answer",
+        "schema": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
+    },
+}
 
 
 def chat(content: Any, *, system: str | None = None, **fields: Any) -> dict[str, Any]:
     messages = [] if system is None else [{"role": "system", "content": system}]
-    return {"model": "SmolLM2-135M-Instruct", "temperature": 0, "max_tokens": MAX_TOKENS,
-            "messages": [*messages, {"role": "user", "content": content}], **fields}
+    return {
+        "model": "SmolLM2-135M-Instruct",
+        "temperature": 0,
+        "max_tokens": MAX_TOKENS,
+        "messages": [*messages, {"role": "user", "content": content}],
+        **fields,
+    }
 
 
 def completion(prompt: Any, **fields: Any) -> dict[str, Any]:
-    return {"model": "SmolLM2-135M-Instruct", "temperature": 0, "max_tokens": MAX_TOKENS, "prompt": prompt, **fields}
+    return {
+        "model": "SmolLM2-135M-Instruct",
+        "temperature": 0,
+        "max_tokens": MAX_TOKENS,
+        "prompt": prompt,
+        **fields,
+    }
 
 
 def parts(*texts: str) -> list[dict[str, str]]:
@@ -54,56 +86,144 @@ def question_groups(i: int, q: str) -> dict[str, tuple[str, list[dict[str, Any]]
     words = q.split(" ")
     nfd_q = unicodedata.normalize("NFD", q.replace("France", "Fran\u00e7e").replace("color", "col\u00f6r"))
     return {
-        f"chat-ends-{i}": ("chat/completions", [chat(q), chat(q + " "), chat(" " + q), chat(q + "\n"),
-                                                chat("\n" + q + "\n"), chat(q + "  ")]),
-        f"chat-inside-{i}": ("chat/completions", [chat(q), chat(q.replace(" ", "  ", 1)),
-                                                  chat(q.replace(" ", "\t", 1)), chat(q.replace(" ", "\n", 1))]),
-        f"chat-crlf-{i}": ("chat/completions", [chat(f"{q}\nBe brief."), chat(f"{q}\r\nBe brief."),
-                                                chat(f"{q}\rBe brief.")]),
+        f"chat-ends-{i}": (
+            "chat/completions",
+            [chat(q), chat(q + " "), chat(" " + q), chat(q + "\n"), chat("\n" + q + "\n"), chat(q + "  ")],
+        ),
+        f"chat-inside-{i}": (
+            "chat/completions",
+            [
+                chat(q),
+                chat(q.replace(" ", "  ", 1)),
+                chat(q.replace(" ", "\t", 1)),
+                chat(q.replace(" ", "\n", 1)),
+            ],
+        ),
+        f"chat-crlf-{i}": (
+            "chat/completions",
+            [chat(f"{q}\nBe brief."), chat(f"{q}\r\nBe brief."), chat(f"{q}\rBe brief.")],
+        ),
         f"chat-unicode-{i}": ("chat/completions", [chat(unicodedata.normalize("NFC", nfd_q)), chat(nfd_q)]),
-        f"chat-zero-width-{i}": ("chat/completions", [chat(q), chat(q.replace(" ", " \u200b", 1)),
-                                                      chat("\ufeff" + q), chat(q.replace(" ", "\u2060 ", 1))]),
-        f"chat-parts-{i}": ("chat/completions", [
-            chat(q), chat(parts(q)), chat(parts(words[0] + " ", " ".join(words[1:]))),
-            chat(parts(words[0], " " + " ".join(words[1:]))), chat(parts(*[w + " " for w in words[:-1]], words[-1])),
-            chat(parts(words[0], " ".join(words[1:])))]),
-        f"chat-system-{i}": ("chat/completions", [chat(q), chat(q, system=SMOLLM_SYSTEM),
-                                                  chat(q, system=SMOLLM_SYSTEM + " "),
-                                                  chat(q, system="You are a helpful assistant.")]),
-        f"chat-order-{i}": ("chat/completions", [chat(q), reordered(chat(q)),
-                                                 {"messages": [{"content": q, "role": "user"}], "max_tokens": MAX_TOKENS,
-                                                  "model": "SmolLM2-135M-Instruct", "temperature": 0}]),
-        f"chat-defaults-{i}": ("chat/completions", [
-            chat(q), chat(q, temperature=0.0), chat(q, top_p=1, n=1), chat(q, presence_penalty=0, frequency_penalty=0.0),
-            chat(q, stop=None, logit_bias={}), {**chat(q), "max_tokens": None, "max_completion_tokens": MAX_TOKENS},
-            chat(q, stream=False, user="someone"), chat(q, logprobs=False), chat(q, stop=[]),
-            chat(q, response_format={"type": "text"}), chat(q, seed=None)]),
-        f"chat-tools-{i}": ("chat/completions", [
-            chat(q, tools=TOOLS), chat(q, tools=reordered(TOOLS)), chat(q, tools=TOOLS, tool_choice="auto"),
-            chat(q, tools=TOOLS[::-1]), chat(q, response_format=SCHEMA), chat(q, response_format=reordered(SCHEMA))]),
+        f"chat-zero-width-{i}": (
+            "chat/completions",
+            [
+                chat(q),
+                chat(q.replace(" ", " \u200b", 1)),
+                chat("\ufeff" + q),
+                chat(q.replace(" ", "\u2060 ", 1)),
+            ],
+        ),
+        f"chat-parts-{i}": (
+            "chat/completions",
+            [
+                chat(q),
+                chat(parts(q)),
+                chat(parts(words[0] + " ", " ".join(words[1:]))),
+                chat(parts(words[0], " " + " ".join(words[1:]))),
+                chat(parts(*[w + " " for w in words[:-1]], words[-1])),
+                chat(parts(words[0], " ".join(words[1:]))),
+            ],
+        ),
+        f"chat-system-{i}": (
+            "chat/completions",
+            [
+                chat(q),
+                chat(q, system=SMOLLM_SYSTEM),
+                chat(q, system=SMOLLM_SYSTEM + " "),
+                chat(q, system="You are a helpful assistant."),
+            ],
+        ),
+        f"chat-order-{i}": (
+            "chat/completions",
+            [
+                chat(q),
+                reordered(chat(q)),
+                {
+                    "messages": [{"content": q, "role": "user"}],
+                    "max_tokens": MAX_TOKENS,
+                    "model": "SmolLM2-135M-Instruct",
+                    "temperature": 0,
+                },
+            ],
+        ),
+        f"chat-defaults-{i}": (
+            "chat/completions",
+            [
+                chat(q),
+                chat(q, temperature=0.0),
+                chat(q, top_p=1, n=1),
+                chat(q, presence_penalty=0, frequency_penalty=0.0),
+                chat(q, stop=None, logit_bias={}),
+                {**chat(q), "max_tokens": None, "max_completion_tokens": MAX_TOKENS},
+                chat(q, stream=False, user="someone"),
+                chat(q, logprobs=False),
+                chat(q, stop=[]),
+                chat(q, response_format={"type": "text"}),
+                chat(q, seed=None),
+            ],
+        ),
+        f"chat-tools-{i}": (
+            "chat/completions",
+            [
+                chat(q, tools=TOOLS),
+                chat(q, tools=reordered(TOOLS)),
+                chat(q, tools=TOOLS, tool_choice="auto"),
+                chat(q, tools=TOOLS[::-1]),
+                chat(q, response_format=SCHEMA),
+                chat(q, response_format=reordered(SCHEMA)),
+            ],
+        ),
     }
 
 
 def prompt_groups(i: int, p: str) -> dict[str, tuple[str, list[dict[str, Any]]]]:
     return {
-        f"prompt-ends-{i}": ("completions", [completion(p), completion(p + " "), completion(p + "\n"),
-                                             completion(" " + p), completion(p + "\n    "), completion([p])]),
-        f"prompt-inside-{i}": ("completions", [completion(p), completion(p.replace(" ", "  ", 1)),
-                                               completion(p.replace(" ", "\r\n", 1)),
-                                               completion(p.replace(" ", "\n", 1))]),
-        f"prompt-unicode-{i}": ("completions", [completion(unicodedata.normalize("NFC", p)),
-                                                completion(unicodedata.normalize("NFD", p)),
-                                                completion(p.replace(" ", "\u200b ", 1))]),
-        f"prompt-defaults-{i}": ("completions", [completion(p), reordered(completion(p)),
-                                                 completion(p, temperature=0.0, echo=False, best_of=1, n=1),
-                                                 completion(p, stop=None, logprobs=None, stream=False, user="u")]),
+        f"prompt-ends-{i}": (
+            "completions",
+            [
+                completion(p),
+                completion(p + " "),
+                completion(p + "\n"),
+                completion(" " + p),
+                completion(p + "\n    "),
+                completion([p]),
+            ],
+        ),
+        f"prompt-inside-{i}": (
+            "completions",
+            [
+                completion(p),
+                completion(p.replace(" ", "  ", 1)),
+                completion(p.replace(" ", "\r\n", 1)),
+                completion(p.replace(" ", "\n", 1)),
+            ],
+        ),
+        f"prompt-unicode-{i}": (
+            "completions",
+            [
+                completion(unicodedata.normalize("NFC", p)),
+                completion(unicodedata.normalize("NFD", p)),
+                completion(p.replace(" ", "\u200b ", 1)),
+            ],
+        ),
+        f"prompt-defaults-{i}": (
+            "completions",
+            [
+                completion(p),
+                reordered(completion(p)),
+                completion(p, temperature=0.0, echo=False, best_of=1, n=1),
+                completion(p, stop=None, logprobs=None, stream=False, user="u"),
+            ],
+        ),
     }
 
 
 def build() -> dict[str, Any]:
     groups: dict[str, Any] = {}
     for i, q in enumerate(QUESTIONS):
-        groups.update({name: {"endpoint": e, "variants": v} for name, (e, v) in question_groups(i, q).items()})
+        groups.update(
+            {name: {"endpoint": e, "variants": v} for name, (e, v) in question_groups(i, q).items()}
+        )
     for i, p in enumerate(PROMPTS):
         groups.update({name: {"endpoint": e, "variants": v} for name, (e, v) in prompt_groups(i, p).items()})
     return {"format": "tokenedge.key-corpus.v1", "max_tokens": MAX_TOKENS, "groups": groups}
@@ -118,5 +238,7 @@ if __name__ == "__main__":
     PATH.parent.mkdir(parents=True, exist_ok=True)
     PATH.write_text(json.dumps(build(), ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     corpus = build()
-    print(f"{PATH}: {len(corpus['groups'])} groups, "
-          f"{sum(len(g['variants']) for g in corpus['groups'].values())} variants")
+    print(
+        f"{PATH}: {len(corpus['groups'])} groups, "
+        f"{sum(len(g['variants']) for g in corpus['groups'].values())} variants"
+    )

@@ -31,11 +31,16 @@ class RawResponse:
         except orjson.JSONDecodeError:
             return False
         error = doc.get("error") if isinstance(doc, dict) else None
-        return isinstance(error, dict) and isinstance(error.get("message"), str) and isinstance(
-            error.get("type"), str)
+        return (
+            isinstance(error, dict)
+            and isinstance(error.get("message"), str)
+            and isinstance(error.get("type"), str)
+        )
 
 
-def request_bytes(method: str, target: str, headers: dict[str, str] | None = None, body: bytes = b"") -> bytes:
+def request_bytes(
+    method: str, target: str, headers: dict[str, str] | None = None, body: bytes = b""
+) -> bytes:
     lines = [f"{method} {target} HTTP/1.1", "Host: gateway.test", "Connection: close"]
     merged = dict(headers or {})
     if body and "Content-Length" not in merged and "Transfer-Encoding" not in merged:
@@ -44,7 +49,9 @@ def request_bytes(method: str, target: str, headers: dict[str, str] | None = Non
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
-async def exchange(port: int, data: bytes, *, timeout_s: float = 30.0, host: str = "127.0.0.1") -> list[RawResponse]:
+async def exchange(
+    port: int, data: bytes, *, timeout_s: float = 30.0, host: str = "127.0.0.1"
+) -> list[RawResponse]:
     reader, writer = await asyncio.open_connection(host, port)
     try:
         writer.write(data)
@@ -69,7 +76,9 @@ def parse_responses(raw: bytes, *, head_request: bool = False) -> list[RawRespon
         status = int(lines[0].split(" ", 2)[1])
         headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
         bodiless_head = head_request and not out and (not rest or rest.startswith(b"HTTP/"))  # a parse error
-        if bodiless_head or 100 <= status < 200 or status in (204, 304):  # answers a HEAD it never saw with a body
+        if (
+            bodiless_head or 100 <= status < 200 or status in (204, 304)
+        ):  # answers a HEAD it never saw with a body
             body = b""
             raw = rest
         elif headers.get("transfer-encoding", "").lower() == "chunked":
@@ -92,4 +101,4 @@ def _dechunk(data: bytes) -> tuple[bytes, bytes]:
             _, _, data = data.partition(b"\r\n")
             return bytes(body), data
         body += data[:size]
-        data = data[size + 2:]
+        data = data[size + 2 :]

@@ -33,12 +33,18 @@ class Replica:
 async def start_replica(upstream_url: str, env: Mapping[str, str]) -> Replica:
     port = free_port()
     log = Path(tempfile.mkstemp(prefix="tokenedge-replica-", suffix=".log")[1])
-    full_env = {**os.environ, "TOKENEDGE_UPSTREAM_URL": upstream_url, "TOKENEDGE_SERVER_HOST": "127.0.0.1",
-                "TOKENEDGE_SERVER_PORT": str(port), "PROMETHEUS_MULTIPROC_DIR": tempfile.mkdtemp(prefix="te-mp-"),
-                **env}
+    full_env = {
+        **os.environ,
+        "TOKENEDGE_UPSTREAM_URL": upstream_url,
+        "TOKENEDGE_SERVER_HOST": "127.0.0.1",
+        "TOKENEDGE_SERVER_PORT": str(port),
+        "PROMETHEUS_MULTIPROC_DIR": tempfile.mkdtemp(prefix="te-mp-"),
+        **env,
+    }
     with log.open("wb") as out:
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "gateway", "--workers", "1", cwd=REPO,
-                                                    env=full_env, stdout=out, stderr=out)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway", "--workers", "1", cwd=REPO, env=full_env, stdout=out, stderr=out
+        )
     for _ in range(600):  # readiness: the port is bound (bounded, ~60 s)
         if listening_sockets(port) >= 1 or proc.returncode is not None:
             break

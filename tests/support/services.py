@@ -51,9 +51,27 @@ class RedisServer:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.dir), "--loglevel", "notice", "--logfile", ""],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.dir),
+                "--loglevel",
+                "notice",
+                "--logfile",
+                "",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         wait_for_line(self.proc, "Ready to accept connections", "redis-server")
 
     def stop(self) -> None:
@@ -91,9 +109,28 @@ class MemcachedServer:
         # -vv is the only level that logs readiness ("server listening"); it also logs every command, so a
         # thread drains the pipe for the server's lifetime.
         self.proc = subprocess.Popen(
-            [self.binary, "-l", "127.0.0.1", "-p", str(self.port), "-U", "0", "-m", "64", "-t", "2",
-             "-I", str(self.max_item_bytes), "-u", getpass.getuser(), "-vv"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                self.binary,
+                "-l",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "0",
+                "-m",
+                "64",
+                "-t",
+                "2",
+                "-I",
+                str(self.max_item_bytes),
+                "-u",
+                getpass.getuser(),
+                "-vv",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         wait_for_line(self.proc, "server listening", "memcached", max_lines=5000)
         threading.Thread(target=_drain, args=(self.proc,), daemon=True).start()
 

@@ -17,8 +17,10 @@ from backend.server import ServedModel, ServerLimits, create_app
 from backend.tokenizer import Tokenizer
 from tokenedge_wire.pattern import GPT2
 
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def chatml_byte_tokenizer(template: str = CHATML) -> Tokenizer:
@@ -26,10 +28,16 @@ def chatml_byte_tokenizer(template: str = CHATML) -> Tokenizer:
     ranks = {bytes([b]): b for b in range(256)}
     for word in (b" t", b"he", b" the", b"  ", b"in", b"er"):
         ranks[word] = len(ranks)
-    return Tokenizer(name="chatml-bytes", pattern=GPT2, mergeable_ranks=ranks,
-                     special_tokens={"<|im_start|>": len(ranks), "<|im_end|>": len(ranks) + 1},
-                     vocab_size=len(ranks) + 2, bos_token_id=None, eos_token_ids=[len(ranks) + 1],
-                     chat_template=template)
+    return Tokenizer(
+        name="chatml-bytes",
+        pattern=GPT2,
+        mergeable_ranks=ranks,
+        special_tokens={"<|im_start|>": len(ranks), "<|im_end|>": len(ranks) + 1},
+        vocab_size=len(ranks) + 2,
+        bos_token_id=None,
+        eos_token_ids=[len(ranks) + 1],
+        chat_template=template,
+    )
 
 
 class EchoEngine:
@@ -47,18 +55,24 @@ class EchoEngine:
     def stats(self) -> EngineStats:
         return EngineStats(0, 0, 64, 64, 0, 0, 0, 0)
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
-                       request_id: str) -> AsyncIterator[TokenOut]:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[TokenOut]:
         self.prompts.append(list(prompt_ids))
         text = f" {len(prompt_ids)} tokens, checksum {sum(i * (k + 1) for k, i in enumerate(prompt_ids)) % 9973}."
-        script = [*self.tokenizer.encode(text + " ünïcode 😀 \"quoted\"\n"), self.eos]
-        for i, token in enumerate(script[:params.max_tokens]):
+        script = [*self.tokenizer.encode(text + ' ünïcode 😀 "quoted"\n'), self.eos]
+        for i, token in enumerate(script[: params.max_tokens]):
             await asyncio.sleep(0)
             last = token == self.eos or i + 1 == params.max_tokens
-            yield TokenOut(token, ("stop" if token == self.eos else "length") if last else None, len(prompt_ids), 0)
+            yield TokenOut(
+                token, ("stop" if token == self.eos else "length") if last else None, len(prompt_ids), 0
+            )
 
 
-def backend_app(tokenizer: Tokenizer, engine: EchoEngine, *, model_id: str = "tiny",
-                max_model_len: int = 256) -> web.Application:
-    model = ServedModel(id=model_id, revision="rev-1", tokenizer=tokenizer, max_model_len=max_model_len, created=0)
+def backend_app(
+    tokenizer: Tokenizer, engine: EchoEngine, *, model_id: str = "tiny", max_model_len: int = 256
+) -> web.Application:
+    model = ServedModel(
+        id=model_id, revision="rev-1", tokenizer=tokenizer, max_model_len=max_model_len, created=0
+    )
     return create_app(model, lambda: engine, ServerLimits(max_n=3, default_max_tokens=64))

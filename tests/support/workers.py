@@ -33,11 +33,25 @@ async def gateway_workers(upstream_url: str, workers: int, env: Mapping[str, str
     """The base URL of a running multi-worker gateway in front of `upstream_url`."""
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="tokenedge-workers-", suffix=".log", delete=False)  # noqa: SIM115
-    full_env = {**os.environ, "TOKENEDGE_UPSTREAM_URL": upstream_url, "TOKENEDGE_SERVER_HOST": "127.0.0.1",
-                "TOKENEDGE_SERVER_PORT": str(port), "PROMETHEUS_MULTIPROC_DIR": tempfile.mkdtemp(prefix="te-mp-"),
-                **env}
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "gateway", "--workers", str(workers),
-                                                cwd=REPO, env=full_env, stdout=log, stderr=log)
+    full_env = {
+        **os.environ,
+        "TOKENEDGE_UPSTREAM_URL": upstream_url,
+        "TOKENEDGE_SERVER_HOST": "127.0.0.1",
+        "TOKENEDGE_SERVER_PORT": str(port),
+        "PROMETHEUS_MULTIPROC_DIR": tempfile.mkdtemp(prefix="te-mp-"),
+        **env,
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway",
+        "--workers",
+        str(workers),
+        cwd=REPO,
+        env=full_env,
+        stdout=log,
+        stderr=log,
+    )
     try:
         for _ in range(600):  # readiness: every worker has bound the port (bounded, ~60 s)
             if listening_sockets(port) >= workers or proc.returncode is not None:
