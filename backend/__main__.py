@@ -54,10 +54,10 @@ def build_app(config: BackendConfig) -> web.Application:
     loaded = load_model(config.model)
     max_model_len = min(config.max_model_len, loaded.config.max_position_embeddings)
     attention = resolve_attention(
-        config.attention,
+        config.attention,  # type: ignore[arg-type]
         config.device,
         config.torch_dtype,
-        config.block_size,  # type: ignore[arg-type]
+        config.block_size,
     )
     runtime = describe_runtime(config.device, config.torch_dtype, attention)
     log_runtime(runtime)

@@ -110,8 +110,8 @@ class RedisClusterTier(RedisTier):
             retry_after_s=retry_after_s,
             clock=clock,
             on_error=on_error,
-            client=self._cluster,
-        )  # type: ignore[arg-type]
+            client=self._cluster,  # type: ignore[arg-type]
+        )
 
     async def _mget(self, keys: list[str]) -> list[bytes | str | None]:
         return list(await self._cluster.mget_nonatomic(keys))
