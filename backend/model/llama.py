@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -28,8 +28,12 @@ from backend.model.layers import AttendFn, LlamaDecoderLayer, RMSNorm
 from backend.model.rope import RopeTable, inv_frequencies
 from backend.model.tiling import RowTiling, TilingMemo, calibrate_tiling, tiled_rows
 
-if TYPE_CHECKING:
-    from backend.model.quant import RescoredHead
+
+class GreedyHead(Protocol):
+    """A quantized LM head whose greedy rows pick the fp32 head's token (`backend.model.quant.RescoredHead`)."""
+
+    def greedy_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
 
 # (layer index, q [T, H, D], k [T, KH, D], v [T, KH, D]) -> [T, H, D]
 LayerAttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -66,7 +70,7 @@ class LlamaModel(nn.Module):
         self._head_tiling: RowTiling | None = None
         # fp32 logits: an fp32 copy of the output matrix when the weights are half precision.
         self._logits_weight_fp32: torch.Tensor | None = None
-        self.head: RescoredHead | None = None  # set by quantize_model
+        self.head: GreedyHead | None = None  # set by quantize_model
 
     # ---- weights -------------------------------------------------------------------------------------
 
