@@ -8,13 +8,8 @@ purged one.
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
-import sys
-import tempfile
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import aiohttp
@@ -22,46 +17,16 @@ import orjson
 
 from tests.gateway.conftest import AUTH_A, CHAT
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.services import free_port
-from tests.support.workers import listening_sockets
+from tests.support.workers import gateway_workers
 
 REPO = Path(__file__).resolve().parents[2]
 ADMIN = {"Authorization": "Bearer admin-secret"}
 
 
-@asynccontextmanager
-async def gateway_process(upstream_url: str, workers: int, redis_url: str = "") -> AsyncIterator[str]:
-    port = free_port()
-    log = tempfile.NamedTemporaryFile(prefix="tokenedge-coh-", suffix=".log", delete=False)  # noqa: SIM115
-    env = {
-        **os.environ,
-        "TOKENEDGE_UPSTREAM_URL": upstream_url,
-        "TOKENEDGE_SERVER_PORT": str(port),
-        "TOKENEDGE_SERVER_ADMIN_TOKEN": "admin-secret",
-        "TOKENEDGE_CACHE_REDIS_URL": redis_url,
-        "PROMETHEUS_MULTIPROC_DIR": tempfile.mkdtemp(prefix="te-mp-"),
-    }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway", "--workers", str(workers), cwd=REPO, env=env, stdout=log, stderr=log
-    )
-    try:
-        for _ in range(600):  # readiness: every worker has bound the port (bounded, ~60 s)
-            if listening_sockets(port) >= workers or proc.returncode is not None:
-                break
-            await asyncio.sleep(0.1)
-        if listening_sockets(port) < workers:
-            raise RuntimeError(f"gateway did not start:\n{Path(log.name).read_text()[-3000:]}")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 20)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-        log.close()
-        os.unlink(log.name)
+def gateway_process(upstream_url: str, workers: int, redis_url: str = "") -> AbstractAsyncContextManager[str]:
+    """`python -m gateway --workers N` with the admin token (and Redis when given)."""
+    env = {"TOKENEDGE_SERVER_ADMIN_TOKEN": "admin-secret", "TOKENEDGE_CACHE_REDIS_URL": redis_url}
+    return gateway_workers(upstream_url, workers, env)
 
 
 async def post(
