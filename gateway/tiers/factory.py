@@ -28,16 +28,9 @@ def build_l1(config: CacheConfig, clock: Callable[[], float]) -> MemoryTier:
 def build_l2(config: CacheConfig, metrics: GatewayMetrics, clock: Callable[[], float]) -> Tier | None:
     errors = metrics.cache_errors.labels("l2")
     kind = config.l2_kind
-    if kind == "redis" and is_cluster_url(config.redis_url):
-        return RedisClusterTier(
-            config.redis_url,
-            timeout_s=config.redis_timeout_s,
-            retry_after_s=config.redis_retry_after_s,
-            clock=clock,
-            on_error=errors.inc,
-        )
     if kind == "redis":
-        return RedisTier(
+        redis_tier = RedisClusterTier if is_cluster_url(config.redis_url) else RedisTier
+        return redis_tier(
             config.redis_url,
             timeout_s=config.redis_timeout_s,
             retry_after_s=config.redis_retry_after_s,
