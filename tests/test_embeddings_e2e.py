@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -16,10 +15,8 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from tests.support.services import free_port
-from tests.test_run_script import wait_ready
+from tests.support.make_run import start_run_script, wait_ready
 
-ROOT = Path(__file__).resolve().parents[1]
 MODEL = "SmolLM2-135M-Instruct"
 pytestmark = pytest.mark.slow
 
@@ -40,23 +37,7 @@ async def embed_twice(client: AsyncOpenAI, **kwargs: Any) -> list[list[float]]:
 
 
 async def test_smollm2_embeddings_and_models_through_make_run() -> None:
-    backend_port, gateway_port = free_port(), free_port()
-    env = {
-        **os.environ,
-        "TOKENEDGE_BACKEND_PORT": str(backend_port),
-        "TOKENEDGE_SERVER_PORT": str(gateway_port),
-        "TOKENEDGE_UPSTREAM_URL": f"http://127.0.0.1:{backend_port}",
-        "TOKENEDGE_BACKEND_NUM_BLOCKS": "256",
-    }
-    proc = await asyncio.create_subprocess_exec(
-        "bash",
-        str(ROOT / "scripts" / "run.sh"),
-        cwd=ROOT,
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc, backend_port, gateway_port = await start_run_script(stdout=asyncio.subprocess.DEVNULL)
     try:
         async with aiohttp.ClientSession() as session:
             await wait_ready(session, f"http://127.0.0.1:{backend_port}/health", proc)

@@ -7,30 +7,13 @@ import asyncio
 import os
 import signal
 import socket
-from pathlib import Path
 
 import aiohttp
 import pytest
 
-from tests.support.services import free_port
+from tests.support.make_run import start_run_script, wait_ready
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-
-
-async def wait_ready(session: aiohttp.ClientSession, url: str, proc: asyncio.subprocess.Process) -> None:
-    """Readiness by polling (bounded): loading SmolLM2 takes seconds; a dead script fails at once."""
-    for _ in range(1200):
-        if proc.returncode is not None:
-            raise AssertionError(f"run.sh exited early with {proc.returncode}")
-        try:
-            async with session.get(url) as resp:
-                if resp.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{url} not ready within 120 s")
 
 
 def port_is_free(port: int) -> bool:
@@ -39,23 +22,7 @@ def port_is_free(port: int) -> bool:
 
 
 async def test_run_script_serves_a_miss_then_a_hit_and_one_sigint_stops_both() -> None:
-    backend_port, gateway_port = free_port(), free_port()
-    env = {
-        **os.environ,
-        "TOKENEDGE_BACKEND_PORT": str(backend_port),
-        "TOKENEDGE_SERVER_PORT": str(gateway_port),
-        "TOKENEDGE_UPSTREAM_URL": f"http://127.0.0.1:{backend_port}",
-        "TOKENEDGE_BACKEND_NUM_BLOCKS": "256",
-    }
-    proc = await asyncio.create_subprocess_exec(
-        "bash",
-        str(ROOT / "scripts" / "run.sh"),
-        cwd=ROOT,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc, backend_port, gateway_port = await start_run_script(stdout=asyncio.subprocess.PIPE)
     assert proc.stdout is not None
     try:
         banner = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
