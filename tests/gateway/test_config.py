@@ -19,12 +19,12 @@ from gateway.config import (
     ConfigError,
     GatewayConfig,
     RouteConfig,
-    RouteLevel,
     env_name,
     load_config,
     section_types,
     setting_paths,
 )
+from gateway.config_sections import RouteLevel
 
 SHIPPED = Path(__file__).parents[2] / "configs" / "gateway.toml"
 
