@@ -27,7 +27,8 @@ from cachetools import TTLCache
 
 from gateway.errors import UpstreamError
 from gateway.ratelog import RateLimitedLog
-from gateway.upstream import Upstream, UpstreamResponse
+from gateway.transport import UpstreamTransport
+from gateway.upstream import UpstreamResponse
 
 log = logging.getLogger("tokenedge.catalog")
 UNVERSIONED = "unversioned"
@@ -69,7 +70,7 @@ def parse_models(body: bytes) -> dict[str, ModelInfo]:
 
 class ModelCatalog:
     def __init__(
-        self, upstream: Upstream, *, ttl_s: float, fallback_revision: str, clock: Callable[[], float]
+        self, upstream: UpstreamTransport, *, ttl_s: float, fallback_revision: str, clock: Callable[[], float]
     ) -> None:
         self._upstream = upstream
         self._ttl_s = ttl_s

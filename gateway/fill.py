@@ -17,6 +17,7 @@ from gateway.entry import Entry, make_etag
 from gateway.keys import CacheKey, entry_tags
 from gateway.policy import Reason, store_refusal
 from gateway.state import GatewayState
+from gateway.transport import UpstreamTransport
 from gateway.upstream import UpstreamResponse
 
 
@@ -38,7 +39,9 @@ class FillRequest:
     path_qs: str
     headers: Mapping[str, str]
     body: bytes
-    via: Any = None  # a per-request upstream seam (gateway.tokens: budgets, binary transport); None: plain
+    via: UpstreamTransport | None = (
+        None  # a per-request seam (gateway.tokens: budgets, binary transport); None: plain
+    )
     level: str = ""  # the canonicalization level of the key (Cache-Status detail on misses)
 
 

@@ -17,7 +17,7 @@ from gateway.policy import RoutePolicy
 from gateway.singleflight import SingleFlight
 from gateway.streaming.broadcast import StreamFlights
 from gateway.tiers.tiered import TieredCache
-from gateway.upstream import Upstream
+from gateway.transport import UpstreamTransport
 
 
 @dataclass(slots=True)
@@ -26,7 +26,7 @@ class GatewayState:
     metrics: GatewayMetrics
     clock: Callable[[], float]
     cache: TieredCache
-    upstream: Upstream
+    upstream: UpstreamTransport
     catalog: ModelCatalog
     flights: SingleFlight[object] = field(default_factory=SingleFlight)
     memo: RequestMemo = field(default_factory=lambda: RequestMemo(32 * 1024 * 1024))

@@ -112,7 +112,7 @@ class Upstream:
     async def request(
         self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None = None
     ) -> UpstreamResponse:
-        async with self.open(method, path_qs, headers, body) as resp:
+        async with self.open_stream(method, path_qs, headers, body) as resp:
             try:
                 data = await resp.read()
             except (TimeoutError, aiohttp.ClientError) as exc:
@@ -120,7 +120,7 @@ class Upstream:
             return UpstreamResponse(resp.status, resp.headers, data)
 
     @asynccontextmanager
-    async def open(
+    async def open_stream(
         self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None = None
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         try:

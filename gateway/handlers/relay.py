@@ -136,7 +136,7 @@ async def relay(
 ) -> web.StreamResponse:
     if not relayable(path_qs.partition("?")[0], state.config.upstream.relay_routes):
         raise NotFound("not a route this gateway relays", code="unknown_route")  # defence in depth
-    async with state.upstream.open(method, path_qs, headers, body) as upstream_resp:
+    async with state.upstream.open_stream(method, path_qs, headers, body) as upstream_resp:
         out_headers = relay_headers(upstream_resp.headers)
         out_headers.update(extra_headers)
         if "Content-Type" in upstream_resp.headers:
@@ -144,9 +144,7 @@ async def relay(
         if upstream_resp.headers.get("Content-Type", "").startswith("text/event-stream"):
             out_headers["X-Accel-Buffering"] = "no"
             out_headers.setdefault("Cache-Control", "no-cache")
-        response = web.StreamResponse(
-            status=upstream_resp.status, reason=upstream_resp.reason, headers=out_headers
-        )
+        response = web.StreamResponse(status=upstream_resp.status, headers=out_headers)
         await response.prepare(request)
         try:
             async for chunk in upstream_resp.content.iter_any():

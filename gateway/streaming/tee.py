@@ -24,6 +24,7 @@ from gateway.state import GatewayState
 from gateway.streaming.broadcast import Frame, Head, StreamFlight
 from gateway.streaming.recorder import Kind, Recorder
 from gateway.streaming.sse import DONE_FRAME, SSEParser, data_frame, error_frame
+from gateway.transport import OpenResponse
 from gateway.upstream import translate
 
 log = logging.getLogger("tokenedge.stream")
@@ -40,7 +41,9 @@ async def tee(state: GatewayState, flight: StreamFlight, req: FillRequest) -> No
         Reason.INCOMPLETE.value,
     )
     try:
-        async with (req.via or state.upstream).open("POST", req.path_qs, req.headers, req.body) as resp:
+        async with (req.via or state.upstream).open_stream(
+            "POST", req.path_qs, req.headers, req.body
+        ) as resp:
             event_stream = resp.headers.get("Content-Type", "").startswith("text/event-stream")
             if resp.status != 200 or not event_stream:
                 body = await resp.read()
@@ -81,7 +84,7 @@ async def tee(state: GatewayState, flight: StreamFlight, req: FillRequest) -> No
         flight.finish(last, outcome)
 
 
-async def _pump(resp: aiohttp.ClientResponse, flight: StreamFlight, recorder: Recorder, cap: int) -> None:
+async def _pump(resp: OpenResponse, flight: StreamFlight, recorder: Recorder, cap: int) -> None:
     parser = SSEParser()
     async for data in resp.content.iter_any():  # each read is bounded by sock_read, never a total timeout
         for event in parser.feed(data):

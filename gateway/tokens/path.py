@@ -32,7 +32,8 @@ from gateway.tokens.encoder import ModelEncoder, Unrenderable
 from gateway.tokens.limiter import TokenRateLimiter
 from gateway.tokens.registry import TokenizerRegistry, TokenizerSpec, default_cache_dir
 from gateway.tokens.transport import BINARY_ENDPOINTS, BINARY_FIELDS, BinaryCall
-from gateway.upstream import Upstream, UpstreamResponse
+from gateway.transport import UpstreamTransport
+from gateway.upstream import UpstreamResponse
 
 log = logging.getLogger("tokenedge.tokens")
 TOKEN_PATH = "tokens"  # GatewayState.extensions key
@@ -55,7 +56,7 @@ class TokenPath:
     def __init__(
         self,
         config: TokensConfig,
-        upstream: Upstream,
+        upstream: UpstreamTransport,
         catalog: ModelCatalog,
         metrics: GatewayMetrics,
         clock: Any,
@@ -203,7 +204,7 @@ class TokenUpstream:
         return await self._path.upstream.request(method, path_qs, headers, body)
 
     @asynccontextmanager
-    async def open(
+    async def open_stream(
         self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None = None
     ) -> AsyncIterator[Any]:
         plan = await self._plan(headers)
@@ -212,11 +213,11 @@ class TokenUpstream:
             return
         call = self._binary(plan)
         if call is not None:
-            async with call.open(headers) as resp:
+            async with call.open_stream(headers) as resp:
                 if resp is not None:
                     yield resp
                     return
-        async with self._path.upstream.open(method, path_qs, headers, body) as resp:
+        async with self._path.upstream.open_stream(method, path_qs, headers, body) as resp:
             yield resp
 
 

@@ -26,7 +26,7 @@ import tiktoken
 from tiktoken.model import encoding_name_for_model
 
 from gateway.errors import UpstreamError
-from gateway.upstream import Upstream
+from gateway.transport import UpstreamTransport
 from tokenedge_wire.tokenizer_version import tokenizer_version
 
 log = logging.getLogger("tokenedge.tokens")
@@ -86,7 +86,7 @@ def default_cache_dir() -> Path:
 class TokenizerRegistry:
     def __init__(
         self,
-        upstream: Upstream | None,
+        upstream: UpstreamTransport | None,
         *,
         cache_dir: Path,
         clock: Callable[[], float],

@@ -15,13 +15,13 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.errors import UpstreamError
 from gateway.streaming.replay import wants_usage
 from gateway.tokens.render import JSON_CONTENT_TYPE, SSE_HEADERS, Rendering
-from gateway.upstream import Upstream, UpstreamResponse
+from gateway.transport import OpenResponse, UpstreamTransport
+from gateway.upstream import UpstreamResponse
 from tokenedge_wire.framing import REQUEST_TYPE, FrameReader, WireError, encode_request
 
 PATH = "/v1/tokens/generate"
@@ -80,7 +80,7 @@ class RenderedStream:
 
     status = 200
 
-    def __init__(self, upstream: aiohttp.ClientResponse, render: Rendering) -> None:
+    def __init__(self, upstream: OpenResponse, render: Rendering) -> None:
         self.headers = _proxy(SSE_HEADERS)
         self._upstream = upstream
         self._render = render
@@ -112,7 +112,12 @@ class RenderedStream:
 
 class BinaryCall:
     def __init__(
-        self, upstream: Upstream, endpoint: str, body: Mapping[str, Any], ids: array[int], tokenizer: str
+        self,
+        upstream: UpstreamTransport,
+        endpoint: str,
+        body: Mapping[str, Any],
+        ids: array[int],
+        tokenizer: str,
     ) -> None:
         self._upstream = upstream
         self._payload = request_body(endpoint, body, ids, tokenizer)
@@ -148,9 +153,9 @@ class BinaryCall:
         raise UpstreamError("the binary event stream ended before its usage frame")
 
     @asynccontextmanager
-    async def open(self, headers: Mapping[str, str]) -> AsyncIterator[Any]:
+    async def open_stream(self, headers: Mapping[str, str]) -> AsyncIterator[Any]:
         """Yields the rendered SSE response, the backend's own error response, or None (409: use JSON)."""
-        async with self._upstream.open("POST", PATH, binary_headers(headers), self._payload) as resp:
+        async with self._upstream.open_stream("POST", PATH, binary_headers(headers), self._payload) as resp:
             if resp.status == 409:
                 yield None
             elif resp.status != 200:

@@ -35,7 +35,7 @@ class _Upstream:
         self._resp = _Body(status, body)
 
     @asynccontextmanager
-    async def open(
+    async def open_stream(
         self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None = None
     ) -> AsyncIterator[Any]:
         yield self._resp
