@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -79,55 +79,55 @@ LATENCY_BUCKETS = (
 )
 
 
+def _latency(name: str, doc: str, labels: Sequence[str], registry: CollectorRegistry) -> Histogram:
+    """A latency histogram on the shared `LATENCY_BUCKETS`."""
+    return Histogram(name, doc, labels, buckets=LATENCY_BUCKETS, registry=registry)
+
+
+def _per_tier(name: str, doc: str, registry: CollectorRegistry) -> Gauge:
+    """A per-process size gauge by tier, summed over live workers (the shared tiers are added at scrape time)."""
+    return Gauge(name, doc, ["tier"], multiprocess_mode="livesum", registry=registry)
+
+
 class GatewayMetrics:
+    """Every family the gateway exports, built in groups: one `_..._families` method per group, listed once in
+    `__init__`, so a new group is one method and one line there."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
+        for build in (
+            self._request_families,
+            self._cache_families,
+            self._upstream_families,
+            self._saving_families,
+            self._edge_families,
+        ):
+            build(self.registry)
+        self._stages: dict[str, Histogram] = {}
+        self.tally = Tally()  # the hot path records here; flushed into the objects above (gateway/tally.py)
+        self.prices: dict[str, Price] = {}  # dashboard.prices, parsed (set by the app)
+        self._zero_known_series()
+
+    def _request_families(self, r: CollectorRegistry) -> None:
         self.requests = Counter(
             "tokenedge_requests",
             "Requests by route, result and reason",
             ["route", "result", "reason"],
             registry=r,
         )
+        self.request_duration = _latency(
+            "tokenedge_request_duration_seconds", "Gateway request latency", ["route", "result"], r
+        )
+        self.ttft = _latency(
+            "tokenedge_time_to_first_token_seconds", "Time to first streamed token", ["route", "result"], r
+        )
+        self.stage_duration = _latency(
+            "tokenedge_stage_duration_seconds", "Per-request latency breakdown by stage", ["stage"], r
+        )
+
+    def _cache_families(self, r: CollectorRegistry) -> None:
         self.lookups = Counter(
             "tokenedge_cache_lookups", "Cache lookups by tier and outcome", ["tier", "outcome"], registry=r
-        )
-        self.request_duration = Histogram(
-            "tokenedge_request_duration_seconds",
-            "Gateway request latency",
-            ["route", "result"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.upstream_duration = Histogram(
-            "tokenedge_upstream_duration_seconds",
-            "Upstream call latency",
-            ["route"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.ttft = Histogram(
-            "tokenedge_time_to_first_token_seconds",
-            "Time to first streamed token",
-            ["route", "result"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.stage_duration = Histogram(
-            "tokenedge_stage_duration_seconds",
-            "Per-request latency breakdown by stage",
-            ["stage"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.tokenize_duration = Histogram(
-            "tokenedge_tokenize_duration_seconds", "Tokenization latency", buckets=LATENCY_BUCKETS, registry=r
-        )
-        self.tokens_saved = Counter(
-            "tokenedge_tokens_saved", "Prompt + completion tokens served from cache", registry=r
-        )
-        self.bytes_from_cache = Counter(
-            "tokenedge_bytes_served_from_cache", "Body bytes served from cache", registry=r
         )
         self.cache_errors = Counter(
             "tokenedge_cache_errors", "Cache tier failures (served degraded)", ["tier"], registry=r
@@ -141,22 +141,15 @@ class GatewayMetrics:
             ["tier", "reason"],
             registry=r,
         )
-        self.cache_entries = Gauge(
-            "tokenedge_cache_entries",
-            "Entries held, by tier",
-            ["tier"],
-            multiprocess_mode="livesum",
-            registry=r,
+        self.cache_entries = _per_tier(ENTRIES, "Entries held, by tier", r)
+        self.cache_bytes = _per_tier(BYTES, "Bytes held, by tier", r)
+        self.cache_evictions = _per_tier(
+            "tokenedge_cache_evictions", "Capacity evictions since start, by tier", r
         )
-        self.cache_bytes = Gauge(
-            "tokenedge_cache_bytes", "Bytes held, by tier", ["tier"], multiprocess_mode="livesum", registry=r
-        )
-        self.cache_evictions = Gauge(
-            "tokenedge_cache_evictions",
-            "Capacity evictions since start, by tier",
-            ["tier"],
-            multiprocess_mode="livesum",
-            registry=r,
+
+    def _upstream_families(self, r: CollectorRegistry) -> None:
+        self.upstream_duration = _latency(
+            "tokenedge_upstream_duration_seconds", "Upstream call latency", ["route"], r
         )
         self.upstream_up = Gauge(
             "tokenedge_upstream_up",
@@ -164,6 +157,24 @@ class GatewayMetrics:
             multiprocess_mode="livemin",
             registry=r,
         )
+
+    def _saving_families(self, r: CollectorRegistry) -> None:
+        self.tokenize_duration = _latency(
+            "tokenedge_tokenize_duration_seconds", "Tokenization latency", (), r
+        )
+        self.tokens_saved = Counter(
+            "tokenedge_tokens_saved", "Prompt + completion tokens served from cache", registry=r
+        )
+        self.bytes_from_cache = Counter(
+            "tokenedge_bytes_served_from_cache", "Body bytes served from cache", registry=r
+        )
+        self.cost_saved = Counter(
+            "tokenedge_cost_saved_usd",
+            "Estimated upstream cost of the answers served from cache, in USD (dashboard.prices)",
+            registry=r,
+        )
+
+    def _edge_families(self, r: CollectorRegistry) -> None:
         self.slow_clients = Counter(
             "tokenedge_slow_clients",
             "Connections closed at the edge: a request head or body too slow, or over the connection cap",
@@ -173,16 +184,6 @@ class GatewayMetrics:
         self.tag_truncations = Counter(
             "tokenedge_tag_header_truncations", "Tags dropped to fit CDN header limits", registry=r
         )
-        self.cost_saved = Counter(
-            "tokenedge_cost_saved_usd",
-            "Estimated upstream cost of the answers served from cache, in USD (dashboard.prices)",
-            registry=r,
-        )
-
-        self._stages: dict[str, Histogram] = {}
-        self.tally = Tally()  # the hot path records here; flushed into the objects above (gateway/tally.py)
-        self.prices: dict[str, Price] = {}  # dashboard.prices, parsed (set by the app)
-        self._zero_known_series()
 
     def _zero_known_series(self) -> None:
         for route in ROUTES:
