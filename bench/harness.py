@@ -119,17 +119,8 @@ def _latency(text: str, pct: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2)] if match else float("nan")
 
 
-def wrk(
-    url: str,
-    *,
-    body: bytes | None,
-    headers: Mapping[str, str],
-    duration_s: int,
-    connections: int,
-    threads: int,
-    pids: Sequence[int],
-) -> LoadResult:
-    script = tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False)  # noqa: SIM115 - wrk reads it by name
+def _wrk_script(body: bytes | None, headers: Mapping[str, str]) -> str:
+    """The Lua script wrk runs: the method, body and headers, and a fresh body per request where `UNIQUE` stands."""
     lines = [f'wrk.method = "{"POST" if body is not None else "GET"}"']
     if body is not None:
         lines.append(f"wrk.body = {json.dumps(body.decode())}")
@@ -144,7 +135,40 @@ def wrk(
             "  return wrk.format(nil, nil, nil, b)",
             "end",
         ]
-    script.write("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def _load_result(out: str, cpu_s: float) -> LoadResult:
+    """wrk's report (with `--latency`) and the servers' CPU seconds over the run, as one result."""
+    total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    errors_match = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    errors = int(errors_match.group(1)) if errors_match else 0
+    if socket_errors:
+        errors += sum(int(g) for g in socket_errors.groups())
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    return LoadResult(
+        rps=rps,
+        p50_ms=_latency(out, "50"),
+        p99_ms=_latency(out, "99"),
+        cpu_us_per_req=cpu_s / max(total, 1) * 1e6,
+        requests=total,
+        errors=errors,
+    )
+
+
+def wrk(
+    url: str,
+    *,
+    body: bytes | None,
+    headers: Mapping[str, str],
+    duration_s: int,
+    connections: int,
+    threads: int,
+    pids: Sequence[int],
+) -> LoadResult:
+    script = tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False)  # noqa: SIM115 - wrk reads it by name
+    script.write(_wrk_script(body, headers))
     script.close()
     cpu_before = cpu_seconds(pids)
     out = subprocess.run(
@@ -168,21 +192,7 @@ def wrk(
     ).stdout
     cpu = cpu_seconds(pids) - cpu_before
     os.unlink(script.name)
-    total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
-    errors_match = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
-    errors = int(errors_match.group(1)) if errors_match else 0
-    if socket_errors:
-        errors += sum(int(g) for g in socket_errors.groups())
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    return LoadResult(
-        rps=rps,
-        p50_ms=_latency(out, "50"),
-        p99_ms=_latency(out, "99"),
-        cpu_us_per_req=cpu / max(total, 1) * 1e6,
-        requests=total,
-        errors=errors,
-    )
+    return _load_result(out, cpu)
 
 
 def median_result(results: Sequence[LoadResult]) -> LoadResult:

@@ -150,17 +150,90 @@ def encode_table(encoder: ModelEncoder, spliced: ModelEncoder) -> list[dict[str,
     return rows
 
 
-def transport_table(tok: Any, encoder: ModelEncoder) -> list[dict[str, Any]]:
-    """Per request: JSON (backend templates + tokenizes) vs binary (gateway tokenizes, ids on the wire)."""
+META = {"id": "chatcmpl-" + "0" * 32, "created": 1, "model": "m", "system_fingerprint": "r"}
+ANSWER = ["Sure", ",", " here", " is", " the", " answer", "."] * 7
+USAGE = {"prompt_tokens": 1, "completion_tokens": 48, "total_tokens": 49}
+STEPS = ("j_req", "count", "b_req", "j_resp", "b_resp")  # the order they alternate in
+
+
+def _json_steps(
+    tok: Any, encoder: ModelEncoder, body: dict[str, Any], raw: bytes
+) -> dict[str, Callable[[], object]]:
+    """The JSON transport's work for one request: the backend's side, the gateway's count, the response."""
+    from backend.server.protocol import parse_request
+
+    def json_backend() -> None:  # the backend's JSON path: parse, validate, template, tokenize
+        req = parse_request(json.loads(raw), "chat", 4)
+        tok.encode(tok.apply_chat_template(list(req.messages), add_generation_prompt=True))
+
+    def json_response() -> None:  # backend serializes, gateway parses it for the cache entry
+        text = "".join(ANSWER)
+        out = json.dumps(
+            {
+                **META,
+                "object": "chat.completion",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "logprobs": None,
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": USAGE,
+            }
+        )
+        orjson.loads(out)
+
+    def gateway_count() -> None:  # the gateway's context check on a miss (cold token cache)
+        encoder._cache = TokenCache(0)
+        encoder.encode_chat(body["messages"])
+
+    return {"j_req": json_backend, "count": gateway_count, "j_resp": json_response}
+
+
+def _binary_steps(
+    tok: Any, encoder: ModelEncoder, body: dict[str, Any], plain: str
+) -> dict[str, Callable[[], object]]:
+    """The binary transport's work for one request: the gateway tokenizes, ids on the wire, frames back."""
     from backend.server.binary import check_ids
     from backend.server.protocol import parse_request
     from backend.server.state import ServedModel
 
     served = ServedModel(id="m", revision="r", tokenizer=tok, max_model_len=1 << 20, created=0)
+    warm = TokenCache(64 << 20)
 
-    meta = {"id": "chatcmpl-" + "0" * 32, "created": 1, "model": "m", "system_fingerprint": "r"}
-    answer = ["Sure", ",", " here", " is", " the", " answer", "."] * 7
-    usage = {"prompt_tokens": 1, "completion_tokens": 48, "total_tokens": 49}
+    def binary_gateway() -> None:  # warm segment cache: the system prompt is shared, the user text is not
+        encoder._cache = warm
+        warm.discard(encoder.version, "user\n" + plain)
+        ids = encoder.encode_chat(body["messages"])
+        wire = request_body("chat/completions", body, ids, encoder.version)
+        header, got = decode_request(wire)  # backend side: parse, validate params and ids
+        parse_request({**header["params"], "prompt": [0]}, "completion", 4)
+        check_ids(got, served)
+
+    def binary_response() -> None:
+        frames = b"".join(
+            [
+                frame({"meta": META}),
+                frame({"i": 0, "t": "".join(ANSWER), "f": "stop"}),
+                frame({"usage": USAGE}),
+            ]
+        )  # non-stream: the backend sends one frame per choice
+        render = Rendering("chat", 1, False)
+        for event in FrameReader().feed(frames):
+            if "meta" in event:
+                render.meta = event["meta"]
+            elif "usage" in event:
+                orjson.loads(render.body(event["usage"]))  # the fill parses it for the entry, as on JSON
+            else:
+                render.add(event)
+
+    return {"b_req": binary_gateway, "b_resp": binary_response}
+
+
+def transport_table(tok: Any, encoder: ModelEncoder) -> list[dict[str, Any]]:
+    """Per request: JSON (backend templates + tokenizes) vs binary (gateway tokenizes, ids on the wire)."""
     rows = []
     for name, (plain, _) in texts().items():
         body = {
@@ -170,73 +243,10 @@ def transport_table(tok: Any, encoder: ModelEncoder) -> list[dict[str, Any]]:
             "messages": [{"role": "system", "content": PHRASES[0]}, {"role": "user", "content": plain}],
         }
         raw = orjson.dumps(body)
-
-        def json_backend() -> None:  # the backend's JSON path: parse, validate, template, tokenize
-            req = parse_request(json.loads(raw), "chat", 4)
-            tok.encode(tok.apply_chat_template(list(req.messages), add_generation_prompt=True))
-
-        def json_response() -> None:  # backend serializes, gateway parses it for the cache entry
-            text = "".join(answer)
-            out = json.dumps(
-                {
-                    **meta,
-                    "object": "chat.completion",
-                    "choices": [
-                        {
-                            "index": 0,
-                            "message": {"role": "assistant", "content": text},
-                            "logprobs": None,
-                            "finish_reason": "stop",
-                        }
-                    ],
-                    "usage": usage,
-                }
-            )
-            orjson.loads(out)
-
-        def gateway_count() -> None:  # the gateway's context check on a miss (cold token cache)
-            encoder._cache = TokenCache(0)
-            encoder.encode_chat(body["messages"])
-
-        warm = TokenCache(64 << 20)
-
-        def binary_gateway() -> None:  # warm segment cache: the system prompt is shared, the user text is not
-            encoder._cache = warm
-            warm.discard(encoder.version, "user\n" + plain)
-            ids = encoder.encode_chat(body["messages"])
-            wire = request_body("chat/completions", body, ids, encoder.version)
-            header, got = decode_request(wire)  # backend side: parse, validate params and ids
-            parse_request({**header["params"], "prompt": [0]}, "completion", 4)
-            check_ids(got, served)
-
-        def binary_response() -> None:
-            frames = b"".join(
-                [
-                    frame({"meta": meta}),
-                    frame({"i": 0, "t": "".join(answer), "f": "stop"}),
-                    frame({"usage": usage}),
-                ]
-            )  # non-stream: the backend sends one frame per choice
-            render = Rendering("chat", 1, False)
-            for event in FrameReader().feed(frames):
-                if "meta" in event:
-                    render.meta = event["meta"]
-                elif "usage" in event:
-                    orjson.loads(render.body(event["usage"]))  # the fill parses it for the entry, as on JSON
-                else:
-                    render.add(event)
-
+        steps = {**_json_steps(tok, encoder, body, raw), **_binary_steps(tok, encoder, body, plain)}
         ids = encoder.encode_chat(body["messages"])
-        t = paired_us(
-            {
-                "j_req": json_backend,
-                "count": gateway_count,
-                "b_req": binary_gateway,
-                "j_resp": json_response,
-                "b_resp": binary_response,
-            }
-        )
-        j_req, count, b_req, j_resp, b_resp = t["j_req"], t["count"], t["b_req"], t["j_resp"], t["b_resp"]
+        t = paired_us({step: steps[step] for step in STEPS})
+        j_req, count, b_req, j_resp, b_resp = (t[step] for step in STEPS)
         rows.append(
             {
                 "prompt": name,
