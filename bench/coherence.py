@@ -13,10 +13,7 @@ reports in its ack (publish to applied).
 from __future__ import annotations
 
 import asyncio
-import shutil
 import statistics
-import subprocess
-import tempfile
 import time
 from typing import Any
 
@@ -26,6 +23,7 @@ import redis.asyncio as aioredis
 
 from bench.harness import PYTHON, free_port, server, wait_http, write_results
 from gateway.coherence.redis_bus import ACK_CHANNEL
+from tests.support.services import RedisServer
 
 K = 20
 REQUESTS_AFTER = 1_000
@@ -109,34 +107,11 @@ async def one_purge(
     }
 
 
-def start_redis() -> tuple[subprocess.Popen[bytes], str]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not installed (scripts/install-system.sh)")
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            tempfile.mkdtemp(prefix="te-bench-redis-"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    return proc, f"redis://127.0.0.1:{port}/0"
-
-
 def main(argv: list[str]) -> None:
     repeats = int(argv[0]) if argv else 5
-    redis_proc, redis_url = start_redis()
+    redis = RedisServer()
+    redis.start()
+    redis_url = redis.url
     up_port, a_port, b_port = free_port(), free_port(), free_port()
     env = {
         "TOKENEDGE_UPSTREAM_URL": f"http://127.0.0.1:{up_port}",
@@ -145,9 +120,6 @@ def main(argv: list[str]) -> None:
         "TOKENEDGE_SERVER_HOST": "127.0.0.1",
     }
     try:
-        time.sleep(
-            0.3
-        )  # redis-server start; the gateways below wait for it themselves (L1 off until subscribed)
         with (
             server(
                 [PYTHON, "-m", "bench.servers", "upstream", str(up_port)],
@@ -170,8 +142,7 @@ def main(argv: list[str]) -> None:
                 for k, kind in enumerate(("key", "tag", "model"))
             ]
     finally:
-        redis_proc.terminate()
-        redis_proc.wait()
+        redis.stop()
     print_rows(rows)
     write_results("coherence", {"rows": rows})
 

@@ -7,7 +7,6 @@ Every system gets the same request bytes and the same zero-latency upstream. `py
 from __future__ import annotations
 
 import argparse
-import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
@@ -24,7 +23,7 @@ from bench.harness import (
     wrk,
 )
 from bench.peers import LITELLM_MASTER_KEY, bare_aiohttp, litellm_proxy, nginx_fixed
-from tests.support.services import MemcachedServer, wait_for_line
+from tests.support.services import MemcachedServer, RedisServer
 
 BYPASS_REQUEST = REQUEST.replace(b'"temperature":0', b'"temperature":0.7')
 MISS_REQUEST = REQUEST.replace(b"What is the capital", b"__UNIQUE__ What is the capital")
@@ -42,31 +41,12 @@ def prime(url: str) -> bytes:
 
 @contextmanager
 def redis_server() -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--logfile",
-            "",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    server = RedisServer()
+    server.start()
     try:
-        wait_for_line(proc, "Ready to accept connections", "redis-server")
-        yield f"redis://127.0.0.1:{port}/0"
+        yield server.url
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        server.stop()
 
 
 @contextmanager

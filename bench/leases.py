@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import aiohttp
 import orjson
@@ -25,6 +26,7 @@ from tests.support.services import RedisServer
 GENERATION_S = 0.2
 ROUNDS, FANOUT, SOLO = 20, 10, 40
 HEADERS = {"Authorization": "Bearer bench", "Content-Type": "application/json"}
+Row = dict[str, float]
 
 
 class SlowUpstream:
@@ -64,6 +66,9 @@ class SlowUpstream:
         )
 
 
+Fake = TypeVar("Fake", bound=SlowUpstream)
+
+
 def body(text: str) -> bytes:
     return orjson.dumps({"model": "m", "temperature": 0, "messages": [{"role": "user", "content": text}]})
 
@@ -81,9 +86,7 @@ def pct(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
-async def run_mode(
-    upstream_url: str, redis: RedisServer, fake: SlowUpstream, *, leases: bool, tag: str
-) -> dict[str, float]:
+async def run_mode(upstream_url: str, redis: RedisServer, fake: SlowUpstream, leases: bool, tag: str) -> Row:
     redis.flush()
     env = {
         "TOKENEDGE_CACHE_REDIS_URL": redis.url,
@@ -110,39 +113,50 @@ async def run_mode(
     }
 
 
-async def bench() -> None:
+async def alternate(
+    fake: Fake, mode: str, run: Callable[[str, RedisServer, Fake, bool, str], Awaitable[Row]]
+) -> list[tuple[str, Row]]:
+    """`run(upstream URL, redis, fake, on, tag)` with the mode off then on, twice (drift on a shared machine hits
+    both alike), against one redis-server and `fake` served on loopback; both stopped at the end. Rows are named
+    "<mode> on|off (run N)"."""
     redis = RedisServer()
     redis.start()
-    fake = SlowUpstream()
     server = TestServer(fake.app(), host="127.0.0.1")
     await server.start_server()
     try:
         url = str(server.make_url("")).rstrip("/")
         rows = []
-        for attempt in range(2):  # alternated, twice: drift on a shared machine hits both modes alike
-            for leases in (False, True):
-                row = await run_mode(url, redis, fake, leases=leases, tag=f"{leases}-{attempt}")
-                rows.append((f"leases {'on' if leases else 'off'} (run {attempt + 1})", row))
+        for attempt in range(2):
+            for on in (False, True):
+                row = await run(url, redis, fake, on, f"{on}-{attempt}")
+                rows.append((f"{mode} {'on' if on else 'off'} (run {attempt + 1})", row))
     finally:
         await server.close()
         redis.stop()
-    print(
-        f"\nleases: 2 replicas, one Redis, upstream {GENERATION_S * 1000:.0f} ms per completion; "
-        f"herd = {ROUNDS} prompts x {FANOUT} concurrent identical requests; solo = {SOLO} sequential unique misses"
-    )
-    print(
-        "| mode | upstream calls per prompt | herd p50 ms | herd p99 ms | solo miss p50 ms | solo overhead ms |"
-    )
-    print("|---|---|---|---|---|---|")
+    return rows
+
+
+def print_modes(title: str, columns: str, cells: str, rows: Sequence[tuple[str, Row]]) -> None:
+    """The rows of `alternate` as a markdown table: a "mode" column, then `columns` ("a | b | ..."), each row's
+    values by the format string `cells` ("{a:.2f} | {b:.1f} | ...")."""
+    print(title)
+    print(f"| mode | {columns} |")
+    print("|---" * (columns.count("|") + 2) + "|")
     for name, row in rows:
-        print(
-            f"| {name} | {row['calls_per_prompt']:.2f} | {row['herd_p50_ms']:.1f} | {row['herd_p99_ms']:.1f} | "
-            f"{row['solo_p50_ms']:.1f} | {row['solo_overhead_ms']:.1f} |"
-        )
+        print(f"| {name} | {cells.format_map(row)} |")
+
+
+TITLE = (
+    f"\nleases: 2 replicas, one Redis, upstream {GENERATION_S * 1000:.0f} ms per completion; "
+    f"herd = {ROUNDS} prompts x {FANOUT} concurrent identical requests; solo = {SOLO} sequential unique misses"
+)
+COLUMNS = "upstream calls per prompt | herd p50 ms | herd p99 ms | solo miss p50 ms | solo overhead ms"
+# a row, formatted
+CELLS = "{calls_per_prompt:.2f} | {herd_p50_ms:.1f} | {herd_p99_ms:.1f} | {solo_p50_ms:.1f} | {solo_overhead_ms:.1f}"
 
 
 def main(argv: Sequence[str] = ()) -> None:
-    asyncio.run(bench())
+    print_modes(TITLE, COLUMNS, CELLS, asyncio.run(alternate(SlowUpstream(), "leases", run_mode)))
 
 
 if __name__ == "__main__":

@@ -21,9 +21,8 @@ from collections.abc import Sequence
 
 import aiohttp
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
-from bench.leases import GENERATION_S, SlowUpstream, body, pct
+from bench.leases import GENERATION_S, Row, SlowUpstream, alternate, body, pct, print_modes
 from tests.support.replicas import Replica, start_replica, stop_replica
 from tests.support.services import RedisServer
 
@@ -86,13 +85,11 @@ async def seconds_to_ready(session: aiohttp.ClientSession, replica: Replica, sta
         await asyncio.sleep(0.02)
 
 
-async def run_mode(
-    upstream_url: str, redis: RedisServer, fake: RevisedUpstream, *, warm: bool, tag: str
-) -> dict[str, float]:
+async def run_mode(upstream_url: str, redis: RedisServer, fake: RevisedUpstream, warm: bool, tag: str) -> Row:
     redis.flush()
     fake.revision = "r1"
     env = {"TOKENEDGE_CACHE_REDIS_URL": redis.url, "TOKENEDGE_CACHE_WARM_FILL_TOP": str(HOT if warm else 0)}
-    row: dict[str, float] = {}
+    row: Row = {}
     async with aiohttp.ClientSession() as session:
         first = await start_replica(upstream_url, env)
         for _ in range(2):  # stored, then hit: every prompt hot
@@ -135,40 +132,22 @@ async def run_mode(
     return row
 
 
-async def bench() -> None:
-    redis = RedisServer()
-    redis.start()
-    fake = RevisedUpstream()
-    server = TestServer(fake.app(), host="127.0.0.1")
-    await server.start_server()
-    try:
-        url = str(server.make_url("")).rstrip("/")
-        rows = []
-        for attempt in range(2):  # alternated, twice: drift on a shared machine hits both modes alike
-            for warm in (False, True):
-                row = await run_mode(url, redis, fake, warm=warm, tag=f"{warm}-{attempt}")
-                rows.append((f"warm-up {'on' if warm else 'off'} (run {attempt + 1})", row))
-    finally:
-        await server.close()
-        redis.stop()
-    print(
-        f"\nwarm-up: {HOT} hot prompts, one Redis, upstream {GENERATION_S * 1000:.0f} ms per completion; "
-        f"`gateway warm` at {WARM_RATE:.0f}/s"
-    )
-    print(
-        "| mode | new replica: s to /ready | first pass from L1 | first pass p50 ms | `gateway warm` s | "
-        "new revision: upstream calls in first pass | p50 ms |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for name, row in rows:
-        print(
-            f"| {name} | {row['ready_s']:.2f} | {row['l1_share']:.0%} | {row['new_p50_ms']:.2f} | "
-            f"{row['warm_s']:.2f} | {row['rev_calls']:.0f} | {row['rev_p50_ms']:.1f} |"
-        )
+TITLE = (
+    f"\nwarm-up: {HOT} hot prompts, one Redis, upstream {GENERATION_S * 1000:.0f} ms per completion; "
+    f"`gateway warm` at {WARM_RATE:.0f}/s"
+)
+COLUMNS = (
+    "new replica: s to /ready | first pass from L1 | first pass p50 ms | `gateway warm` s | "
+    "new revision: upstream calls in first pass | p50 ms"
+)
+# a row, formatted
+CELLS = (
+    "{ready_s:.2f} | {l1_share:.0%} | {new_p50_ms:.2f} | {warm_s:.2f} | {rev_calls:.0f} | {rev_p50_ms:.1f}"
+)
 
 
 def main(argv: Sequence[str] = ()) -> None:
-    asyncio.run(bench())
+    print_modes(TITLE, COLUMNS, CELLS, asyncio.run(alternate(RevisedUpstream(), "warm-up", run_mode)))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,19 @@ from pathlib import Path
 
 import redis
 
-from tests.support.services import free_port, wait_for_line
+from tests.support.services import end_process, free_port, redis_process
+
+# node timeout 1 s: a failover within a test's patience; no sync delay: a replica is usable as soon as it is up
+CLUSTER_OPTIONS = [
+    "--cluster-enabled",
+    "yes",
+    "--cluster-config-file",
+    "nodes.conf",
+    "--cluster-node-timeout",
+    "1000",
+    "--repl-diskless-sync-delay",
+    "0",
+]
 
 
 class ClusterNodeProc:
@@ -24,50 +36,13 @@ class ClusterNodeProc:
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("redis-server is not installed: run scripts/install-system.sh")
-        self.proc = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--cluster-enabled",
-                "yes",
-                "--cluster-port",
-                str(self.bus_port),
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-node-timeout",
-                "1000",
-                "--repl-diskless-sync-delay",
-                "0",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.dir),
-                "--logfile",
-                "",
-                "--loglevel",
-                "notice",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        wait_for_line(self.proc, "Ready to accept connections", "redis-server (cluster)")
+        options = (*CLUSTER_OPTIONS, "--cluster-port", str(self.bus_port))
+        self.proc = redis_process(self.port, self.dir, *options, what="redis-server (cluster)")
 
     def kill(self) -> None:
         """SIGKILL: a crashed master; its replica is promoted after cluster-node-timeout."""
         if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            if self.proc.stdout:
-                self.proc.stdout.close()
+            end_process(self.proc, crash=True)
             self.proc = None
 
     def client(self) -> redis.Redis:

@@ -34,13 +34,56 @@ def wait_for_line(proc: subprocess.Popen[str], needle: str, what: str, max_lines
     raise RuntimeError(f"{what} did not start:\n{''.join(seen[-20:])}")
 
 
+def redis_process(
+    port: int, data_dir: Path, *options: str, what: str = "redis-server"
+) -> subprocess.Popen[str]:
+    """A redis-server on 127.0.0.1:`port` without persistence, logging to its stdout, returned once it accepts
+    connections. `options` add to its command line (cluster mode)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not installed: run scripts/install-system.sh")
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            *options,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(data_dir),
+            "--loglevel",
+            "notice",
+            "--logfile",
+            "",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    wait_for_line(proc, "Ready to accept connections", what)
+    return proc
+
+
+def end_process(proc: subprocess.Popen[str], *, crash: bool = False) -> None:
+    """SIGTERM (a shutdown) or, with `crash`, SIGKILL; then reap it and close its log pipe."""
+    if crash:
+        proc.kill()
+    else:
+        proc.terminate()
+    proc.wait(timeout=10)
+    if proc.stdout:
+        proc.stdout.close()
+
+
 class RedisServer:
     """A throwaway redis-server; `stop()` and `start()` simulate an outage on the same port."""
 
     def __init__(self) -> None:
-        self.binary = shutil.which("redis-server")
-        if self.binary is None:
-            raise RuntimeError("redis-server is not installed: run `make test` (it installs it)")
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="tokenedge-redis-"))
         self.proc: subprocess.Popen[str] | None = None
@@ -50,36 +93,11 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                self.binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.dir),
-                "--loglevel",
-                "notice",
-                "--logfile",
-                "",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        wait_for_line(self.proc, "Ready to accept connections", "redis-server")
+        self.proc = redis_process(self.port, self.dir)
 
     def stop(self) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-            if self.proc.stdout:
-                self.proc.stdout.close()
+            end_process(self.proc)
             self.proc = None
 
     def flush(self) -> None:
