@@ -67,51 +67,27 @@ class TagHeaderSpec:
             raise ValueError("tag header limits must be positive")
 
 
+_FASTLY_DOCS = "https://www.fastly.com/documentation/reference/http/http-headers/Surrogate-Key/"
+_CLOUDFLARE_DOCS = "https://developers.cloudflare.com/cache/how-to/purge-cache/purge-by-tags/"
+_VARNISH_DOCS = "https://varnish-cache.org/docs/trunk/reference/varnishd.html#http-resp-hdr-len"
+_AKAMAI_DOCS = "https://techdocs.akamai.com/purge-cache/docs/assign-cache-tags"
+
+# target -> (header, separator, max_value_bytes, max_tag_bytes, max_tags, safe_chars, docs)
 TAG_TARGETS: Mapping[str, TagHeaderSpec] = MappingProxyType(
     {
         # Fastly: space-separated; header value up to 16 KB, each key up to 1 KB.
         "surrogate-key": TagHeaderSpec(
-            header="Surrogate-Key",
-            separator=" ",
-            max_value_bytes=16_384,
-            max_tag_bytes=1_024,
-            max_tags=16_384,
-            safe_chars=_GENERIC_SAFE,
-            docs="https://www.fastly.com/documentation/reference/http/http-headers/Surrogate-Key/",
+            "Surrogate-Key", " ", 16_384, 1_024, 16_384, _GENERIC_SAFE, _FASTLY_DOCS
         ),
         # Cloudflare: comma-separated; "the aggregate Cache-Tag HTTP header cannot exceed 16 KB after the header
         # field name", counting commas, "approximately 1,000 unique tags"; no per-tag maximum.
-        "cache-tag": TagHeaderSpec(
-            header="Cache-Tag",
-            separator=",",
-            max_value_bytes=16_384,
-            max_tag_bytes=16_384,
-            max_tags=1_000,
-            safe_chars=_GENERIC_SAFE,
-            docs="https://developers.cloudflare.com/cache/how-to/purge-cache/purge-by-tags/",
-        ),
+        "cache-tag": TagHeaderSpec("Cache-Tag", ",", 16_384, 16_384, 1_000, _GENERIC_SAFE, _CLOUDFLARE_DOCS),
         # Varnish xkey: space-separated. No documented xkey limit, but Varnish rejects a backend response header
         # line longer than http_resp_hdr_len (default 8 KB): keep well under it.
-        "xkey": TagHeaderSpec(
-            header="xkey",
-            separator=" ",
-            max_value_bytes=8_000,
-            max_tag_bytes=8_000,
-            max_tags=8_000,
-            safe_chars=_GENERIC_SAFE,
-            docs="https://varnish-cache.org/docs/trunk/reference/varnishd.html#http-resp-hdr-len",
-        ),
+        "xkey": TagHeaderSpec("xkey", " ", 8_000, 8_000, 8_000, _GENERIC_SAFE, _VARNISH_DOCS),
         # Akamai: one Edge-Cache-Tag header, comma-separated, at most 128 tags of at most 128 characters, and the
         # default maximum size of all reply headers is 8192 bytes: we give the tags half of that.
-        "akamai": TagHeaderSpec(
-            header="Edge-Cache-Tag",
-            separator=",",
-            max_value_bytes=4_096,
-            max_tag_bytes=128,
-            max_tags=128,
-            safe_chars=_AKAMAI_SAFE,
-            docs="https://techdocs.akamai.com/purge-cache/docs/assign-cache-tags",
-        ),
+        "akamai": TagHeaderSpec("Edge-Cache-Tag", ",", 4_096, 128, 128, _AKAMAI_SAFE, _AKAMAI_DOCS),
     }
 )
 
