@@ -18,10 +18,9 @@ from typing import TypeVar
 import aiohttp
 import orjson
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from tests.support.replicas import replicas
-from tests.support.services import RedisServer
+from tests.support.services import RedisServer, serving
 
 GENERATION_S = 0.2
 ROUNDS, FANOUT, SOLO = 20, 10, 40
@@ -121,17 +120,14 @@ async def alternate(
     "<mode> on|off (run N)"."""
     redis = RedisServer()
     redis.start()
-    server = TestServer(fake.app(), host="127.0.0.1")
-    await server.start_server()
+    rows = []
     try:
-        url = str(server.make_url("")).rstrip("/")
-        rows = []
-        for attempt in range(2):
-            for on in (False, True):
-                row = await run(url, redis, fake, on, f"{on}-{attempt}")
-                rows.append((f"{mode} {'on' if on else 'off'} (run {attempt + 1})", row))
+        async with serving(fake.app()) as url:
+            for attempt in range(2):
+                for on in (False, True):
+                    row = await run(url, redis, fake, on, f"{on}-{attempt}")
+                    rows.append((f"{mode} {'on' if on else 'off'} (run {attempt + 1})", row))
     finally:
-        await server.close()
         redis.stop()
     return rows
 

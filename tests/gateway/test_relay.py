@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 import orjson
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from tests.gateway.conftest import CHAT, GatewayFactory
 from tests.support.rawhttp import exchange, request_bytes
+from tests.support.services import serving
 
 OPERATOR_KEY = "sk-operator-secret"
 
@@ -54,12 +54,8 @@ async def capture() -> AsyncIterator[tuple[Capture, str]]:
     cap = Capture()
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", cap.handle)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield cap, str(server.make_url("")).rstrip("/")
-    finally:
-        await server.close()
+    async with serving(app) as url:
+        yield cap, url
 
 
 TRAVERSALS = [

@@ -20,6 +20,7 @@ from gateway.catalog import REVISION_HEADER
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import RunningGateway
+from tests.support.services import serving
 
 OTHER = {**CHAT, "messages": [{"role": "user", "content": "a different question"}]}
 HOUR = {"models_ttl_s": 3600.0}
@@ -34,12 +35,8 @@ async def pushing(fake: FakeUpstream) -> AsyncIterator[tuple[str, revisions.Revi
         response.headers[REVISION_HEADER] = fake.revision  # the fake's own revision, changed by the tests
 
     app.on_response_prepare.append(header_from_fake)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield str(server.make_url("")).rstrip("/"), app[revisions.FEED_KEY]
-    finally:
-        await server.close()
+    async with serving(app) as url:
+        yield url, app[revisions.FEED_KEY]
 
 
 async def ask(gw: RunningGateway, body: dict[str, Any] = CHAT) -> tuple[str, bytes]:

@@ -16,12 +16,12 @@ import orjson
 import pytest
 import redis
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 from multidict import CIMultiDict
 
 from gateway.secret import SECRET_FILE, SECRET_KEY
 from tests.gateway.conftest import AUTH_A, AUTH_B, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
+from tests.support.services import serving
 
 CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key", "openai-organization", "openai-project")
 
@@ -85,12 +85,8 @@ async def credential_upstream() -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_post("/v1/chat/completions", credential_upstream_chat)
     app.router.add_get("/v1/models", credential_upstream_models)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield str(server.make_url("")).rstrip("/")
-    finally:
-        await server.close()
+    async with serving(app) as url:
+        yield url
 
 
 async def test_no_answer_crosses_callers_under_concurrent_load(

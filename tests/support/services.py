@@ -1,4 +1,5 @@
-"""Real services for tests: redis-server and memcached on free loopback ports, started and stopped by the test.
+"""Real services for tests: redis-server, memcached and aiohttp apps on free loopback ports, started and stopped
+by the test.
 
 Readiness is read from the server's own log line, not guessed with sleeps.
 """
@@ -11,13 +12,29 @@ import socket
 import subprocess
 import tempfile
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[str]:
+    """`app` on a free loopback port for the block: its base URL."""
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
 
 
 def wait_for_line(proc: subprocess.Popen[str], needle: str, what: str, max_lines: int = 500) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from aiohttp import web
 
@@ -76,3 +77,23 @@ def backend_app(
         id=model_id, revision="rev-1", tokenizer=tokenizer, max_model_len=max_model_len, created=0
     )
     return create_app(model, lambda: engine, ServerLimits(max_n=3, default_max_tokens=64))
+
+
+def joined(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages with content parts joined into one string, as the backend templates them."""
+    return [
+        {
+            **m,
+            "content": m["content"]
+            if isinstance(m["content"], str)
+            else "".join(p["text"] for p in m["content"]),
+        }
+        for m in messages
+    ]
+
+
+def oracle_ids(tok: Tokenizer, endpoint: str, body: dict[str, Any]) -> list[int]:
+    """The ids the backend computes itself (backend/server/completions.py `_prompt_ids`)."""
+    if endpoint == "chat/completions":
+        return tok.encode(tok.apply_chat_template(joined(body["messages"]), add_generation_prompt=True))
+    return tok.encode(body["prompt"])
