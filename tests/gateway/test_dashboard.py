@@ -319,6 +319,32 @@ async def test_hot_keys_show_hashes_not_prompts_unless_opted_in(make_gateway: Ga
         assert ("What is 2+2?" in str(data)) is show
 
 
+async def assert_charts_plot(tools: DevTools, series: dict[str, Any]) -> None:
+    """Every chart is drawn, plots exactly `series` (from /dashboard/data), and names its lines as the Grafana
+    panel of the same title does."""
+    charts = await tools.evaluate("""[...document.querySelectorAll('[data-chart]')].map(s => ({
+        id: s.dataset.chart, empty: s.dataset.empty === '1', title: s.querySelector('h2').textContent,
+        marks: s.querySelectorAll('svg rect, svg path, svg circle').length,
+        points: JSON.parse(s.querySelector('svg').dataset.points)}))""")
+    plotted = {c["id"]: dict(c["points"]) for c in charts}
+    assert all(not c["empty"] and c["marks"] > 0 for c in charts), charts
+    assert plotted == {
+        "hit_rate": {"hit rate": series["hit_rate"]},
+        "requests": series["requests"],
+        "latency": {k.replace("_", " "): v for k, v in series["latency_s"].items()},
+        "tokens_saved": {"tokens saved": series["tokens_saved"]},
+        "cost_saved": {"USD saved": series["cost_saved_usd"]},
+        "ttft": series["ttft_s"],
+    }
+    grafana = {
+        panel["title"]: [t["legendFormat"] for t in panel["targets"]]
+        for panel in json.loads(DASHBOARD.read_text())["panels"]
+    }
+    for chart in charts:  # in step with Grafana: the panel of the same title plots the same series
+        names, legends = [name for name, _ in chart["points"]], grafana[chart["title"]]
+        assert names == legends or (legends == ["{{result}}"] and names == list(RESULTS))
+
+
 async def test_dashboard_renders_every_chart_from_the_data_in_chromium(
     make_gateway: GatewayFactory, clock: FakeClock, devtools: DevTools
 ) -> None:
@@ -339,28 +365,7 @@ async def test_dashboard_renders_every_chart_from_the_data_in_chromium(
     window = data["window"]
     assert_figures_equal(window["totals"], expected_figures(m))  # the data equals /metrics
 
-    charts = await devtools.evaluate("""[...document.querySelectorAll('[data-chart]')].map(s => ({
-        id: s.dataset.chart, empty: s.dataset.empty === '1', title: s.querySelector('h2').textContent,
-        marks: s.querySelectorAll('svg rect, svg path, svg circle').length,
-        points: JSON.parse(s.querySelector('svg').dataset.points)}))""")
-    plotted = {c["id"]: dict(c["points"]) for c in charts}
-    assert all(not c["empty"] and c["marks"] > 0 for c in charts), charts
-    series = window["series"]
-    assert plotted == {
-        "hit_rate": {"hit rate": series["hit_rate"]},
-        "requests": series["requests"],
-        "latency": {k.replace("_", " "): v for k, v in series["latency_s"].items()},
-        "tokens_saved": {"tokens saved": series["tokens_saved"]},
-        "cost_saved": {"USD saved": series["cost_saved_usd"]},
-        "ttft": series["ttft_s"],
-    }
-    grafana = {
-        panel["title"]: [t["legendFormat"] for t in panel["targets"]]
-        for panel in json.loads(DASHBOARD.read_text())["panels"]
-    }
-    for chart in charts:  # in step with Grafana: the panel of the same title plots the same series
-        names, legends = [name for name, _ in chart["points"]], grafana[chart["title"]]
-        assert names == legends or (legends == ["{{result}}"] and names == list(RESULTS))
+    await assert_charts_plot(devtools, window["series"])
     assert await devtools.evaluate("document.getElementById('hit-rate').textContent") == "50.0%"
     assert await devtools.evaluate("document.getElementById('bypass-error').textContent") == "2 · 2"
     text = await devtools.evaluate("document.body.innerText")
@@ -375,7 +380,7 @@ async def test_dashboard_renders_every_chart_from_the_data_in_chromium(
     await devtools.evaluate("window.dispatchEvent(new Event('resize'))")
     assert await devtools.evaluate(
         "document.documentElement.scrollWidth <= window.innerWidth"
-    )  # no sideways scroll
+    )  # no side scroll
     await screenshot(devtools, "dashboard-phone.png", width=390, mobile=True)
     await devtools.evaluate("document.querySelector('[data-window=\"1h\"]').click()")
     await wait_rendered(devtools, "1h")

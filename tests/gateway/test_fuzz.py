@@ -176,83 +176,80 @@ def target(rng: random.Random, path: str) -> bytes:
     return path.encode("utf-8", "surrogateescape")
 
 
+CONTENT_TYPES = [
+    b"Content-Type: application/json",
+    b"Content-Type: application/json; charset=utf-8",
+    b"Content-Type: text/plain",
+    b"Content-Type: application/vnd.x+json",
+    b"Content-Type: ;;",
+    b"",
+    b"Content-Type: application/json",
+    b"Content-Type: application/json",
+]
+BIG = b"X-Big: "  # padded to a size drawn with it
+EXTRA_HEADERS = [
+    b"Cache-Control: no-cache",
+    b"Cache-Control: no-store",
+    b"Cache-Control: max-age=0",
+    b"Cache-Control: only-if-cached",
+    b"Cache-Control: max-age=abc, ,,",
+    b"Pragma: no-cache",
+    b"If-None-Match: *",
+    b"X-Tokenedge-Debug: 1",
+    b"X-Forwarded-For: 1.2.3.4",
+    b"Accept-Encoding: gzip, br",
+    b"Expect: 100-continue",
+    b"Upgrade: websocket",
+    BIG,
+    b"Bad Header: x",
+    b"X-Nul: a\x00b",
+    b"X-Latin: \xe9",
+    b": empty-name",
+    b"X-Fold: a\r\n folded",
+]
+BAD_LENGTHS = [
+    b"Content-Length: -1",
+    b"Content-Length: 1e3",
+    b"Content-Length: 99999999999999999",
+    b"Content-Length: 5, 5",
+    b"Content-Length: +5",
+]
+ODD_ENCODINGS = [
+    b"Transfer-Encoding: gzip",
+    b"Transfer-Encoding: chunked, chunked",
+    b"Transfer-Encoding: chunked\r\nContent-Length: 3",
+    b"Transfer-Encoding: \x0bchunked",
+]
+
+
 def headers(rng: random.Random, body: bytes) -> list[bytes]:
     out = [b"Host: gateway.test", b"Connection: close"]
     out += [f"{k}: {v}".encode() for k, v in rng.choice(CREDENTIALS).items()]
-    out.append(
-        rng.choice(
-            [
-                b"Content-Type: application/json",
-                b"Content-Type: application/json; charset=utf-8",
-                b"Content-Type: text/plain",
-                b"Content-Type: application/vnd.x+json",
-                b"Content-Type: ;;",
-                b"",
-                b"Content-Type: application/json",
-                b"Content-Type: application/json",
-            ]
-        )
-    )
+    out.append(rng.choice(CONTENT_TYPES))
     if rng.random() < 0.2:
-        out.append(
-            rng.choice(
-                [
-                    b"Cache-Control: no-cache",
-                    b"Cache-Control: no-store",
-                    b"Cache-Control: max-age=0",
-                    b"Cache-Control: only-if-cached",
-                    b"Cache-Control: max-age=abc, ,,",
-                    b"Pragma: no-cache",
-                    b"If-None-Match: *",
-                    b"X-Tokenedge-Debug: 1",
-                    b"X-Forwarded-For: 1.2.3.4",
-                    b"Accept-Encoding: gzip, br",
-                    b"Expect: 100-continue",
-                    b"Upgrade: websocket",
-                    b"X-Big: " + b"b" * rng.choice([100, 9000, 20000]),
-                    b"Bad Header: x",
-                    b"X-Nul: a\x00b",
-                    b"X-Latin: \xe9",
-                    b": empty-name",
-                    b"X-Fold: a\r\n folded",
-                ]
-            )
-        )
-    framing = rng.random()
-    if framing < 0.8:
-        out.append(b"Content-Length: " + str(len(body)).encode())
-    elif framing < 0.84:
-        out.append(
-            b"Content-Length: " + str(len(body) + rng.randrange(1, 100)).encode()
-        )  # a body that never ends
-    elif framing < 0.87:
-        out.append(b"Content-Length: " + str(max(0, len(body) - rng.randrange(1, 10))).encode())
-    elif framing < 0.9:
-        out.append(
-            rng.choice(
-                [
-                    b"Content-Length: -1",
-                    b"Content-Length: 1e3",
-                    b"Content-Length: 99999999999999999",
-                    b"Content-Length: 5, 5",
-                    b"Content-Length: +5",
-                ]
-            )
-        )
-    elif framing < 0.95:
-        out.append(b"Transfer-Encoding: chunked")
-    else:
-        out.append(
-            rng.choice(
-                [
-                    b"Transfer-Encoding: gzip",
-                    b"Transfer-Encoding: chunked, chunked",
-                    b"Transfer-Encoding: chunked\r\nContent-Length: 3",
-                    b"Transfer-Encoding: \x0bchunked",
-                ]
-            )
-        )
+        size = rng.choice(
+            [100, 9000, 20000]
+        )  # drawn before the pick, in every case: a seed replays the same run
+        extra = rng.choice(EXTRA_HEADERS)
+        out.append(extra + b"b" * size if extra == BIG else extra)
+    out.append(framing(rng, body))
     return out
+
+
+def framing(rng: random.Random, body: bytes) -> bytes:
+    """The body's length header: mostly right, sometimes a lie, a chunked body or an odd transfer coding."""
+    roll = rng.random()
+    if roll < 0.8:
+        return b"Content-Length: " + str(len(body)).encode()
+    if roll < 0.84:
+        return b"Content-Length: " + str(len(body) + rng.randrange(1, 100)).encode()  # a body that never ends
+    if roll < 0.87:
+        return b"Content-Length: " + str(max(0, len(body) - rng.randrange(1, 10))).encode()
+    if roll < 0.9:
+        return rng.choice(BAD_LENGTHS)
+    if roll < 0.95:
+        return b"Transfer-Encoding: chunked"
+    return rng.choice(ODD_ENCODINGS)
 
 
 def case(rng: random.Random) -> tuple[bytes, bytes]:
