@@ -33,14 +33,17 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return sum(v for have, v in samples.get(name, []) if all(have.get(k) == w for k, w in labels.items()))
 
 
+def nonzero(samples: Samples, name: str, *labels: str) -> dict[tuple[str, ...], float]:
+    """The non-zero samples of `name`, by the values of `labels`."""
+    return {tuple(have[k] for k in labels): v for have, v in samples[name] if v}
+
+
 def chat(content: str, **extra: object) -> dict[str, object]:
     return {**CHAT, "messages": [{"role": "user", "content": content}], **extra}
 
 
-async def test_scripted_mix_counts_every_result_reason_and_tier(
-    make_gateway: GatewayFactory, redis_url: str, redis_server: RedisServer, clock: FakeClock
-) -> None:
-    gw = await make_gateway(cache={"redis_url": redis_url, "redis_retry_after_s": 1.0})
+async def scripted_mix(gw: RunningGateway, redis_server: RedisServer, clock: FakeClock) -> int:
+    """An L2 outage, misses, hits from L1 and L2, bypasses; returns the size of one answer served from cache."""
     post = gw.client.post
     redis_server.stop()
     try:
@@ -48,9 +51,8 @@ async def test_scripted_mix_counts_every_result_reason_and_tier(
         assert outage.status == 200
     finally:
         redis_server.start()
-    await gw.state.coherence.wait_subscribed(
-        True
-    )  # L1 is off (and L1 misses uncounted) until the bus is back
+    # L1 is off (and L1 misses uncounted) until the bus is back
+    await gw.state.coherence.wait_subscribed(True)
     clock.advance(2)  # past the breaker window
     first = await post("/v1/chat/completions", json=chat("q1"), headers=AUTH_A)  # miss, stored in L1 and L2
     await post("/v1/chat/completions", json=chat("q1"), headers=AUTH_A)  # hit from L1
@@ -61,21 +63,24 @@ async def test_scripted_mix_counts_every_result_reason_and_tier(
     for _ in range(2):
         await post("/v1/chat/completions", json=chat("q1", temperature=0.7), headers=AUTH_A)  # bypass
     await post("/v1/chat/completions", json=chat("q1"), headers={**AUTH_A, "Cache-Control": "no-store"})
+    return len(await from_l2.read())
 
+
+async def test_scripted_mix_counts_every_result_reason_and_tier(
+    make_gateway: GatewayFactory, redis_url: str, redis_server: RedisServer, clock: FakeClock
+) -> None:
+    gw = await make_gateway(cache={"redis_url": redis_url, "redis_retry_after_s": 1.0})
+    answer_bytes = await scripted_mix(gw, redis_server, clock)
     m = await scrape(gw)
 
-    requests = {(labels["result"], labels["reason"]): v for labels, v in m["tokenedge_requests_total"] if v}
-    assert requests == {
+    assert nonzero(m, "tokenedge_requests_total", "result", "reason") == {
         ("hit", "l1"): 2,
         ("hit", "l2"): 1,
         ("miss", "stored"): 3,
         ("bypass", "temperature"): 2,
         ("bypass", "no-store"): 1,
     }
-    lookups = {
-        (labels["tier"], labels["outcome"]): v for labels, v in m["tokenedge_cache_lookups_total"] if v
-    }
-    assert lookups == {
+    assert nonzero(m, "tokenedge_cache_lookups_total", "tier", "outcome") == {
         ("l1", "hit"): 2,
         ("l1", "miss"): 3,
         ("l2", "hit"): 1,
@@ -86,7 +91,7 @@ async def test_scripted_mix_counts_every_result_reason_and_tier(
     assert value(m, "tokenedge_cache_stores_total", tier="l1") == 2  # not q3: L1 was off during the outage
     assert value(m, "tokenedge_cache_stores_total", tier="l2") == 2
     assert value(m, "tokenedge_tokens_saved_total") == 3 * 15  # the fake's usage.total_tokens per answer
-    assert value(m, "tokenedge_bytes_served_from_cache_total") == 3 * len(await from_l2.read())
+    assert value(m, "tokenedge_bytes_served_from_cache_total") == 3 * answer_bytes
     assert value(m, "tokenedge_request_duration_seconds_count", result="hit") == 3
     assert value(m, "tokenedge_request_duration_seconds_count") == 9
     # gauges: this process's L1, and L2 read from Redis at scrape time, each reported exactly once
