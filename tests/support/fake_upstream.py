@@ -170,25 +170,16 @@ class FakeUpstream:
             "created": 1700000000 + n,
             "model": body["model"],
         }
-        out = [
-            {**base, "choices": [{"index": 0, "text": piece, "logprobs": None, "finish_reason": None}]}
-            for piece in self.stream_pieces
-        ]
-        out.append(
-            {
+
+        def text(piece: str, finish: str | None = None) -> dict[str, Any]:
+            return {
                 **base,
-                "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": self.finish_reason}],
+                "choices": [{"index": 0, "text": piece, "logprobs": None, "finish_reason": finish}],
             }
-        )
-        if (body.get("stream_options") or {}).get("include_usage"):
-            out.append(
-                {
-                    **base,
-                    "choices": [],
-                    "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
-                }
-            )
-        return out
+
+        out = [text(piece) for piece in self.stream_pieces]
+        out.append(text("", self.finish_reason))
+        return out + _usage_chunk(base, body, prompt_tokens=3)
 
     def _chunks(self, body: dict[str, Any], n: int) -> list[dict[str, Any]]:
         if "prompt" in body:
@@ -199,67 +190,27 @@ class FakeUpstream:
             "created": 1700000000 + n,
             "model": body["model"],
         }
-        out = [
-            {
-                **base,
-                "choices": [
-                    {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-                ],
-            }
-        ]
+
+        def delta(fields: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            return {**base, "choices": [{"index": 0, "delta": fields, "finish_reason": finish}]}
+
+        out = [delta({"role": "assistant", "content": ""})]
         if self.stream_tool_calls:
-            call = self._tool_call()
-            args = call["function"]["arguments"]
-            out.append(
-                {
-                    **base,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "delta": {
-                                "tool_calls": [
-                                    {
-                                        "index": 0,
-                                        "id": call["id"],
-                                        "type": "function",
-                                        "function": {"name": call["function"]["name"], "arguments": ""},
-                                    }
-                                ]
-                            },
-                            "finish_reason": None,
-                        }
-                    ],
-                }
-            )
-            for part in (args[:8], args[8:]):
-                out.append(
-                    {
-                        **base,
-                        "choices": [
-                            {
-                                "index": 0,
-                                "delta": {"tool_calls": [{"index": 0, "function": {"arguments": part}}]},
-                                "finish_reason": None,
-                            }
-                        ],
-                    }
-                )
+            out += [delta({"tool_calls": [call]}) for call in self._tool_call_deltas()]
         else:
-            for piece in self.stream_pieces:
-                out.append(
-                    {**base, "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
-                )
-        finish = "tool_calls" if self.stream_tool_calls else self.finish_reason
-        out.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
-        if (body.get("stream_options") or {}).get("include_usage"):
-            out.append(
-                {
-                    **base,
-                    "choices": [],
-                    "usage": {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14},
-                }
-            )
-        return out
+            out += [delta({"content": piece}) for piece in self.stream_pieces]
+        out.append(delta({}, "tool_calls" if self.stream_tool_calls else self.finish_reason))
+        return out + _usage_chunk(base, body, prompt_tokens=10)
+
+    def _tool_call_deltas(self) -> list[dict[str, Any]]:
+        """The tool call as OpenAI streams it: id, type and name first, then the arguments in two pieces."""
+        call = self._tool_call()
+        args = call["function"]["arguments"]
+        head = {"index": 0, "id": call["id"], "type": "function"}
+        return [
+            {**head, "function": {"name": call["function"]["name"], "arguments": ""}},
+            *({"index": 0, "function": {"arguments": part}} for part in (args[:8], args[8:])),
+        ]
 
     async def _stream(self, request: web.Request, body: dict[str, Any], n: int) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -286,6 +237,14 @@ class FakeUpstream:
             await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+
+def _usage_chunk(base: dict[str, Any], body: dict[str, Any], *, prompt_tokens: int) -> list[dict[str, Any]]:
+    """The closing usage-only chunk, when the request asked for it (`stream_options.include_usage`)."""
+    if not (body.get("stream_options") or {}).get("include_usage"):
+        return []
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": 4, "total_tokens": prompt_tokens + 4}
+    return [{**base, "choices": [], "usage": usage}]
 
 
 async def start_fake_upstream(fake: FakeUpstream) -> TestServer:
