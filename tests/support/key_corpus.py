@@ -83,139 +83,129 @@ def reordered(value: Any) -> Any:
 
 
 def question_groups(i: int, q: str) -> dict[str, tuple[str, list[dict[str, Any]]]]:
-    words = q.split(" ")
+    """Question `i`'s chat groups: group name -> (endpoint, variants), in the corpus file's order."""
+    groups = {**spelling_variants(q), **shape_variants(q), **field_variants(q)}
+    return {f"chat-{name}-{i}": ("chat/completions", variants) for name, variants in groups.items()}
+
+
+def spelling_variants(q: str) -> dict[str, list[dict[str, Any]]]:
+    """The question's text spelled differently: whitespace at the ends or inside, line endings, NFC vs NFD,
+    zero-width characters."""
     nfd_q = unicodedata.normalize("NFD", q.replace("France", "Fran\u00e7e").replace("color", "col\u00f6r"))
     return {
-        f"chat-ends-{i}": (
-            "chat/completions",
-            [chat(q), chat(q + " "), chat(" " + q), chat(q + "\n"), chat("\n" + q + "\n"), chat(q + "  ")],
-        ),
-        f"chat-inside-{i}": (
-            "chat/completions",
-            [
-                chat(q),
-                chat(q.replace(" ", "  ", 1)),
-                chat(q.replace(" ", "\t", 1)),
-                chat(q.replace(" ", "\n", 1)),
-            ],
-        ),
-        f"chat-crlf-{i}": (
-            "chat/completions",
-            [chat(f"{q}\nBe brief."), chat(f"{q}\r\nBe brief."), chat(f"{q}\rBe brief.")],
-        ),
-        f"chat-unicode-{i}": ("chat/completions", [chat(unicodedata.normalize("NFC", nfd_q)), chat(nfd_q)]),
-        f"chat-zero-width-{i}": (
-            "chat/completions",
-            [
-                chat(q),
-                chat(q.replace(" ", " \u200b", 1)),
-                chat("\ufeff" + q),
-                chat(q.replace(" ", "\u2060 ", 1)),
-            ],
-        ),
-        f"chat-parts-{i}": (
-            "chat/completions",
-            [
-                chat(q),
-                chat(parts(q)),
-                chat(parts(words[0] + " ", " ".join(words[1:]))),
-                chat(parts(words[0], " " + " ".join(words[1:]))),
-                chat(parts(*[w + " " for w in words[:-1]], words[-1])),
-                chat(parts(words[0], " ".join(words[1:]))),
-            ],
-        ),
-        f"chat-system-{i}": (
-            "chat/completions",
-            [
-                chat(q),
-                chat(q, system=SMOLLM_SYSTEM),
-                chat(q, system=SMOLLM_SYSTEM + " "),
-                chat(q, system="You are a helpful assistant."),
-            ],
-        ),
-        f"chat-order-{i}": (
-            "chat/completions",
-            [
-                chat(q),
-                reordered(chat(q)),
-                {
-                    "messages": [{"content": q, "role": "user"}],
-                    "max_tokens": MAX_TOKENS,
-                    "model": "SmolLM2-135M-Instruct",
-                    "temperature": 0,
-                },
-            ],
-        ),
-        f"chat-defaults-{i}": (
-            "chat/completions",
-            [
-                chat(q),
-                chat(q, temperature=0.0),
-                chat(q, top_p=1, n=1),
-                chat(q, presence_penalty=0, frequency_penalty=0.0),
-                chat(q, stop=None, logit_bias={}),
-                {**chat(q), "max_tokens": None, "max_completion_tokens": MAX_TOKENS},
-                chat(q, stream=False, user="someone"),
-                chat(q, logprobs=False),
-                chat(q, stop=[]),
-                chat(q, response_format={"type": "text"}),
-                chat(q, seed=None),
-            ],
-        ),
-        f"chat-tools-{i}": (
-            "chat/completions",
-            [
-                chat(q, tools=TOOLS),
-                chat(q, tools=reordered(TOOLS)),
-                chat(q, tools=TOOLS, tool_choice="auto"),
-                chat(q, tools=TOOLS[::-1]),
-                chat(q, response_format=SCHEMA),
-                chat(q, response_format=reordered(SCHEMA)),
-            ],
-        ),
+        "ends": [
+            chat(q),
+            chat(q + " "),
+            chat(" " + q),
+            chat(q + "\n"),
+            chat("\n" + q + "\n"),
+            chat(q + "  "),
+        ],
+        "inside": [
+            chat(q),
+            chat(q.replace(" ", "  ", 1)),
+            chat(q.replace(" ", "\t", 1)),
+            chat(q.replace(" ", "\n", 1)),
+        ],
+        "crlf": [chat(f"{q}\nBe brief."), chat(f"{q}\r\nBe brief."), chat(f"{q}\rBe brief.")],
+        "unicode": [chat(unicodedata.normalize("NFC", nfd_q)), chat(nfd_q)],
+        "zero-width": [
+            chat(q),
+            chat(q.replace(" ", " \u200b", 1)),
+            chat("\ufeff" + q),
+            chat(q.replace(" ", "\u2060 ", 1)),
+        ],
+    }
+
+
+def shape_variants(q: str) -> dict[str, list[dict[str, Any]]]:
+    """The same text in another message shape: content parts, a system prompt, key order."""
+    words = q.split(" ")
+    return {
+        "parts": [
+            chat(q),
+            chat(parts(q)),
+            chat(parts(words[0] + " ", " ".join(words[1:]))),
+            chat(parts(words[0], " " + " ".join(words[1:]))),
+            chat(parts(*[w + " " for w in words[:-1]], words[-1])),
+            chat(parts(words[0], " ".join(words[1:]))),
+        ],
+        "system": [
+            chat(q),
+            chat(q, system=SMOLLM_SYSTEM),
+            chat(q, system=SMOLLM_SYSTEM + " "),
+            chat(q, system="You are a helpful assistant."),
+        ],
+        "order": [
+            chat(q),
+            reordered(chat(q)),
+            {
+                "messages": [{"content": q, "role": "user"}],
+                "max_tokens": MAX_TOKENS,
+                "model": "SmolLM2-135M-Instruct",
+                "temperature": 0,
+            },
+        ],
+    }
+
+
+def field_variants(q: str) -> dict[str, list[dict[str, Any]]]:
+    """The same messages with parameters at their defaults spelled out, or tools and schemas reordered."""
+    return {
+        "defaults": [
+            chat(q),
+            chat(q, temperature=0.0),
+            chat(q, top_p=1, n=1),
+            chat(q, presence_penalty=0, frequency_penalty=0.0),
+            chat(q, stop=None, logit_bias={}),
+            {**chat(q), "max_tokens": None, "max_completion_tokens": MAX_TOKENS},
+            chat(q, stream=False, user="someone"),
+            chat(q, logprobs=False),
+            chat(q, stop=[]),
+            chat(q, response_format={"type": "text"}),
+            chat(q, seed=None),
+        ],
+        "tools": [
+            chat(q, tools=TOOLS),
+            chat(q, tools=reordered(TOOLS)),
+            chat(q, tools=TOOLS, tool_choice="auto"),
+            chat(q, tools=TOOLS[::-1]),
+            chat(q, response_format=SCHEMA),
+            chat(q, response_format=reordered(SCHEMA)),
+        ],
     }
 
 
 def prompt_groups(i: int, p: str) -> dict[str, tuple[str, list[dict[str, Any]]]]:
-    return {
-        f"prompt-ends-{i}": (
-            "completions",
-            [
-                completion(p),
-                completion(p + " "),
-                completion(p + "\n"),
-                completion(" " + p),
-                completion(p + "\n    "),
-                completion([p]),
-            ],
-        ),
-        f"prompt-inside-{i}": (
-            "completions",
-            [
-                completion(p),
-                completion(p.replace(" ", "  ", 1)),
-                completion(p.replace(" ", "\r\n", 1)),
-                completion(p.replace(" ", "\n", 1)),
-            ],
-        ),
-        f"prompt-unicode-{i}": (
-            "completions",
-            [
-                completion(unicodedata.normalize("NFC", p)),
-                completion(unicodedata.normalize("NFD", p)),
-                completion(p.replace(" ", "\u200b ", 1)),
-            ],
-        ),
-        f"prompt-defaults-{i}": (
-            "completions",
-            [
-                completion(p),
-                reordered(completion(p)),
-                completion(p, temperature=0.0, echo=False, best_of=1, n=1),
-                completion(p, stop=None, logprobs=None, stream=False, user="u"),
-            ],
-        ),
+    """Prompt `i`'s completion groups, as `question_groups`."""
+    groups = {
+        "ends": [
+            completion(p),
+            completion(p + " "),
+            completion(p + "\n"),
+            completion(" " + p),
+            completion(p + "\n    "),
+            completion([p]),
+        ],
+        "inside": [
+            completion(p),
+            completion(p.replace(" ", "  ", 1)),
+            completion(p.replace(" ", "\r\n", 1)),
+            completion(p.replace(" ", "\n", 1)),
+        ],
+        "unicode": [
+            completion(unicodedata.normalize("NFC", p)),
+            completion(unicodedata.normalize("NFD", p)),
+            completion(p.replace(" ", "\u200b ", 1)),
+        ],
+        "defaults": [
+            completion(p),
+            reordered(completion(p)),
+            completion(p, temperature=0.0, echo=False, best_of=1, n=1),
+            completion(p, stop=None, logprobs=None, stream=False, user="u"),
+        ],
     }
+    return {f"prompt-{name}-{i}": ("completions", variants) for name, variants in groups.items()}
 
 
 def build() -> dict[str, Any]:
