@@ -1,5 +1,6 @@
 """The package layering, checked from the source: gateway and backend never import each other (what they share
-lives in tokenedge_wire), and no module imports itself back through others, lazily or not."""
+lives in tokenedge_wire), and no module imports itself back through others, lazily or not. And the size rule
+of shared/STYLE.md, enforced: every Python file under 400 lines, every function at most 60."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
 PACKAGES = ("gateway", "backend", "cdn", "tokenedge_wire")
+SOURCE_ROOTS = (*PACKAGES, "bench", "tests", "scripts")
+MAX_FILE_LINES = 400  # a file has fewer
+MAX_FUNCTION_LINES = 60  # a function (or method, nested or not) has at most this many, `def` to last line
+# Over the limit here, split on branch issue-18b: delete each entry when that lands (a stale entry fails).
+PENDING = {"backend/server/binary.py::generate", "backend/server/generation.py::run_choices"}
 
 
 def _modules() -> dict[str, Path]:
@@ -109,3 +115,47 @@ def test_every_gateway_module_the_readme_layout_names_exists() -> None:
     assert len(named) > 20
     missing = [n for n in named if not (ROOT / "gateway" / n).exists()]
     assert not missing, missing
+
+
+def _sources() -> dict[str, str]:
+    """Every Python file of the project by path from the root, virtual environments and hidden folders aside."""
+    out: dict[str, str] = {}
+    for root in SOURCE_ROOTS:
+        for path in sorted((ROOT / root).rglob("*.py")):
+            relative = path.relative_to(ROOT)
+            if not any(part.startswith(".") or part in ("node_modules", "build") for part in relative.parts):
+                out[relative.as_posix()] = path.read_text(encoding="utf-8")
+    return out
+
+
+def _function_sizes() -> dict[str, int]:
+    """`path::name` -> lines from `def` to the function's last line, for every function and method."""
+    sizes: dict[str, int] = {}
+    for name, text in _sources().items():
+        for node in ast.walk(ast.parse(text, filename=name)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                assert node.end_lineno is not None
+                where = f"{name}::{node.name}"
+                sizes[where] = max(sizes.get(where, 0), node.end_lineno - node.lineno + 1)
+    return sizes
+
+
+def test_every_python_file_is_under_400_lines() -> None:
+    sources = _sources()
+    assert len(sources) > 200 and "gateway/app.py" in sources and "tests/test_architecture.py" in sources
+    too_long = sorted(
+        f"{name}: {n} lines"
+        for name, text in sources.items()
+        if (n := len(text.splitlines())) >= MAX_FILE_LINES
+    )
+    assert not too_long, "split by theme (shared/STYLE.md):\n" + "\n".join(too_long)
+
+
+def test_every_function_is_at_most_60_lines() -> None:
+    sizes = _function_sizes()
+    too_long = sorted(
+        f"{where}: {n} lines" for where, n in sizes.items() if n > MAX_FUNCTION_LINES and where not in PENDING
+    )
+    assert not too_long, "split into named steps (shared/STYLE.md):\n" + "\n".join(too_long)
+    stale = sorted(where for where in PENDING if sizes.get(where, 0) <= MAX_FUNCTION_LINES)
+    assert not stale, f"now within the limit or gone: remove from PENDING: {stale}"
