@@ -49,7 +49,7 @@ class Side:
 
     def _add(self, ids: list[int], params: SamplingParams) -> None:
         self.count += 1
-        self.engine.add_request(f"bench-{self.count}", ids, params)
+        self.engine.add_request(f"bench-{self.count}", self.engine.prompt(ids), params)
 
     def batch1(self, ids: list[int]) -> float:
         self._add(ids, self.params)

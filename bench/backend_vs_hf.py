@@ -74,7 +74,7 @@ class Ours:
     async def _run(self, ids: list[int]) -> tuple[float, int]:
         self.requests += 1
         first, count = 0.0, 0
-        async for _ in self.engine.generate(ids, self.params, f"bench-{self.requests}"):
+        async for _ in self.engine.generate(self.engine.prompt(ids), self.params, f"bench-{self.requests}"):
             count += 1
             if count == 1:
                 first = time.perf_counter()
@@ -95,7 +95,7 @@ class Ours:
         self.requests += 1
         start = time.perf_counter()
         one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-        async for _ in self.engine.generate(ids, one, f"bench-{self.requests}"):
+        async for _ in self.engine.generate(self.engine.prompt(ids), one, f"bench-{self.requests}"):
             pass
         return len(ids) / (time.perf_counter() - start)
 

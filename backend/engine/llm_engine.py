@@ -20,6 +20,7 @@ from backend.engine.errors import InvalidRequestError
 from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.model_runner import ModelRunner
 from backend.engine.outputs import EngineStats, StepOutput, TokenOut
+from backend.engine.prompt import PromptLimits, ValidPrompt
 from backend.engine.sampling import SamplingParams, make_generator
 from backend.engine.scheduler import ScheduledSeq, Scheduler
 from backend.engine.sequence import Sequence
@@ -76,37 +77,31 @@ class LLMEngine:
         self.spec_draft_tokens_total = 0
         self.spec_accepted_tokens_total = 0
         self._spec_tally: dict[str, tuple[int, int]] = {}  # request id -> (drafted, accepted) so far
+        self.prompt_limits = PromptLimits(mc.vocab_size, config.max_model_len)
 
-    def check_prompt(self, prompt_ids: Seq[int]) -> None:
-        """Raise InvalidRequestError for a prompt the engine cannot run (reads only immutable config)."""
-        if not prompt_ids:
-            raise InvalidRequestError("the prompt is empty")
-        if len(prompt_ids) >= self.config.max_model_len:
-            raise InvalidRequestError(
-                f"the prompt has {len(prompt_ids)} tokens; max_model_len is {self.config.max_model_len}"
-            )
-        vocab = self.model.config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_ids):
-            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")
+    def prompt(self, ids: Seq[int]) -> ValidPrompt:
+        """`ids` checked against this engine's vocabulary and max_model_len, for callers without a server in
+        front (tests, benchmarks); raises InvalidPromptError. Reads only immutable state: any thread may call it."""
+        return self.prompt_limits.validate(ids)
 
-    def add_request(self, request_id: str, prompt_ids: Seq[int], params: SamplingParams) -> Sequence:
-        if request_id in self._seqs:
-            raise InvalidRequestError(f"duplicate request id {request_id!r}")
-        self.check_prompt(prompt_ids)
-        seq = Sequence(request_id, prompt_ids, params, make_generator(params, self.model.device))
+    def add_request(self, request_id: str, prompt: ValidPrompt, params: SamplingParams) -> Sequence:
+        self._check_new_id(request_id)
+        seq = Sequence(request_id, prompt.ids, params, make_generator(params, self.model.device))
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
         return seq
 
-    def add_embedding(self, request_id: str, prompt_ids: Seq[int]) -> EmbeddingSequence:
+    def add_embedding(self, request_id: str, prompt: ValidPrompt) -> EmbeddingSequence:
         """Queue a prefill-only request whose result is its pooled last hidden state (one EmbeddingOut)."""
-        if request_id in self._seqs:
-            raise InvalidRequestError(f"duplicate request id {request_id!r}")
-        self.check_prompt(prompt_ids)
-        seq = EmbeddingSequence(request_id, prompt_ids)
+        self._check_new_id(request_id)
+        seq = EmbeddingSequence(request_id, prompt.ids)
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
         return seq
+
+    def _check_new_id(self, request_id: str) -> None:
+        if request_id in self._seqs:
+            raise InvalidRequestError(f"duplicate request id {request_id!r}")
 
     def abort_request(self, request_id: str) -> bool:
         seq = self._seqs.pop(request_id, None)
@@ -229,7 +224,10 @@ class LLMEngine:
         """Run prompts to completion together; the output token ids of each (a convenience for tests)."""
         per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         ids = [f"generate-{id(self)}-{i}" for i in range(len(prompts))]
-        seqs = [self.add_request(rid, p, sp) for rid, p, sp in zip(ids, prompts, per_prompt, strict=True)]
+        seqs = [
+            self.add_request(rid, self.prompt(p), sp)
+            for rid, p, sp in zip(ids, prompts, per_prompt, strict=True)
+        ]
         while any(not s.is_finished for s in seqs):
             self.step()
         return [s.output_token_ids for s in seqs]

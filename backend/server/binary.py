@@ -11,13 +11,14 @@ from __future__ import annotations
 import contextlib
 from array import array
 
-import numpy as np
 from aiohttp import web
 
 from backend.engine.errors import EngineError
-from backend.server.completions import check_model, check_prompt_length, choice_params, response_meta
+from backend.engine.prompt import ValidPrompt
+from backend.server.completions import check_model, choice_params, response_meta
 from backend.server.errors import ApiError, bad_request, translate_engine_error
 from backend.server.generation import ChoiceEvent, Usage, run_choices
+from backend.server.prompts import valid_prompt
 from backend.server.protocol import parse_request
 from backend.server.state import ENGINE_KEY, LIMITS_KEY, METRICS_KEY, MODEL_KEY, ServedModel
 from tokenedge_wire.framing import EVENTS_TYPE, REQUEST_TYPE, WireError, decode_request, frame
@@ -30,23 +31,10 @@ def register(app: web.Application) -> None:
     app.router.add_post(PATH, generate)
 
 
-def check_ids(ids: array[int], model: ServedModel) -> list[int]:
+def check_ids(ids: array[int], model: ServedModel) -> ValidPrompt:
     """The prompt ids, once every one is a token of this model's vocabulary (not a placeholder for a byte
     the vocabulary has no token for) and the prompt fits the context."""
-    tokenizer = model.tokenizer
-    if not ids:
-        raise bad_request("the token array is empty", "prompt")
-    view = np.frombuffer(ids, dtype=np.int32)  # ids: [k] int32, zero-copy
-    low, high = int(view.min()), int(view.max())
-    if low < 0 or high >= tokenizer.vocab_size:
-        bad = low if low < 0 else high
-        raise bad_request(f"token id {bad} is outside the vocabulary [0, {tokenizer.vocab_size})", "prompt")
-    prompt_ids = ids.tolist()
-    placeholders = tokenizer._placeholders
-    if placeholders and not placeholders.isdisjoint(prompt_ids):
-        raise bad_request("the token array holds ids that are not tokens of this model", "prompt")
-    check_prompt_length(len(ids), model, "prompt")
-    return prompt_ids
+    return valid_prompt(ids, model, "prompt")
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -70,14 +58,14 @@ async def generate(request: web.Request) -> web.StreamResponse:
         )
     req = parse_request({**params, "prompt": [0]}, "completion", limits.max_n)  # sampling params, same checks
     check_model(req, model)
-    prompt_ids = check_ids(ids, model)
-    sampling = choice_params(req, len(prompt_ids), model, limits)
+    prompt = check_ids(ids, model)
+    sampling = choice_params(req, len(prompt), model, limits)
     meta = response_meta(endpoint, model)
     usage = Usage()
     events = run_choices(
         app[ENGINE_KEY].generate,
         model.tokenizer,
-        prompt_ids,
+        prompt,
         sampling,
         req.stop,
         meta["id"],

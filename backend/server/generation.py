@@ -15,6 +15,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from backend.engine.prompt import ValidPrompt
 from backend.engine.sampling_params import SamplingParams
 from backend.server.text_stream import TextStream
 from backend.tokenizer import Tokenizer
@@ -63,9 +64,9 @@ async def _closing(stream: AsyncIterator[Any]) -> AsyncIterator[AsyncIterator[An
 
 
 async def run_choices(
-    generate: Callable[[Sequence[int], SamplingParams, str], AsyncIterator[Any]],
+    generate: Callable[[ValidPrompt, SamplingParams, str], AsyncIterator[Any]],
     tokenizer: Tokenizer,
-    prompt_ids: Sequence[int],
+    prompt: ValidPrompt,
     params: Sequence[SamplingParams],
     stop: Sequence[str],
     request_id: str,
@@ -77,7 +78,7 @@ async def run_choices(
     started = time.perf_counter()
     first = [True]
     special = frozenset(tokenizer.encoding._special_tokens.values())
-    usage.prompt_tokens = len(prompt_ids)
+    usage.prompt_tokens = len(prompt)
 
     def decode(ids: Sequence[int]) -> bytes:
         return tokenizer.decode_bytes([i for i in ids if i not in special])
@@ -85,7 +86,7 @@ async def run_choices(
     async def one(index: int, choice_params: SamplingParams) -> None:
         text = TextStream(decode, stop)
         try:
-            async with _closing(generate(prompt_ids, choice_params, f"{request_id}-{index}")) as stream:
+            async with _closing(generate(prompt, choice_params, f"{request_id}-{index}")) as stream:
                 async for out in stream:
                     if first[0] and on_first_token is not None:
                         first[0] = False

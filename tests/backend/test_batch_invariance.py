@@ -71,12 +71,12 @@ def target_logits(model: LlamaModel, prompt: list[int], scenario: Scenario) -> d
 
     engine.runner.compute_logits = spy  # type: ignore[method-assign]
     pending = sorted(scenario.others, key=lambda o: o[0])
-    target = engine.add_request(TARGET, prompt, params)
+    target = engine.add_request(TARGET, engine.prompt(prompt), params)
     step = 0
     while engine.has_unfinished() or pending:
         while pending and pending[0][0] <= step:
             _, other = pending.pop(0)
-            engine.add_request(f"other-{step}-{len(pending)}", other, params)
+            engine.add_request(f"other-{step}-{len(pending)}", engine.prompt(other), params)
         engine.step()
         step += 1
     assert target.num_output_tokens == NEW_TOKENS

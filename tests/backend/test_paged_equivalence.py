@@ -84,7 +84,7 @@ def test_shared_prefix_blocks_are_reused_and_exact() -> None:
     engine.generate(prompts([5], seed=2, prefix=prefix), GREEDY)
     spy = LogitsSpy(engine)
     seqs = [
-        engine.add_request(f"r{i}", p, GREEDY)
+        engine.add_request(f"r{i}", engine.prompt(p), GREEDY)
         for i, p in enumerate(prompts([7, 20, 33], seed=3, prefix=prefix))
     ]
     while engine.has_unfinished():

@@ -52,7 +52,10 @@ async def test_greedy_fp32_generation_matches_the_goldens(served: tuple[TestClie
     engine: Any = app[ENGINE_KEY]
     params = SamplingParams(temperature=0.0, max_tokens=GOLDENS["max_new_tokens"])
     for i, prompt in enumerate(GOLDENS["prompts"]):
-        out = [t.token_id async for t in engine.generate(prompt["prompt_ids"], params, f"golden-{i}")]
+        out = [
+            t.token_id
+            async for t in engine.generate(engine.prompt(prompt["prompt_ids"]), params, f"golden-{i}")
+        ]
         assert out == prompt["golden_ids"], prompt["messages"]
 
 
