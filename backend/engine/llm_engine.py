@@ -27,6 +27,8 @@ from backend.engine.sequence import Sequence
 from backend.engine.speculative import SpeculativeConfig, propose
 from backend.model.llama import LlamaModel
 
+Sampled = int | list[int] | None  # per scheduled sequence: a token, accepted drafts + a token, or nothing
+
 # a request keeps speculating while at least this share of its drafts is accepted (checked after a probe)
 _PROBE_DRAFTS = 8
 _MIN_ACCEPTANCE = 0.3
@@ -115,13 +117,38 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[StepOutput]:
+        batch = self._schedule()
+        if not batch:
+            return []
+        sampled = self.runner.run(batch)
+        return self._postprocess(batch, sampled)
+
+    def _schedule(self) -> list[ScheduledSeq]:
+        """This step's batch; with speculation, greedy decodes carry drafts, and only those run to their end."""
         if self.speculative.num_tokens:
             self._propose_drafts()
         batch = self.scheduler.schedule()
         self._take_back_drafts(batch)
-        if not batch:
-            return []
-        sampled = self.runner.run(batch)
+        return batch
+
+    def _postprocess(self, batch: Seq[ScheduledSeq], sampled: Seq[Sampled]) -> list[StepOutput]:
+        """Count the step, advance the sequences, and hand back each new token and finished embedding."""
+        self._count(batch, sampled)
+        new_tokens = self.scheduler.postprocess(batch, sampled)
+        self.generated_tokens_total += len(new_tokens)
+        outputs = []
+        for seq, token, reason in new_tokens:
+            assert reason != "abort"
+            out = TokenOut(token, reason, seq.num_prompt_tokens, seq.num_cached_tokens)
+            outputs.append(StepOutput(seq.request_id, out))
+            if reason is not None:
+                del self._seqs[seq.request_id]
+                self._spec_tally.pop(seq.request_id, None)
+        outputs.extend(self._finish_embeddings(batch))
+        return outputs
+
+    def _count(self, batch: Seq[ScheduledSeq], sampled: Seq[Sampled]) -> None:
+        """Prefill and speculation counters, read before postprocess moves the sequences on."""
         for item, got in zip(batch, sampled, strict=True):
             seq = item.seq
             if seq.draft:
@@ -135,21 +162,6 @@ class LLMEngine:
                 item.num_new_tokens == 1 and seq.num_output_tokens > 0 and item.start == seq.num_tokens - 1
             ):
                 self.prefill_tokens_total += item.num_new_tokens
-        new_tokens = self.scheduler.postprocess(batch, sampled)
-        self.generated_tokens_total += len(new_tokens)
-        outputs = []
-        for seq, token, reason in new_tokens:
-            assert reason != "abort"
-            outputs.append(
-                StepOutput(
-                    seq.request_id, TokenOut(token, reason, seq.num_prompt_tokens, seq.num_cached_tokens)
-                )
-            )
-            if reason is not None:
-                del self._seqs[seq.request_id]
-                self._spec_tally.pop(seq.request_id, None)
-        outputs.extend(self._finish_embeddings(batch))
-        return outputs
 
     def _finish_embeddings(self, batch: Seq[ScheduledSeq]) -> list[StepOutput]:
         """Finish the embedding sequences whose last chunk ran this step (the runner stored their state)."""
