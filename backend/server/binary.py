@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from array import array
+from collections.abc import AsyncGenerator
 
 from aiohttp import web
 
@@ -19,7 +20,7 @@ from backend.server.completions import check_model, choice_params, response_meta
 from backend.server.errors import ApiError, bad_request, translate_engine_error
 from backend.server.generation import ChoiceEvent, Usage, run_choices
 from backend.server.prompts import valid_prompt
-from backend.server.protocol import parse_request
+from backend.server.protocol import Endpoint, GenerationRequest, parse_request
 from backend.server.state import ENGINE_KEY, LIMITS_KEY, METRICS_KEY, MODEL_KEY, ServedModel
 from tokenedge_wire.framing import EVENTS_TYPE, REQUEST_TYPE, WireError, decode_request, frame
 
@@ -40,25 +41,7 @@ def check_ids(ids: array[int], model: ServedModel) -> ValidPrompt:
 async def generate(request: web.Request) -> web.StreamResponse:
     app = request.app
     model, limits = app[MODEL_KEY], app[LIMITS_KEY]
-    if request.content_type != REQUEST_TYPE:
-        raise ApiError(415, f"the body must be {REQUEST_TYPE}", code="unsupported_media_type")
-    try:
-        header, ids = decode_request(await request.read())
-    except WireError as exc:
-        raise bad_request(str(exc)) from None
-    endpoint, params = header.get("endpoint"), header.get("params")
-    if endpoint not in ENDPOINTS or not isinstance(params, dict):
-        raise bad_request("the header needs 'endpoint' (chat or completion) and a 'params' object")
-    if header.get("tokenizer") != model.tokenizer.version:
-        raise ApiError(
-            409,
-            f"these ids are for tokenizer {header.get('tokenizer')!r}, this model uses "
-            f"{model.tokenizer.version!r}",
-            code="tokenizer_mismatch",
-        )
-    req = parse_request({**params, "prompt": [0]}, "completion", limits.max_n)  # sampling params, same checks
-    check_model(req, model)
-    prompt = check_ids(ids, model)
+    endpoint, req, prompt = await _parse(request, model, limits.max_n)
     sampling = choice_params(req, len(prompt), model, limits)
     meta = response_meta(endpoint, model)
     usage = Usage()
@@ -81,24 +64,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         await response.prepare(request)
         try:
             await response.write(frame({"meta": meta}))
-            event: ChoiceEvent | None = first
-            if req.stream:  # one frame per event: the gateway's SSE chunks keep the JSON path's boundaries
-                while event is not None:
-                    await response.write(frame({"i": event.index, "t": event.text, "f": event.finish_reason}))
-                    event = await anext(events, None)
-            else:  # the gateway only needs each choice's whole text: one frame per choice
-                texts: list[str] = [""] * req.n
-                finish: list[str | None] = [None] * req.n
-                while event is not None:
-                    texts[event.index] += event.text
-                    finish[event.index] = event.finish_reason or finish[event.index]
-                    event = await anext(events, None)
-                await response.write(
-                    b"".join(
-                        frame({"i": i, "t": t, "f": f})
-                        for i, (t, f) in enumerate(zip(texts, finish, strict=True))
-                    )
-                )
+            await _write_choices(response, req, first, events)
             await response.write(frame({"usage": usage.as_dict()}))
             await response.write_eof()
         except ConnectionResetError:
@@ -108,3 +74,50 @@ async def generate(request: web.Request) -> web.StreamResponse:
             with contextlib.suppress(ConnectionResetError):
                 await response.write(frame({"error": error.body(), "status": error.status}))
         return response
+
+
+async def _parse(
+    request: web.Request, model: ServedModel, max_n: int
+) -> tuple[Endpoint, GenerationRequest, ValidPrompt]:
+    """The body as the endpoint, the sampling request and the prompt; any problem is a 4xx before the engine."""
+    if request.content_type != REQUEST_TYPE:
+        raise ApiError(415, f"the body must be {REQUEST_TYPE}", code="unsupported_media_type")
+    try:
+        header, ids = decode_request(await request.read())
+    except WireError as exc:
+        raise bad_request(str(exc)) from None
+    endpoint, params = header.get("endpoint"), header.get("params")
+    if endpoint not in ENDPOINTS or not isinstance(params, dict):
+        raise bad_request("the header needs 'endpoint' (chat or completion) and a 'params' object")
+    if header.get("tokenizer") != model.tokenizer.version:
+        raise ApiError(
+            409,
+            f"these ids are for tokenizer {header.get('tokenizer')!r}, this model uses "
+            f"{model.tokenizer.version!r}",
+            code="tokenizer_mismatch",
+        )
+    req = parse_request({**params, "prompt": [0]}, "completion", max_n)  # sampling params, same checks
+    check_model(req, model)
+    return endpoint, req, check_ids(ids, model)
+
+
+async def _write_choices(
+    response: web.StreamResponse,
+    req: GenerationRequest,
+    first: ChoiceEvent,
+    events: AsyncGenerator[ChoiceEvent, None],
+) -> None:
+    event: ChoiceEvent | None = first
+    if req.stream:  # one frame per event: the gateway's SSE chunks keep the JSON path's boundaries
+        while event is not None:
+            await response.write(frame({"i": event.index, "t": event.text, "f": event.finish_reason}))
+            event = await anext(events, None)
+        return
+    texts: list[str] = [""] * req.n  # the gateway only needs each choice's whole text: one frame per choice
+    finish: list[str | None] = [None] * req.n
+    while event is not None:
+        texts[event.index] += event.text
+        finish[event.index] = event.finish_reason or finish[event.index]
+        event = await anext(events, None)
+    frames = (frame({"i": i, "t": t, "f": f}) for i, (t, f) in enumerate(zip(texts, finish, strict=True)))
+    await response.write(b"".join(frames))
