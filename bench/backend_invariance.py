@@ -36,6 +36,7 @@ class Side:
 
     def __init__(self, model: LlamaModel, eos: frozenset[int], invariant: bool, new_tokens: int) -> None:
         config = EngineConfig(
+            speculative_tokens=0,
             num_blocks=512,
             max_num_seqs=8,
             max_num_batched_tokens=1024,

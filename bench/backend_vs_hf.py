@@ -66,7 +66,13 @@ class Ours:
         model.load_weights(loaded.weights)
         if weights == "quantized":
             quantize_model(model, loaded.weights, loaded.quantized)
-        config = EngineConfig(num_blocks=512, max_num_seqs=8, max_num_batched_tokens=1024, max_model_len=1024)
+        config = EngineConfig(
+            speculative_tokens=0,
+            num_blocks=512,
+            max_num_seqs=8,
+            max_num_batched_tokens=1024,
+            max_model_len=1024,
+        )
         self.engine = AsyncEngine(model, config, loaded.tokenizer.eos_token_ids)
         self.params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
         self.requests = 0

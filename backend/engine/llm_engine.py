@@ -1,6 +1,6 @@
 """The synchronous engine: the step loop (draft ->) schedule -> run -> postprocess, driven by AsyncEngine's thread.
 
-With `speculative_tokens` > 0, running greedy decodes get prompt-lookup drafts appended before scheduling
+With speculation on (`EngineConfig.draft_tokens` > 0), running greedy decodes get prompt-lookup drafts appended before scheduling
 (backend.engine.speculative); drafts of a sequence the scheduler did not run in full are taken back.
 
 Not thread-safe: exactly one thread calls it. Tests use it directly.
@@ -74,7 +74,7 @@ class LLMEngine:
         self._seqs: dict[str, Sequence] = {}
         self.prefill_tokens_total = 0
         self.generated_tokens_total = 0
-        self.speculative = SpeculativeConfig(num_tokens=config.speculative_tokens)
+        self.speculative = SpeculativeConfig(num_tokens=config.draft_tokens)
         self.spec_verify_steps_total = 0
         self.spec_draft_tokens_total = 0
         self.spec_accepted_tokens_total = 0

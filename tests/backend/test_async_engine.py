@@ -18,7 +18,9 @@ from backend.engine.sampling import SamplingParams
 from tests.backend.tiny import tiny_model
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-CONFIG = EngineConfig(num_blocks=64, max_num_batched_tokens=64, max_model_len=256, max_waiting=8)
+CONFIG = EngineConfig(
+    speculative_tokens=0, num_blocks=64, max_num_batched_tokens=64, max_model_len=256, max_waiting=8
+)
 
 
 def prompt(n: int, seed: int) -> list[int]:
@@ -88,7 +90,9 @@ async def test_cancelling_the_consumer_task_aborts_the_request(engine: AsyncEngi
 
 async def test_full_waiting_queue_raises_queue_full() -> None:
     engine = AsyncEngine(
-        tiny_model(), EngineConfig(num_blocks=64, max_model_len=256, max_waiting=2), frozenset()
+        tiny_model(),
+        EngineConfig(speculative_tokens=0, num_blocks=64, max_model_len=256, max_waiting=2),
+        frozenset(),
     )
     # not started yet: submissions wait in the inbox and count as waiting
     streams = [engine.generate(engine.prompt(prompt(8, i)), GREEDY, f"q{i}") for i in range(2)]

@@ -32,7 +32,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
 def make_engine(model: LlamaModel, **overrides: int) -> LLMEngine:
     config = EngineConfig(
-        **{"num_blocks": 64, "max_num_batched_tokens": 128, "max_model_len": 256, **overrides}
+        speculative_tokens=0,
+        **{"num_blocks": 64, "max_num_batched_tokens": 128, "max_model_len": 256, **overrides},
     )
     return LLMEngine(model, config, eos_token_ids=frozenset({0}))
 
@@ -128,7 +129,9 @@ def test_invalid_embedding_prompts_are_refused(model: LlamaModel) -> None:
 
 
 async def test_async_embeds_batch_together_and_cancelling_frees_the_blocks(model: LlamaModel) -> None:
-    config = EngineConfig(num_blocks=64, max_num_batched_tokens=64, max_model_len=256, max_waiting=16)
+    config = EngineConfig(
+        speculative_tokens=0, num_blocks=64, max_num_batched_tokens=64, max_model_len=256, max_waiting=16
+    )
     engine = AsyncEngine(model, config, frozenset())
     await engine.start()
     try:

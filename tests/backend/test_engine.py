@@ -14,7 +14,8 @@ from tests.backend.tiny import tiny_model
 
 def make_engine(**overrides: int) -> LLMEngine:
     config = EngineConfig(
-        **{"num_blocks": 64, "max_num_batched_tokens": 128, "max_model_len": 256, **overrides}
+        speculative_tokens=0,
+        **{"num_blocks": 64, "max_num_batched_tokens": 128, "max_model_len": 256, **overrides},
     )
     return LLMEngine(tiny_model(), config, eos_token_ids=frozenset({0}))
 

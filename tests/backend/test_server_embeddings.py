@@ -49,7 +49,12 @@ def reference(text: str) -> np.ndarray:
 @pytest.fixture
 async def client() -> AsyncIterator[TestClient]:
     config = EngineConfig(
-        num_blocks=96, max_num_seqs=8, max_num_batched_tokens=96, max_model_len=128, max_waiting=64
+        speculative_tokens=0,
+        num_blocks=96,
+        max_num_seqs=8,
+        max_num_batched_tokens=96,
+        max_model_len=128,
+        max_waiting=64,
     )
     served = ServedModel(
         id="tiny",

@@ -30,6 +30,7 @@ def byte_tokenizer() -> Tokenizer:
 async def client() -> AsyncIterator[TestClient]:
     model = tiny_model(seed=0)
     config = EngineConfig(
+        speculative_tokens=0,
         block_size=16,
         num_blocks=96,
         max_num_seqs=8,

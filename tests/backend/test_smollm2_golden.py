@@ -32,7 +32,9 @@ async def served() -> AsyncIterator[tuple[TestClient, web.Application]]:
     loaded = load_model(None, progress=False)
     model = LlamaModel(loaded.config, dtype=torch.float32)
     model.load_weights(loaded.weights)
-    config = EngineConfig(num_blocks=128, max_num_seqs=4, max_num_batched_tokens=512, max_model_len=1024)
+    config = EngineConfig(
+        speculative_tokens=0, num_blocks=128, max_num_seqs=4, max_num_batched_tokens=512, max_model_len=1024
+    )
     info = ServedModel(
         id=loaded.name, revision=loaded.revision, tokenizer=loaded.tokenizer, max_model_len=1024, created=0
     )
