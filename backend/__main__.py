@@ -40,6 +40,12 @@ def build_app(config: BackendConfig) -> web.Application:
     if config.threads:
         torch.set_num_threads(config.threads)
     loaded = load_model(config.model)
+    if (
+        loaded.tokenizer.vocab_size > loaded.config.vocab_size
+    ):  # the server checks prompts against the tokenizer
+        raise ValueError(
+            f"the tokenizer has {loaded.tokenizer.vocab_size} tokens, the model only {loaded.config.vocab_size}"
+        )
     # the configured context, capped by what the model was trained for
     engine = dataclasses.replace(
         config.engine, max_model_len=min(config.engine.max_model_len, loaded.config.max_position_embeddings)
