@@ -1,6 +1,7 @@
-"""`POST /v1/chat/completions` and `POST /v1/completions`: parse, tokenize, run the choices, and answer
-as one JSON body or as an SSE stream. The first event is awaited before a stream is opened, so errors
-that happen at admission (a full queue, a bad prompt) still get their status code."""
+"""`POST /v1/chat/completions` and `POST /v1/completions`: parse, tokenize, validate the prompt once
+(backend/server/prompts.py), run the choices, and answer as one JSON body or as an SSE stream. The first event
+is awaited before a stream is opened, so errors that happen at admission (a full queue) still get their status
+code."""
 
 from __future__ import annotations
 
