@@ -1,5 +1,11 @@
-"""Backend configuration: one frozen dataclass, read once from defaults, then `TOKENEDGE_BACKEND_*`
-environment variables, then command-line flags (each later source wins), and passed explicitly."""
+"""Backend configuration: one tree, read once from defaults, then `TOKENEDGE_BACKEND_*` environment variables,
+then command-line flags (each later source wins), and passed explicitly.
+
+`BackendConfig` holds what the loader and the HTTP server need; its `engine` section is the `EngineConfig` the
+engine runs with (backend/engine/config.py, the one home of the engine's fields and defaults, e.g.
+`max_model_len` = 4096). Flags and variables stay flat, one per field of either: `--block-size`,
+`TOKENEDGE_BACKEND_MAX_MODEL_LEN`.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +13,12 @@ import argparse
 import dataclasses
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from backend.engine.config import EngineConfig
 
 ENV_PREFIX = "TOKENEDGE_BACKEND_"
 _DTYPES = {
@@ -21,7 +29,6 @@ _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
 }
-_ATTENTION = ("auto", "sdpa", "flash")
 _WEIGHTS = ("quantized", "dequantized")
 _BOOLS = {
     "true": True,
@@ -41,53 +48,28 @@ class BackendConfig:
     stay fp32 whatever it is. `threads=0` leaves torch's own default. `weights`: `quantized` (CPU only: the
     file's 4-bit blocks on the int4 kernel, other layers int8 per channel, a greedy-exact int8 LM head) or
     `dequantized` (the reference: every weight dequantized to `dtype`; other devices always use it).
-    `batch_invariant` (default on): the same request gives the same bits whatever else the server is doing
-    (DESIGN.md §8); off for raw throughput. `speculative_tokens`: prompt-lookup drafts per verify forward for
-    greedy requests (exact: needs `batch_invariant`; 0 turns it off)."""
+    `engine`: device, pool, batching, `batch_invariant` (DESIGN.md §8) and `speculative_tokens`."""
 
     model: str | None = None
     served_model_name: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
-    device: str = "cpu"
     dtype: str = "bfloat16"
     weights: str = "quantized"
     threads: int = 0
-    attention: str = "auto"
-    block_size: int = 16
-    num_blocks: int = 2048
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int = 512
-    max_model_len: int = 4096
-    max_waiting: int = 256
     max_n: int = 4
     default_max_tokens: int = 256
     retry_after_s: int = 1
-    batch_invariant: bool = True
-    speculative_tokens: int = 4
+    engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
-        if self.attention not in _ATTENTION:
-            raise ValueError(f"attention must be one of {_ATTENTION}, got {self.attention!r}")
-        if self.speculative_tokens < 0:
-            raise ValueError(f"speculative_tokens must be >= 0, got {self.speculative_tokens}")
         if self.weights not in _WEIGHTS:
             raise ValueError(f"weights must be one of {_WEIGHTS}, got {self.weights!r}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port out of range: {self.port}")
-        for name in (
-            "block_size",
-            "num_blocks",
-            "max_num_seqs",
-            "max_num_batched_tokens",
-            "max_model_len",
-            "max_waiting",
-            "max_n",
-            "default_max_tokens",
-            "retry_after_s",
-        ):
+        for name in ("max_n", "default_max_tokens", "retry_after_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.threads < 0:
@@ -102,26 +84,37 @@ class BackendConfig:
         cls, argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
     ) -> BackendConfig:
         env = os.environ if environ is None else environ
+        fields = _flat_fields()
         values: dict[str, Any] = {}
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        for name, field in fields.items():
+        for name, spec in fields.items():
             raw = env.get(ENV_PREFIX + name.upper())
             if raw is not None:
-                values[name] = _coerce(field.type, raw, name)
+                values[name] = _coerce(spec.type, raw, name)
         parser = argparse.ArgumentParser(prog="tokenedge-backend", description="tokenedge model server")
-        for name, field in fields.items():
+        for name, spec in fields.items():
             parser.add_argument(
                 "--" + name.replace("_", "-"),
                 dest=name,
                 default=None,
-                help=f"(env {ENV_PREFIX}{name.upper()}, default {field.default!r})",
+                help=f"(env {ENV_PREFIX}{name.upper()}, default {spec.default!r})",
             )
         args = parser.parse_args(argv)
-        for name, field in fields.items():
+        for name, spec in fields.items():
             raw = getattr(args, name)
             if raw is not None:
-                values[name] = _coerce(field.type, raw, name)
-        return cls(**values)
+                values[name] = _coerce(spec.type, raw, name)
+        engine = {k: v for k, v in values.items() if k in _ENGINE_FIELDS}
+        own = {k: v for k, v in values.items() if k not in _ENGINE_FIELDS}
+        return cls(**own, engine=EngineConfig(**engine))
+
+
+_ENGINE_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig))
+
+
+def _flat_fields() -> dict[str, dataclasses.Field[Any]]:
+    """Every setting by its flat name: BackendConfig's own fields, then the engine section's."""
+    own = {f.name: f for f in dataclasses.fields(BackendConfig) if f.name != "engine"}
+    return {**own, **{f.name: f for f in dataclasses.fields(EngineConfig)}}
 
 
 def _coerce(annotation: Any, raw: str, name: str) -> Any:

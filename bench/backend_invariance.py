@@ -36,6 +36,7 @@ class Side:
 
     def __init__(self, model: LlamaModel, eos: frozenset[int], invariant: bool, new_tokens: int) -> None:
         config = EngineConfig(
+            speculative_tokens=0,
             num_blocks=512,
             max_num_seqs=8,
             max_num_batched_tokens=1024,
@@ -49,7 +50,7 @@ class Side:
 
     def _add(self, ids: list[int], params: SamplingParams) -> None:
         self.count += 1
-        self.engine.add_request(f"bench-{self.count}", ids, params)
+        self.engine.add_request(f"bench-{self.count}", self.engine.prompt(ids), params)
 
     def batch1(self, ids: list[int]) -> float:
         self._add(ids, self.params)

@@ -66,7 +66,13 @@ class Ours:
         model.load_weights(loaded.weights)
         if weights == "quantized":
             quantize_model(model, loaded.weights, loaded.quantized)
-        config = EngineConfig(num_blocks=512, max_num_seqs=8, max_num_batched_tokens=1024, max_model_len=1024)
+        config = EngineConfig(
+            speculative_tokens=0,
+            num_blocks=512,
+            max_num_seqs=8,
+            max_num_batched_tokens=1024,
+            max_model_len=1024,
+        )
         self.engine = AsyncEngine(model, config, loaded.tokenizer.eos_token_ids)
         self.params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
         self.requests = 0
@@ -74,7 +80,7 @@ class Ours:
     async def _run(self, ids: list[int]) -> tuple[float, int]:
         self.requests += 1
         first, count = 0.0, 0
-        async for _ in self.engine.generate(ids, self.params, f"bench-{self.requests}"):
+        async for _ in self.engine.generate(self.engine.prompt(ids), self.params, f"bench-{self.requests}"):
             count += 1
             if count == 1:
                 first = time.perf_counter()
@@ -95,7 +101,7 @@ class Ours:
         self.requests += 1
         start = time.perf_counter()
         one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-        async for _ in self.engine.generate(ids, one, f"bench-{self.requests}"):
+        async for _ in self.engine.generate(self.engine.prompt(ids), one, f"bench-{self.requests}"):
             pass
         return len(ids) / (time.perf_counter() - start)
 

@@ -71,7 +71,9 @@ def check_engine() -> None:
     prompts = [torch.randint(0, 256, (n,)).tolist() for n in (3, 40, 300, 90)]
     model = tiny_model(torch.float32)
     engine = LLMEngine(
-        model, EngineConfig(num_blocks=64, max_model_len=512, device="cuda", attention="sdpa"), frozenset()
+        model,
+        EngineConfig(speculative_tokens=0, num_blocks=64, max_model_len=512, device="cuda", attention="sdpa"),
+        frozenset(),
     )
     spy = LogitsSpy(engine)
     engine.generate(prompts, params)
@@ -84,7 +86,13 @@ def check_engine() -> None:
     block_size = 256 if flash_attn_available() else 16
     engine = LLMEngine(
         model,
-        EngineConfig(block_size=block_size, num_blocks=4096 // block_size, max_model_len=1024, device="cuda"),
+        EngineConfig(
+            speculative_tokens=0,
+            block_size=block_size,
+            num_blocks=4096 // block_size,
+            max_model_len=1024,
+            device="cuda",
+        ),
         frozenset(),
     )
     spy = LogitsSpy(engine)
@@ -100,6 +108,7 @@ def check_engine() -> None:
 
 def decode_tps(model: LlamaModel, batch: int, new_tokens: int, block_size: int) -> float:
     config = EngineConfig(
+        speculative_tokens=0,
         block_size=block_size,
         num_blocks=max(64, 8192 // block_size),
         max_num_seqs=16,

@@ -79,7 +79,13 @@ async def answers(
     model.load_weights(loaded.weights)
     engine = AsyncEngine(
         model,
-        EngineConfig(num_blocks=1024, max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=512),
+        EngineConfig(
+            speculative_tokens=0,
+            num_blocks=1024,
+            max_num_seqs=64,
+            max_num_batched_tokens=2048,
+            max_model_len=512,
+        ),
         loaded.tokenizer.eos_token_ids,
     )
     await engine.start()

@@ -24,6 +24,7 @@ from backend.engine.embedding import EmbeddingOut
 from backend.engine.errors import EngineStoppedError, QueueFullError
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.outputs import EngineStats, TokenOut
+from backend.engine.prompt import ValidPrompt
 from backend.engine.sampling import SamplingParams
 from backend.model.llama import LlamaModel
 
@@ -33,7 +34,7 @@ _Delivery = TokenOut | EmbeddingOut | BaseException
 @dataclass(frozen=True, slots=True)
 class _Add:
     request_id: str
-    prompt_ids: tuple[int, ...]
+    prompt: ValidPrompt
     params: SamplingParams | None  # None: an embedding request (backend/engine/embedding.py)
     out: asyncio.Queue[_Delivery]
 
@@ -81,40 +82,43 @@ class AsyncEngine:
             pending = self._pending_adds
         return dataclasses.replace(stats, waiting=stats.waiting + pending)
 
+    def prompt(self, ids: Seq[int]) -> ValidPrompt:
+        """`ids` checked for this engine (LLMEngine.prompt), for callers without a server in front."""
+        return self._engine.prompt(ids)
+
     def generate(
-        self, prompt_ids: Seq[int], params: SamplingParams, request_id: str
+        self, prompt: ValidPrompt, params: SamplingParams, request_id: str
     ) -> AsyncIterator[TokenOut]:
         """Submit now (raises QueueFullError if the waiting queue is full) and stream the tokens.
 
         Iterate it with `async for`; the last TokenOut has `finish_reason` set. Closing the iterator early
         (`aclose()`, break out of `async with aclosing(...)`, task cancellation) aborts the request.
         """
-        stream = self._stream(request_id, self._submit(request_id, prompt_ids, params))
+        stream = self._stream(request_id, self._submit(request_id, prompt, params))
         return cast(AsyncIterator[TokenOut], stream)  # a generation request only ever gets TokenOuts
 
-    async def embed(self, prompt_ids: Seq[int], request_id: str) -> EmbeddingOut:
+    async def embed(self, prompt: ValidPrompt, request_id: str) -> EmbeddingOut:
         """The pooled last hidden state of the prompt, computed in the engine's batches (prefill only).
 
         Raises like `generate` at submission; cancelling the awaiting task aborts the request.
         """
-        stream = self._stream(request_id, self._submit(request_id, prompt_ids, None))
+        stream = self._stream(request_id, self._submit(request_id, prompt, None))
         async with contextlib.aclosing(stream):
             result = await anext(stream)
         assert isinstance(result, EmbeddingOut)
         return result
 
     def _submit(
-        self, request_id: str, prompt_ids: Seq[int], params: SamplingParams | None
+        self, request_id: str, prompt: ValidPrompt, params: SamplingParams | None
     ) -> asyncio.Queue[_Delivery]:
         if self._stopped:
             raise EngineStoppedError("the engine is stopped")
-        self._engine.check_prompt(prompt_ids)  # InvalidRequestError now, before any streaming starts
         out: asyncio.Queue[_Delivery] = asyncio.Queue()
         with self._lock:
             if self._stats.waiting + self._pending_adds >= self.config.max_waiting:
                 raise QueueFullError(f"{self.config.max_waiting} requests are already waiting")
             self._pending_adds += 1
-        self._inbox.put(_Add(request_id, tuple(prompt_ids), params, out))
+        self._inbox.put(_Add(request_id, prompt, params, out))
         return out
 
     async def _stream(
@@ -181,9 +185,9 @@ class AsyncEngine:
                 self._pending_adds -= 1
             try:
                 if command.params is None:
-                    self._engine.add_embedding(command.request_id, command.prompt_ids)
+                    self._engine.add_embedding(command.request_id, command.prompt)
                 else:
-                    self._engine.add_request(command.request_id, command.prompt_ids, command.params)
+                    self._engine.add_request(command.request_id, command.prompt, command.params)
             except Exception as exc:
                 self._post(command.out, exc)
                 return

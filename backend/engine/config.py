@@ -1,7 +1,12 @@
-"""Engine configuration: pool geometry, batching limits, the attention backend choice and batch invariance.
+"""Engine configuration: pool geometry, batching limits, the attention backend choice, batch invariance and
+speculation. The one home of these fields and their defaults: the served backend's configuration holds an
+`EngineConfig` as its `engine` section (backend/config.py), so its flags and environment variables set these.
 
 `batch_invariant` (default on, DESIGN.md §8): a sequence's logits have the same bits whatever else is batched,
 however its prefill is chunked and whether its prefix came from the cache; off trades that for throughput.
+`speculative_tokens` (default 4): prompt-lookup drafts per verify forward for greedy requests
+(backend/engine/speculative.py). Speculation is exact only on batch-invariant kernels (a k-token verify equals k
+single steps bitwise), so it is off whenever `batch_invariant` is: `draft_tokens` is what the engine uses.
 """
 
 from __future__ import annotations
@@ -15,16 +20,15 @@ _ATTENTION = ("auto", "sdpa", "flash")
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     block_size: int = 16  # 16 on CPU; 256 (a multiple of 256) with flash-attn
-    num_blocks: int = 1024
+    num_blocks: int = 2048
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 512
-    max_model_len: int = 2048
+    max_model_len: int = 4096  # the server clamps it to the model's max_position_embeddings
     attention: Literal["auto", "sdpa", "flash"] = "auto"
     device: str = "cpu"
     max_waiting: int = 256
     enable_prefix_caching: bool = True
-    # exact prompt-lookup speculation for greedy requests (backend.engine.speculative): drafts per verify, 0 = off
-    speculative_tokens: int = 0
+    speculative_tokens: int = 4  # drafts per verify for greedy requests, 0 = off (see draft_tokens)
     batch_invariant: bool = True
 
     def __post_init__(self) -> None:
@@ -41,8 +45,6 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
         if not isinstance(self.speculative_tokens, int) or self.speculative_tokens < 0:
             raise ValueError(f"EngineConfig.speculative_tokens must be >= 0, got {self.speculative_tokens!r}")
-        if self.speculative_tokens and not self.batch_invariant:
-            raise ValueError("speculative decoding is exact only with batch_invariant kernels")
         if self.attention not in _ATTENTION:
             raise ValueError(f"EngineConfig.attention must be one of {_ATTENTION}, got {self.attention!r}")
         if self.num_blocks * self.block_size < self.max_model_len:
@@ -50,6 +52,11 @@ class EngineConfig:
                 f"the pool ({self.num_blocks} blocks x {self.block_size}) cannot hold one sequence of "
                 f"max_model_len={self.max_model_len}"
             )
+
+    @property
+    def draft_tokens(self) -> int:
+        """The drafts per verify the engine uses: `speculative_tokens`, or 0 without batch-invariant kernels."""
+        return self.speculative_tokens if self.batch_invariant else 0
 
     @staticmethod
     def default_block_size(uses_flash_attn: bool) -> int:

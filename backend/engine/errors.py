@@ -2,7 +2,8 @@
 
 EngineError
 ├── QueueFullError      the waiting queue is at `max_waiting` (server: 503 + Retry-After)
-├── InvalidRequestError a prompt the engine cannot run: empty, too long, unknown token ids (400)
+├── InvalidRequestError a request the engine cannot take, e.g. a duplicate request id (400)
+│   └── InvalidPromptError  a prompt that breaks PromptLimits (backend/engine/prompt.py): checked once, at entry
 └── EngineStoppedError  the engine was stopped or its compute loop failed while the request ran (503)
 """
 

@@ -1,6 +1,6 @@
 """The synchronous engine: the step loop (draft ->) schedule -> run -> postprocess, driven by AsyncEngine's thread.
 
-With `speculative_tokens` > 0, running greedy decodes get prompt-lookup drafts appended before scheduling
+With speculation on (`EngineConfig.draft_tokens` > 0), running greedy decodes get prompt-lookup drafts appended before scheduling
 (backend.engine.speculative); drafts of a sequence the scheduler did not run in full are taken back.
 
 Not thread-safe: exactly one thread calls it. Tests use it directly.
@@ -20,11 +20,14 @@ from backend.engine.errors import InvalidRequestError
 from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.model_runner import ModelRunner
 from backend.engine.outputs import EngineStats, StepOutput, TokenOut
+from backend.engine.prompt import PromptLimits, ValidPrompt
 from backend.engine.sampling import SamplingParams, make_generator
 from backend.engine.scheduler import ScheduledSeq, Scheduler
 from backend.engine.sequence import Sequence
 from backend.engine.speculative import SpeculativeConfig, propose
 from backend.model.llama import LlamaModel
+
+Sampled = int | list[int] | None  # per scheduled sequence: a token, accepted drafts + a token, or nothing
 
 # a request keeps speculating while at least this share of its drafts is accepted (checked after a probe)
 _PROBE_DRAFTS = 8
@@ -71,42 +74,36 @@ class LLMEngine:
         self._seqs: dict[str, Sequence] = {}
         self.prefill_tokens_total = 0
         self.generated_tokens_total = 0
-        self.speculative = SpeculativeConfig(num_tokens=config.speculative_tokens)
+        self.speculative = SpeculativeConfig(num_tokens=config.draft_tokens)
         self.spec_verify_steps_total = 0
         self.spec_draft_tokens_total = 0
         self.spec_accepted_tokens_total = 0
         self._spec_tally: dict[str, tuple[int, int]] = {}  # request id -> (drafted, accepted) so far
+        self.prompt_limits = PromptLimits(mc.vocab_size, config.max_model_len)
 
-    def check_prompt(self, prompt_ids: Seq[int]) -> None:
-        """Raise InvalidRequestError for a prompt the engine cannot run (reads only immutable config)."""
-        if not prompt_ids:
-            raise InvalidRequestError("the prompt is empty")
-        if len(prompt_ids) >= self.config.max_model_len:
-            raise InvalidRequestError(
-                f"the prompt has {len(prompt_ids)} tokens; max_model_len is {self.config.max_model_len}"
-            )
-        vocab = self.model.config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_ids):
-            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")
+    def prompt(self, ids: Seq[int]) -> ValidPrompt:
+        """`ids` checked against this engine's vocabulary and max_model_len, for callers without a server in
+        front (tests, benchmarks); raises InvalidPromptError. Reads only immutable state: any thread may call it."""
+        return self.prompt_limits.validate(ids)
 
-    def add_request(self, request_id: str, prompt_ids: Seq[int], params: SamplingParams) -> Sequence:
-        if request_id in self._seqs:
-            raise InvalidRequestError(f"duplicate request id {request_id!r}")
-        self.check_prompt(prompt_ids)
-        seq = Sequence(request_id, prompt_ids, params, make_generator(params, self.model.device))
+    def add_request(self, request_id: str, prompt: ValidPrompt, params: SamplingParams) -> Sequence:
+        self._check_new_id(request_id)
+        seq = Sequence(request_id, prompt.ids, params, make_generator(params, self.model.device))
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
         return seq
 
-    def add_embedding(self, request_id: str, prompt_ids: Seq[int]) -> EmbeddingSequence:
+    def add_embedding(self, request_id: str, prompt: ValidPrompt) -> EmbeddingSequence:
         """Queue a prefill-only request whose result is its pooled last hidden state (one EmbeddingOut)."""
-        if request_id in self._seqs:
-            raise InvalidRequestError(f"duplicate request id {request_id!r}")
-        self.check_prompt(prompt_ids)
-        seq = EmbeddingSequence(request_id, prompt_ids)
+        self._check_new_id(request_id)
+        seq = EmbeddingSequence(request_id, prompt.ids)
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
         return seq
+
+    def _check_new_id(self, request_id: str) -> None:
+        if request_id in self._seqs:
+            raise InvalidRequestError(f"duplicate request id {request_id!r}")
 
     def abort_request(self, request_id: str) -> bool:
         seq = self._seqs.pop(request_id, None)
@@ -120,13 +117,38 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[StepOutput]:
+        batch = self._schedule()
+        if not batch:
+            return []
+        sampled = self.runner.run(batch)
+        return self._postprocess(batch, sampled)
+
+    def _schedule(self) -> list[ScheduledSeq]:
+        """This step's batch; with speculation, greedy decodes carry drafts, and only those run to their end."""
         if self.speculative.num_tokens:
             self._propose_drafts()
         batch = self.scheduler.schedule()
         self._take_back_drafts(batch)
-        if not batch:
-            return []
-        sampled = self.runner.run(batch)
+        return batch
+
+    def _postprocess(self, batch: Seq[ScheduledSeq], sampled: Seq[Sampled]) -> list[StepOutput]:
+        """Count the step, advance the sequences, and hand back each new token and finished embedding."""
+        self._count(batch, sampled)
+        new_tokens = self.scheduler.postprocess(batch, sampled)
+        self.generated_tokens_total += len(new_tokens)
+        outputs = []
+        for seq, token, reason in new_tokens:
+            assert reason != "abort"
+            out = TokenOut(token, reason, seq.num_prompt_tokens, seq.num_cached_tokens)
+            outputs.append(StepOutput(seq.request_id, out))
+            if reason is not None:
+                del self._seqs[seq.request_id]
+                self._spec_tally.pop(seq.request_id, None)
+        outputs.extend(self._finish_embeddings(batch))
+        return outputs
+
+    def _count(self, batch: Seq[ScheduledSeq], sampled: Seq[Sampled]) -> None:
+        """Prefill and speculation counters, read before postprocess moves the sequences on."""
         for item, got in zip(batch, sampled, strict=True):
             seq = item.seq
             if seq.draft:
@@ -140,21 +162,6 @@ class LLMEngine:
                 item.num_new_tokens == 1 and seq.num_output_tokens > 0 and item.start == seq.num_tokens - 1
             ):
                 self.prefill_tokens_total += item.num_new_tokens
-        new_tokens = self.scheduler.postprocess(batch, sampled)
-        self.generated_tokens_total += len(new_tokens)
-        outputs = []
-        for seq, token, reason in new_tokens:
-            assert reason != "abort"
-            outputs.append(
-                StepOutput(
-                    seq.request_id, TokenOut(token, reason, seq.num_prompt_tokens, seq.num_cached_tokens)
-                )
-            )
-            if reason is not None:
-                del self._seqs[seq.request_id]
-                self._spec_tally.pop(seq.request_id, None)
-        outputs.extend(self._finish_embeddings(batch))
-        return outputs
 
     def _finish_embeddings(self, batch: Seq[ScheduledSeq]) -> list[StepOutput]:
         """Finish the embedding sequences whose last chunk ran this step (the runner stored their state)."""
@@ -229,7 +236,10 @@ class LLMEngine:
         """Run prompts to completion together; the output token ids of each (a convenience for tests)."""
         per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         ids = [f"generate-{id(self)}-{i}" for i in range(len(prompts))]
-        seqs = [self.add_request(rid, p, sp) for rid, p, sp in zip(ids, prompts, per_prompt, strict=True)]
+        seqs = [
+            self.add_request(rid, self.prompt(p), sp)
+            for rid, p, sp in zip(ids, prompts, per_prompt, strict=True)
+        ]
         while any(not s.is_finished for s in seqs):
             self.step()
         return [s.output_token_ids for s in seqs]

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import contextlib
 from array import array
+from collections.abc import AsyncGenerator
 
-import numpy as np
 from aiohttp import web
 
 from backend.engine.errors import EngineError
-from backend.server.completions import check_model, check_prompt_length, choice_params, response_meta
+from backend.engine.prompt import ValidPrompt
+from backend.server.completions import check_model, choice_params, response_meta
 from backend.server.errors import ApiError, bad_request, translate_engine_error
 from backend.server.generation import ChoiceEvent, Usage, run_choices
-from backend.server.protocol import parse_request
+from backend.server.prompts import valid_prompt
+from backend.server.protocol import Endpoint, GenerationRequest, parse_request
 from backend.server.state import ENGINE_KEY, LIMITS_KEY, METRICS_KEY, MODEL_KEY, ServedModel
 from tokenedge_wire.framing import EVENTS_TYPE, REQUEST_TYPE, WireError, decode_request, frame
 
@@ -30,28 +32,54 @@ def register(app: web.Application) -> None:
     app.router.add_post(PATH, generate)
 
 
-def check_ids(ids: array[int], model: ServedModel) -> list[int]:
+def check_ids(ids: array[int], model: ServedModel) -> ValidPrompt:
     """The prompt ids, once every one is a token of this model's vocabulary (not a placeholder for a byte
     the vocabulary has no token for) and the prompt fits the context."""
-    tokenizer = model.tokenizer
-    if not ids:
-        raise bad_request("the token array is empty", "prompt")
-    view = np.frombuffer(ids, dtype=np.int32)  # ids: [k] int32, zero-copy
-    low, high = int(view.min()), int(view.max())
-    if low < 0 or high >= tokenizer.vocab_size:
-        bad = low if low < 0 else high
-        raise bad_request(f"token id {bad} is outside the vocabulary [0, {tokenizer.vocab_size})", "prompt")
-    prompt_ids = ids.tolist()
-    placeholders = tokenizer._placeholders
-    if placeholders and not placeholders.isdisjoint(prompt_ids):
-        raise bad_request("the token array holds ids that are not tokens of this model", "prompt")
-    check_prompt_length(len(ids), model, "prompt")
-    return prompt_ids
+    return valid_prompt(ids, model, "prompt")
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
     app = request.app
     model, limits = app[MODEL_KEY], app[LIMITS_KEY]
+    endpoint, req, prompt = await _parse(request, model, limits.max_n)
+    sampling = choice_params(req, len(prompt), model, limits)
+    meta = response_meta(endpoint, model)
+    usage = Usage()
+    events = run_choices(
+        app[ENGINE_KEY].generate,
+        model.tokenizer,
+        prompt,
+        sampling,
+        req.stop,
+        meta["id"],
+        usage,
+        on_first_token=app[METRICS_KEY].ttft_seconds.observe,
+    )
+    async with contextlib.aclosing(events):
+        try:
+            first = await anext(events)
+        except EngineError as exc:
+            raise translate_engine_error(exc, limits.retry_after_s) from exc
+        response = web.StreamResponse(headers={"Content-Type": EVENTS_TYPE, "X-Accel-Buffering": "no"})
+        await response.prepare(request)
+        try:
+            await response.write(frame({"meta": meta}))
+            await _write_choices(response, req, first, events)
+            await response.write(frame({"usage": usage.as_dict()}))
+            await response.write_eof()
+        except ConnectionResetError:
+            pass  # the gateway went away: leaving closes `events`, which aborts the engine requests
+        except EngineError as exc:
+            error = translate_engine_error(exc, 1)
+            with contextlib.suppress(ConnectionResetError):
+                await response.write(frame({"error": error.body(), "status": error.status}))
+        return response
+
+
+async def _parse(
+    request: web.Request, model: ServedModel, max_n: int
+) -> tuple[Endpoint, GenerationRequest, ValidPrompt]:
+    """The body as the endpoint, the sampling request and the prompt; any problem is a 4xx before the engine."""
     if request.content_type != REQUEST_TYPE:
         raise ApiError(415, f"the body must be {REQUEST_TYPE}", code="unsupported_media_type")
     try:
@@ -68,55 +96,28 @@ async def generate(request: web.Request) -> web.StreamResponse:
             f"{model.tokenizer.version!r}",
             code="tokenizer_mismatch",
         )
-    req = parse_request({**params, "prompt": [0]}, "completion", limits.max_n)  # sampling params, same checks
+    req = parse_request({**params, "prompt": [0]}, "completion", max_n)  # sampling params, same checks
     check_model(req, model)
-    prompt_ids = check_ids(ids, model)
-    sampling = choice_params(req, len(prompt_ids), model, limits)
-    meta = response_meta(endpoint, model)
-    usage = Usage()
-    events = run_choices(
-        app[ENGINE_KEY].generate,
-        model.tokenizer,
-        prompt_ids,
-        sampling,
-        req.stop,
-        meta["id"],
-        usage,
-        on_first_token=app[METRICS_KEY].ttft_seconds.observe,
-    )
-    async with contextlib.aclosing(events):
-        try:
-            first = await anext(events)
-        except EngineError as exc:
-            raise translate_engine_error(exc, limits.retry_after_s) from exc
-        response = web.StreamResponse(headers={"Content-Type": EVENTS_TYPE, "X-Accel-Buffering": "no"})
-        await response.prepare(request)
-        try:
-            await response.write(frame({"meta": meta}))
-            event: ChoiceEvent | None = first
-            if req.stream:  # one frame per event: the gateway's SSE chunks keep the JSON path's boundaries
-                while event is not None:
-                    await response.write(frame({"i": event.index, "t": event.text, "f": event.finish_reason}))
-                    event = await anext(events, None)
-            else:  # the gateway only needs each choice's whole text: one frame per choice
-                texts: list[str] = [""] * req.n
-                finish: list[str | None] = [None] * req.n
-                while event is not None:
-                    texts[event.index] += event.text
-                    finish[event.index] = event.finish_reason or finish[event.index]
-                    event = await anext(events, None)
-                await response.write(
-                    b"".join(
-                        frame({"i": i, "t": t, "f": f})
-                        for i, (t, f) in enumerate(zip(texts, finish, strict=True))
-                    )
-                )
-            await response.write(frame({"usage": usage.as_dict()}))
-            await response.write_eof()
-        except ConnectionResetError:
-            pass  # the gateway went away: leaving closes `events`, which aborts the engine requests
-        except EngineError as exc:
-            error = translate_engine_error(exc, 1)
-            with contextlib.suppress(ConnectionResetError):
-                await response.write(frame({"error": error.body(), "status": error.status}))
-        return response
+    return endpoint, req, check_ids(ids, model)
+
+
+async def _write_choices(
+    response: web.StreamResponse,
+    req: GenerationRequest,
+    first: ChoiceEvent,
+    events: AsyncGenerator[ChoiceEvent, None],
+) -> None:
+    event: ChoiceEvent | None = first
+    if req.stream:  # one frame per event: the gateway's SSE chunks keep the JSON path's boundaries
+        while event is not None:
+            await response.write(frame({"i": event.index, "t": event.text, "f": event.finish_reason}))
+            event = await anext(events, None)
+        return
+    texts: list[str] = [""] * req.n  # the gateway only needs each choice's whole text: one frame per choice
+    finish: list[str | None] = [None] * req.n
+    while event is not None:
+        texts[event.index] += event.text
+        finish[event.index] = event.finish_reason or finish[event.index]
+        event = await anext(events, None)
+    frames = (frame({"i": i, "t": t, "f": f}) for i, (t, f) in enumerate(zip(texts, finish, strict=True)))
+    await response.write(b"".join(frames))

@@ -1,6 +1,7 @@
-"""`POST /v1/chat/completions` and `POST /v1/completions`: parse, tokenize, run the choices, and answer
-as one JSON body or as an SSE stream. The first event is awaited before a stream is opened, so errors
-that happen at admission (a full queue, a bad prompt) still get their status code."""
+"""`POST /v1/chat/completions` and `POST /v1/completions`: parse, tokenize, validate the prompt once
+(backend/server/prompts.py), run the choices, and answer as one JSON body or as an SSE stream. The first event
+is awaited before a stream is opened, so errors that happen at admission (a full queue) still get their status
+code."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from typing import Any
 from aiohttp import web
 
 from backend.engine.errors import EngineError
+from backend.engine.prompt import ValidPrompt
 from backend.engine.sampling_params import SamplingParams
 from backend.server.errors import ApiError, bad_request, translate_engine_error
 from backend.server.generation import ChoiceEvent, Usage, run_choices
+from backend.server.prompts import valid_prompt
 from backend.server.protocol import Endpoint, GenerationRequest, parse_request
 from backend.server.sse import open_stream, send_done, send_event
 from backend.server.state import ENGINE_KEY, LIMITS_KEY, METRICS_KEY, MODEL_KEY, ServedModel, ServerLimits
@@ -39,8 +42,8 @@ async def _serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         raise bad_request("the request body is not valid JSON") from None
     req = parse_request(body, endpoint, limits.max_n)
     check_model(req, model)
-    prompt_ids = _prompt_ids(req, model)
-    params = choice_params(req, len(prompt_ids), model, limits)
+    prompt = _prompt(req, model)
+    params = choice_params(req, len(prompt), model, limits)
     meta = response_meta(endpoint, model)
     request_id = meta["id"]
     usage = Usage()
@@ -48,7 +51,7 @@ async def _serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     events = run_choices(
         app[ENGINE_KEY].generate,
         model.tokenizer,
-        prompt_ids,
+        prompt,
         params,
         req.stop,
         request_id,
@@ -65,25 +68,17 @@ async def _serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         return await _collect(req, meta, first, events, usage)
 
 
-def _prompt_ids(req: GenerationRequest, model: ServedModel) -> list[int]:
+def _prompt(req: GenerationRequest, model: ServedModel) -> ValidPrompt:
     tokenizer = model.tokenizer
     if req.endpoint == "chat":
         try:
             text = tokenizer.apply_chat_template(list(req.messages), add_generation_prompt=True)
         except (ChatTemplateError, ValueError) as exc:
             raise bad_request(str(exc), "messages") from exc
-        ids = tokenizer.encode(text)
-    elif isinstance(req.prompt, str):
-        ids = tokenizer.encode(req.prompt)
-    else:
-        assert req.prompt is not None
-        ids = list(req.prompt)
-        if any(not 0 <= i < tokenizer.vocab_size for i in ids):
-            raise bad_request("prompt token ids out of the vocabulary", "prompt")
-    if not ids:
-        raise bad_request("the prompt is empty", "prompt")
-    check_prompt_length(len(ids), model, "messages" if req.endpoint == "chat" else "prompt")
-    return ids
+        return valid_prompt(tokenizer.encode(text), model, "messages")
+    assert req.prompt is not None
+    ids = tokenizer.encode(req.prompt) if isinstance(req.prompt, str) else req.prompt
+    return valid_prompt(ids, model, "prompt")
 
 
 def check_model(req: GenerationRequest, model: ServedModel) -> None:
@@ -100,16 +95,6 @@ def model_not_found(name: str) -> ApiError:
         param="model",
         code="model_not_found",
     )
-
-
-def check_prompt_length(num_tokens: int, model: ServedModel, param: str) -> None:
-    """400 `context_length_exceeded` unless the prompt leaves room for at least one new token."""
-    if num_tokens >= model.max_model_len:
-        raise bad_request(
-            f"the prompt has {num_tokens} tokens; this model's maximum context length is {model.max_model_len}",
-            param,
-            code="context_length_exceeded",
-        )
 
 
 def response_meta(endpoint: Endpoint, model: ServedModel) -> dict[str, Any]:

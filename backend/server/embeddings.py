@@ -26,8 +26,10 @@ from aiohttp import web
 
 from backend.engine.embedding import POOLING, EmbeddingOut
 from backend.engine.errors import EngineError
-from backend.server.completions import check_prompt_length, model_not_found
+from backend.engine.prompt import ValidPrompt
+from backend.server.completions import model_not_found
 from backend.server.errors import bad_request, translate_engine_error
+from backend.server.prompts import valid_prompt
 from backend.server.state import ENGINE_KEY, LIMITS_KEY, MODEL_KEY, Engine, ServedModel
 
 MAX_INPUTS = 2048  # OpenAI's limit on the inputs of one request
@@ -99,24 +101,13 @@ def _inputs(value: Any) -> tuple[str | tuple[int, ...], ...]:
     return tuple(out)
 
 
-def input_ids(req: EmbeddingRequest, model: ServedModel) -> list[list[int]]:
-    """The token ids of every input: texts tokenized like a completions prompt, id arrays checked."""
+def input_prompts(req: EmbeddingRequest, model: ServedModel) -> list[ValidPrompt]:
+    """Every input as a prompt: texts tokenized like a completions prompt, id arrays taken as they are."""
     tokenizer = model.tokenizer
-    placeholders = tokenizer._placeholders  # ids standing for bytes the vocabulary has no token for
-    out = []
-    for i, item in enumerate(req.inputs):
-        if isinstance(item, str):
-            ids = tokenizer.encode(item)
-            if not ids:
-                raise bad_request(f"input[{i}] has no tokens", "input")
-        else:
-            ids = list(item)
-            bad = next((t for t in ids if not 0 <= t < tokenizer.vocab_size or t in placeholders), None)
-            if bad is not None:
-                raise bad_request(f"input[{i}]: {bad} is not a token id of this model", "input")
-        check_prompt_length(len(ids), model, "input")
-        out.append(ids)
-    return out
+    return [
+        valid_prompt(tokenizer.encode(item) if isinstance(item, str) else item, model, "input", f"input[{i}]")
+        for i, item in enumerate(req.inputs)
+    ]
 
 
 def check_dimensions(req: EmbeddingRequest, model: ServedModel) -> None:
@@ -146,16 +137,16 @@ def encode(vector: torch.Tensor, fmt: EncodingFormat) -> list[float] | str:
     return vector.tolist()
 
 
-async def embed_all(engine: Engine, ids: Sequence[list[int]], request_id: str) -> list[EmbeddingOut]:
+async def embed_all(engine: Engine, prompts: Sequence[ValidPrompt], request_id: str) -> list[EmbeddingOut]:
     """Every input as its own engine request, at most WINDOW at once; the first failure cancels the rest
     (cancelling a task aborts its engine request)."""
     gate = asyncio.Semaphore(WINDOW)
 
-    async def one(index: int, prompt: list[int]) -> EmbeddingOut:
+    async def one(index: int, prompt: ValidPrompt) -> EmbeddingOut:
         async with gate:
             return await engine.embed(prompt, f"{request_id}-{index}")
 
-    tasks = [asyncio.create_task(one(i, p)) for i, p in enumerate(ids)]
+    tasks = [asyncio.create_task(one(i, p)) for i, p in enumerate(prompts)]
     try:
         return list(await asyncio.gather(*tasks))
     finally:
@@ -175,16 +166,16 @@ async def embeddings(request: web.Request) -> web.Response:
     if req.model is not None and req.model != model.id:
         raise model_not_found(req.model)
     check_dimensions(req, model)
-    ids = input_ids(req, model)
+    prompts = input_prompts(req, model)
     try:
-        results = await embed_all(app[ENGINE_KEY], ids, f"embd-{uuid.uuid4().hex}")
+        results = await embed_all(app[ENGINE_KEY], prompts, f"embd-{uuid.uuid4().hex}")
     except EngineError as exc:
         raise translate_engine_error(exc, app[LIMITS_KEY].retry_after_s) from exc
     data = [
         {"object": "embedding", "index": i, "embedding": encode(normalize(out.vector), req.encoding_format)}
         for i, out in enumerate(results)
     ]
-    num_tokens = sum(len(p) for p in ids)
+    num_tokens = sum(len(p) for p in prompts)
     return web.json_response(
         {
             "object": "list",

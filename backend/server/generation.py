@@ -13,8 +13,10 @@ import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
+from backend.engine.prompt import ValidPrompt
 from backend.engine.sampling_params import SamplingParams
 from backend.server.text_stream import TextStream
 from backend.tokenizer import Tokenizer
@@ -63,9 +65,9 @@ async def _closing(stream: AsyncIterator[Any]) -> AsyncIterator[AsyncIterator[An
 
 
 async def run_choices(
-    generate: Callable[[Sequence[int], SamplingParams, str], AsyncIterator[Any]],
+    generate: Callable[[ValidPrompt, SamplingParams, str], AsyncIterator[Any]],
     tokenizer: Tokenizer,
-    prompt_ids: Sequence[int],
+    prompt: ValidPrompt,
     params: Sequence[SamplingParams],
     stop: Sequence[str],
     request_id: str,
@@ -73,51 +75,23 @@ async def run_choices(
     on_first_token: Callable[[float], None] | None = None,
 ) -> AsyncGenerator[ChoiceEvent, None]:
     """Yield every choice's text as it is produced; the last event of each choice has `finish_reason`."""
-    queue: asyncio.Queue[ChoiceEvent | _Failed] = asyncio.Queue()
-    started = time.perf_counter()
-    first = [True]
+    shared = _Shared(asyncio.Queue(), usage, on_first_token, time.perf_counter())
     special = frozenset(tokenizer.encoding._special_tokens.values())
-    usage.prompt_tokens = len(prompt_ids)
+    usage.prompt_tokens = len(prompt)
 
     def decode(ids: Sequence[int]) -> bytes:
         return tokenizer.decode_bytes([i for i in ids if i not in special])
 
-    async def one(index: int, choice_params: SamplingParams) -> None:
-        text = TextStream(decode, stop)
-        try:
-            async with _closing(generate(prompt_ids, choice_params, f"{request_id}-{index}")) as stream:
-                async for out in stream:
-                    if first[0] and on_first_token is not None:
-                        first[0] = False
-                        on_first_token(time.perf_counter() - started)
-                    usage.completion_tokens += 1
-                    if index == 0:
-                        usage.cached_tokens = out.num_cached_tokens
-                    if out.finish_reason == "stop":  # the EOS/stop token itself is not rendered
-                        delta = text.finish()
-                        queue.put_nowait(ChoiceEvent(index, delta.text, "stop"))
-                        return
-                    delta = text.push([out.token_id])
-                    if delta.stopped:
-                        queue.put_nowait(ChoiceEvent(index, delta.text, "stop"))
-                        return  # leaving the `async with` aborts the engine request
-                    if out.finish_reason == "length":
-                        tail = text.finish()
-                        queue.put_nowait(ChoiceEvent(index, delta.text + tail.text, "length"))
-                        return
-                    if delta.text:
-                        queue.put_nowait(ChoiceEvent(index, delta.text, None))
-            queue.put_nowait(ChoiceEvent(index, text.finish().text, "length"))
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:
-            queue.put_nowait(_Failed(exc))
-
-    tasks = [asyncio.create_task(one(i, p)) for i, p in enumerate(params)]
+    tasks = [
+        asyncio.create_task(
+            _choice(partial(generate, prompt, p, f"{request_id}-{i}"), i, TextStream(decode, stop), shared)
+        )
+        for i, p in enumerate(params)
+    ]
     try:
         remaining = len(tasks)
         while remaining:
-            event = await queue.get()
+            event = await shared.queue.get()
             if isinstance(event, _Failed):
                 raise event.error
             if event.finish_reason is not None:
@@ -127,3 +101,54 @@ async def run_choices(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@dataclass(slots=True)
+class _Shared:
+    """What the choices of one request share: the event queue, the usage they add to, the first-token clock."""
+
+    queue: asyncio.Queue[ChoiceEvent | _Failed]
+    usage: Usage
+    on_first_token: Callable[[float], None] | None
+    started: float
+    seen_token: bool = False
+
+    def count(self, index: int, out: Any) -> None:
+        if not self.seen_token and self.on_first_token is not None:
+            self.on_first_token(time.perf_counter() - self.started)
+        self.seen_token = True
+        self.usage.completion_tokens += 1
+        if index == 0:
+            self.usage.cached_tokens = out.num_cached_tokens
+
+
+async def _choice(
+    start: Callable[[], AsyncIterator[Any]], index: int, text: TextStream, shared: _Shared
+) -> None:
+    """One choice: its engine request's tokens as text events; a failure becomes a `_Failed` event."""
+    try:
+        async with _closing(start()) as stream:
+            async for out in stream:
+                shared.count(index, out)
+                event = _event(index, out, text)
+                if event is not None:
+                    shared.queue.put_nowait(event)
+                    if event.finish_reason is not None:
+                        return  # on a stop string, leaving the `async with` aborts the engine request
+        shared.queue.put_nowait(ChoiceEvent(index, text.finish().text, "length"))
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:
+        shared.queue.put_nowait(_Failed(exc))
+
+
+def _event(index: int, out: Any, text: TextStream) -> ChoiceEvent | None:
+    """The text event one engine token makes, if any; the EOS/stop token itself is not rendered."""
+    if out.finish_reason == "stop":
+        return ChoiceEvent(index, text.finish().text, "stop")
+    delta = text.push([out.token_id])
+    if delta.stopped:
+        return ChoiceEvent(index, delta.text, "stop")
+    if out.finish_reason == "length":
+        return ChoiceEvent(index, delta.text + text.finish().text, "length")
+    return ChoiceEvent(index, delta.text, None) if delta.text else None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -10,6 +10,7 @@ from aiohttp import web
 
 from backend.engine.embedding import EmbeddingOut
 from backend.engine.outputs import EngineStats
+from backend.engine.prompt import PromptLimits, ValidPrompt
 from backend.engine.sampling_params import SamplingParams
 from backend.metrics import BackendMetrics
 from backend.tokenizer import Tokenizer
@@ -21,10 +22,10 @@ class Engine(Protocol):
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
     def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str
+        self, prompt: ValidPrompt, params: SamplingParams, request_id: str
     ) -> AsyncIterator[Any]: ...
     def stats(self) -> EngineStats: ...
-    async def embed(self, prompt_ids: Sequence[int], request_id: str) -> EmbeddingOut: ...
+    async def embed(self, prompt: ValidPrompt, request_id: str) -> EmbeddingOut: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,12 @@ class ServedModel:
     hidden_size: int | None = None  # the width of its embeddings (/v1/embeddings)
     runtime: Mapping[str, Any] = field(default_factory=dict)  # device, dtype, kernels (backend/runtime.py)
     batch_invariant: bool = True  # the engine's mode (EngineConfig.batch_invariant), reported by /v1/models
+
+    @property
+    def prompt_limits(self) -> PromptLimits:
+        """What a prompt for this model must satisfy (checked once, by backend/server/prompts.py)."""
+        tokenizer = self.tokenizer
+        return PromptLimits(tokenizer.vocab_size, self.max_model_len, tokenizer._placeholders)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,9 @@ from backend.engine.sampling import SamplingParams
 from tests.backend.tiny import tiny_model
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-CONFIG = EngineConfig(num_blocks=64, max_num_batched_tokens=64, max_model_len=256, max_waiting=8)
+CONFIG = EngineConfig(
+    speculative_tokens=0, num_blocks=64, max_num_batched_tokens=64, max_model_len=256, max_waiting=8
+)
 
 
 def prompt(n: int, seed: int) -> list[int]:
@@ -41,7 +43,7 @@ async def test_concurrent_requests_match_sequential_greedy(engine: AsyncEngine) 
     prompts = [prompt(n, seed) for seed, n in enumerate((5, 30, 17, 50))]
     expected = LLMEngine(tiny_model(), CONFIG, frozenset()).generate(prompts, GREEDY)
     results = await asyncio.gather(
-        *(collect(engine.generate(p, GREEDY, f"r{i}")) for i, p in enumerate(prompts))
+        *(collect(engine.generate(engine.prompt(p), GREEDY, f"r{i}")) for i, p in enumerate(prompts))
     )
     assert [[t.token_id for t in r] for r in results] == expected
     for p, r in zip(prompts, results, strict=True):
@@ -54,12 +56,12 @@ async def test_concurrent_requests_match_sequential_greedy(engine: AsyncEngine) 
 
 async def test_closing_a_stream_aborts_the_request_and_frees_its_blocks(engine: AsyncEngine) -> None:
     long_run = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
-    stream = engine.generate(prompt(40, 1), long_run, "cancelled")
+    stream = engine.generate(engine.prompt(prompt(40, 1)), long_run, "cancelled")
     first = await anext(stream)
     assert first.finish_reason is None
     await stream.aclose()
     # commands are applied in order: once a later request finishes, the abort has been applied
-    await collect(engine.generate(prompt(5, 2), GREEDY, "after"))
+    await collect(engine.generate(engine.prompt(prompt(5, 2)), GREEDY, "after"))
     stats = engine.stats()
     assert stats.running == 0 and stats.blocks_free == stats.blocks_total
     assert stats.generated_tokens_total < 200
@@ -70,7 +72,9 @@ async def test_cancelling_the_consumer_task_aborts_the_request(engine: AsyncEngi
     got_first = asyncio.Event()
 
     async def consume() -> None:
-        async with contextlib.aclosing(engine.generate(prompt(20, 3), long_run, "task")) as stream:
+        async with contextlib.aclosing(
+            engine.generate(engine.prompt(prompt(20, 3)), long_run, "task")
+        ) as stream:
             async for _ in stream:
                 got_first.set()
 
@@ -79,20 +83,22 @@ async def test_cancelling_the_consumer_task_aborts_the_request(engine: AsyncEngi
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await collect(engine.generate(prompt(5, 4), GREEDY, "after"))
+    await collect(engine.generate(engine.prompt(prompt(5, 4)), GREEDY, "after"))
     stats = engine.stats()
     assert stats.running == 0 and stats.blocks_free == stats.blocks_total
 
 
 async def test_full_waiting_queue_raises_queue_full() -> None:
     engine = AsyncEngine(
-        tiny_model(), EngineConfig(num_blocks=64, max_model_len=256, max_waiting=2), frozenset()
+        tiny_model(),
+        EngineConfig(speculative_tokens=0, num_blocks=64, max_model_len=256, max_waiting=2),
+        frozenset(),
     )
     # not started yet: submissions wait in the inbox and count as waiting
-    streams = [engine.generate(prompt(8, i), GREEDY, f"q{i}") for i in range(2)]
+    streams = [engine.generate(engine.prompt(prompt(8, i)), GREEDY, f"q{i}") for i in range(2)]
     assert engine.stats().waiting == 2
     with pytest.raises(QueueFullError):
-        engine.generate(prompt(8, 9), GREEDY, "overflow")
+        engine.generate(engine.prompt(prompt(8, 9)), GREEDY, "overflow")
     await engine.start()
     try:
         results = await asyncio.gather(*(collect(s) for s in streams))
@@ -100,14 +106,14 @@ async def test_full_waiting_queue_raises_queue_full() -> None:
         await engine.stop()
     assert all(len(r) == 12 for r in results)
     with pytest.raises(EngineStoppedError):
-        engine.generate(prompt(8, 1), GREEDY, "late")
+        engine.generate(engine.prompt(prompt(8, 1)), GREEDY, "late")
 
 
 async def test_invalid_prompt_is_refused_before_streaming(engine: AsyncEngine) -> None:
     with pytest.raises(InvalidRequestError):
-        engine.generate([], GREEDY, "empty")
+        engine.prompt([])
     with pytest.raises(InvalidRequestError):
-        engine.generate(list(range(1, 255)) * 2, GREEDY, "too-long")
+        engine.prompt(list(range(1, 255)) * 2)
 
 
 async def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(engine: AsyncEngine) -> None:
@@ -122,8 +128,8 @@ async def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(en
 
     engine._engine.step = failing_once  # type: ignore[method-assign]
     with pytest.raises(EngineStoppedError, match="boom"):
-        await collect(engine.generate(prompt(8, 5), GREEDY, "fails"))
-    tokens = await collect(engine.generate(prompt(8, 6), GREEDY, "recovers"))
+        await collect(engine.generate(engine.prompt(prompt(8, 5)), GREEDY, "fails"))
+    tokens = await collect(engine.generate(engine.prompt(prompt(8, 6)), GREEDY, "recovers"))
     assert len(tokens) == 12
     stats = engine.stats()
     assert stats.running == 0 and stats.blocks_free == stats.blocks_total

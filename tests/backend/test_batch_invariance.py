@@ -49,6 +49,7 @@ class Scenario:
 def target_logits(model: LlamaModel, prompt: list[int], scenario: Scenario) -> dict[int, torch.Tensor]:
     """The target's logits row at each length it sampled at: {num_tokens: [vocab] fp32}."""
     config = EngineConfig(
+        speculative_tokens=0,
         num_blocks=scenario.num_blocks,
         max_num_batched_tokens=scenario.budget,
         max_model_len=256,
@@ -71,12 +72,12 @@ def target_logits(model: LlamaModel, prompt: list[int], scenario: Scenario) -> d
 
     engine.runner.compute_logits = spy  # type: ignore[method-assign]
     pending = sorted(scenario.others, key=lambda o: o[0])
-    target = engine.add_request(TARGET, prompt, params)
+    target = engine.add_request(TARGET, engine.prompt(prompt), params)
     step = 0
     while engine.has_unfinished() or pending:
         while pending and pending[0][0] <= step:
             _, other = pending.pop(0)
-            engine.add_request(f"other-{step}-{len(pending)}", other, params)
+            engine.add_request(f"other-{step}-{len(pending)}", engine.prompt(other), params)
         engine.step()
         step += 1
     assert target.num_output_tokens == NEW_TOKENS
@@ -122,7 +123,7 @@ def test_preemption_and_recompute_give_the_same_logits(dtype: str) -> None:
     alone = target_logits(model, prompt, Scenario())
     others = [(0, rand_ids(40 + 5 * i, seed=50 + i)) for i in range(4)]
     scenario = Scenario(num_blocks=16, budget=64, others=others)  # 5 x ~50 tokens in 16 blocks of 16
-    config = EngineConfig(num_blocks=16, max_num_batched_tokens=64, max_model_len=256)
+    config = EngineConfig(speculative_tokens=0, num_blocks=16, max_num_batched_tokens=64, max_model_len=256)
     engine = LLMEngine(model, config, frozenset())
     engine.generate([prompt] + [p for _, p in others], SamplingParams(temperature=0, max_tokens=NEW_TOKENS))
     assert engine.scheduler.num_preemptions_total > 0  # the scenario really preempts

@@ -32,7 +32,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
 def make_engine(model: LlamaModel, **overrides: int) -> LLMEngine:
     config = EngineConfig(
-        **{"num_blocks": 64, "max_num_batched_tokens": 128, "max_model_len": 256, **overrides}
+        speculative_tokens=0,
+        **{"num_blocks": 64, "max_num_batched_tokens": 128, "max_model_len": 256, **overrides},
     )
     return LLMEngine(model, config, eos_token_ids=frozenset({0}))
 
@@ -74,7 +75,7 @@ def model() -> LlamaModel:
 def test_the_pooled_state_is_the_last_tokens_final_hidden_state(model: LlamaModel) -> None:
     engine = make_engine(model)
     ids = prompt(37, seed=1)
-    engine.add_embedding("e", ids)
+    engine.add_embedding("e", engine.prompt(ids))
     out = run_to_end(engine)["e"]
     assert out.vector.shape == (model.config.hidden_size,) and out.vector.dtype == torch.float32
     assert out.num_prompt_tokens == 37
@@ -84,14 +85,14 @@ def test_the_pooled_state_is_the_last_tokens_final_hidden_state(model: LlamaMode
 def test_an_embedding_is_the_same_alone_and_batched_with_chunked_prefill(model: LlamaModel) -> None:
     ids = prompt(53, seed=2)
     alone_engine = make_engine(model)
-    alone_engine.add_embedding("alone", ids)
+    alone_engine.add_embedding("alone", alone_engine.prompt(ids))
     alone = run_to_end(alone_engine)["alone"].vector
 
     engine = make_engine(model, max_num_batched_tokens=40)  # 53 tokens: at least two chunks
     for i in range(3):
-        engine.add_request(f"g{i}", prompt(20 + i, seed=10 + i), GREEDY)
-    engine.add_embedding("other", prompt(30, seed=4))
-    engine.add_embedding("batched", ids)
+        engine.add_request(f"g{i}", engine.prompt(prompt(20 + i, seed=10 + i)), GREEDY)
+    engine.add_embedding("other", engine.prompt(prompt(30, seed=4)))
+    engine.add_embedding("batched", engine.prompt(ids))
     batched = run_to_end(engine)
 
     assert_same(batched["batched"].vector, alone)
@@ -103,9 +104,9 @@ def test_an_embedding_is_the_same_alone_and_batched_with_chunked_prefill(model: 
 def test_a_prefix_cached_embedding_reuses_the_blocks_and_agrees(model: LlamaModel) -> None:
     ids = prompt(53, seed=2)
     engine = make_engine(model)
-    engine.add_embedding("first", ids)
+    engine.add_embedding("first", engine.prompt(ids))
     first = run_to_end(engine)["first"]
-    engine.add_embedding("cached", ids)
+    engine.add_embedding("cached", engine.prompt(ids))
     cached = run_to_end(engine)["cached"]
     assert first.num_cached_tokens == 0 and cached.num_cached_tokens == 48  # three full blocks reused
     assert_same(cached.vector, first.vector)
@@ -116,7 +117,7 @@ def test_generation_sharing_steps_with_embeddings_is_unchanged(model: LlamaModel
     alone = make_engine(model).generate(prompts, GREEDY)
     engine = make_engine(model, max_num_batched_tokens=48)
     for i in range(4):
-        engine.add_embedding(f"e{i}", prompt(25, seed=30 + i))
+        engine.add_embedding(f"e{i}", engine.prompt(prompt(25, seed=30 + i)))
     assert engine.generate(prompts, GREEDY) == alone
 
 
@@ -124,24 +125,30 @@ def test_invalid_embedding_prompts_are_refused(model: LlamaModel) -> None:
     engine = make_engine(model)
     for ids in ([], [1] * 256, [1, 256]):
         with pytest.raises(InvalidRequestError):
-            engine.add_embedding("bad", ids)
+            engine.prompt(ids)
 
 
 async def test_async_embeds_batch_together_and_cancelling_frees_the_blocks(model: LlamaModel) -> None:
-    config = EngineConfig(num_blocks=64, max_num_batched_tokens=64, max_model_len=256, max_waiting=16)
+    config = EngineConfig(
+        speculative_tokens=0, num_blocks=64, max_num_batched_tokens=64, max_model_len=256, max_waiting=16
+    )
     engine = AsyncEngine(model, config, frozenset())
     await engine.start()
     try:
         texts = [prompt(10 + 7 * i, seed=40 + i) for i in range(5)]
-        together = await asyncio.gather(*(engine.embed(ids, f"r{i}") for i, ids in enumerate(texts)))
+        together = await asyncio.gather(
+            *(engine.embed(engine.prompt(ids), f"r{i}") for i, ids in enumerate(texts))
+        )
         for ids, out in zip(texts, together, strict=True):
-            assert_same(out.vector, (await engine.embed(ids, "again")).vector)
-        task = asyncio.create_task(engine.embed(prompt(200, seed=50), "cancelled"))
+            assert_same(out.vector, (await engine.embed(engine.prompt(ids), "again")).vector)
+        task = asyncio.create_task(engine.embed(engine.prompt(prompt(200, seed=50)), "cancelled"))
         await asyncio.sleep(0)  # let it submit
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await engine.embed([1, 2, 3], "after")  # commands apply in order: the abort is done by now
+        await engine.embed(
+            engine.prompt([1, 2, 3]), "after"
+        )  # commands apply in order: the abort is done by now
         stats = engine.stats()
         assert stats.running == stats.waiting == 0 and stats.blocks_free == stats.blocks_total
     finally:

@@ -14,7 +14,8 @@ from tests.backend.tiny import tiny_model
 
 def make_engine(**overrides: int) -> LLMEngine:
     config = EngineConfig(
-        **{"num_blocks": 64, "max_num_batched_tokens": 128, "max_model_len": 256, **overrides}
+        speculative_tokens=0,
+        **{"num_blocks": 64, "max_num_batched_tokens": 128, "max_model_len": 256, **overrides},
     )
     return LLMEngine(tiny_model(), config, eos_token_ids=frozenset({0}))
 
@@ -28,11 +29,11 @@ def test_second_request_with_a_shared_prefix_prefills_fewer_tokens() -> None:
     engine = make_engine()
     system = random_prompt(80, seed=1)  # five full blocks
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-    first = engine.add_request("a", system + random_prompt(6, seed=2), params)
+    first = engine.add_request("a", engine.prompt(system + random_prompt(6, seed=2)), params)
     while engine.has_unfinished():
         engine.step()
     prefill_first = engine.stats().prefill_tokens_total
-    second = engine.add_request("b", system + random_prompt(6, seed=3), params)
+    second = engine.add_request("b", engine.prompt(system + random_prompt(6, seed=3)), params)
     while engine.has_unfinished():
         engine.step()
     stats = engine.stats()
@@ -77,7 +78,9 @@ def test_finish_reasons_stop_token_eos_and_length() -> None:
     stop_at = free_run[3]
     first_stop = free_run.index(stop_at)
     seq = engine.add_request(
-        "s", prompt, SamplingParams(temperature=0, max_tokens=8, stop_token_ids=frozenset({stop_at}))
+        "s",
+        engine.prompt(prompt),
+        SamplingParams(temperature=0, max_tokens=8, stop_token_ids=frozenset({stop_at})),
     )
     outs = []
     while engine.has_unfinished():
@@ -88,7 +91,9 @@ def test_finish_reasons_stop_token_eos_and_length() -> None:
     eos_engine = LLMEngine(engine.model, engine.config, eos_token_ids=frozenset({stop_at}))
     (until_eos,) = eos_engine.generate([prompt], SamplingParams(temperature=0, max_tokens=8))
     assert until_eos == free_run[: first_stop + 1]
-    length = engine.add_request("l", prompt, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    length = engine.add_request(
+        "l", engine.prompt(prompt), SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    )
     while engine.has_unfinished():
         engine.step()
     assert length.finish_reason == "length" and length.num_output_tokens == 5
@@ -105,8 +110,8 @@ def test_generation_stops_at_max_model_len() -> None:
 def test_abort_frees_blocks_of_running_and_waiting_requests() -> None:
     engine = make_engine(max_num_seqs=1)
     params = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
-    engine.add_request("run", random_prompt(40, seed=11), params)
-    engine.add_request("wait", random_prompt(40, seed=12), params)
+    engine.add_request("run", engine.prompt(random_prompt(40, seed=11)), params)
+    engine.add_request("wait", engine.prompt(random_prompt(40, seed=12)), params)
     engine.step()
     assert engine.stats().running == 1 and engine.stats().waiting == 1
     assert engine.abort_request("run") and engine.abort_request("wait")
@@ -118,4 +123,4 @@ def test_abort_frees_blocks_of_running_and_waiting_requests() -> None:
 @pytest.mark.parametrize("prompt", [[], list(range(1, 300)), [1, 2, 256]])
 def test_invalid_prompts_are_rejected(prompt: list[int]) -> None:
     with pytest.raises(InvalidRequestError):
-        make_engine().add_request("x", prompt, SamplingParams())
+        make_engine().prompt(prompt)

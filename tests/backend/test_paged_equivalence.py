@@ -55,7 +55,9 @@ def prompts(lengths: list[int], seed: int = 0, prefix: list[int] | None = None) 
 def test_long_prompt_chunked_prefill_and_decode_across_blocks() -> None:
     model = tiny_model()
     engine = LLMEngine(
-        model, EngineConfig(num_blocks=32, max_num_batched_tokens=24, max_model_len=256), frozenset()
+        model,
+        EngineConfig(speculative_tokens=0, num_blocks=32, max_num_batched_tokens=24, max_model_len=256),
+        frozenset(),
     )
     spy = LogitsSpy(engine)
     (out,) = engine.generate(prompts([100]), SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
@@ -67,7 +69,9 @@ def test_long_prompt_chunked_prefill_and_decode_across_blocks() -> None:
 def test_mixed_batch_of_different_lengths() -> None:
     model = tiny_model()
     engine = LLMEngine(
-        model, EngineConfig(num_blocks=64, max_num_batched_tokens=48, max_model_len=256), frozenset()
+        model,
+        EngineConfig(speculative_tokens=0, num_blocks=64, max_num_batched_tokens=48, max_model_len=256),
+        frozenset(),
     )
     spy = LogitsSpy(engine)
     outs = engine.generate(prompts([3, 17, 50, 90]), GREEDY)
@@ -78,13 +82,15 @@ def test_mixed_batch_of_different_lengths() -> None:
 def test_shared_prefix_blocks_are_reused_and_exact() -> None:
     model = tiny_model()
     engine = LLMEngine(
-        model, EngineConfig(num_blocks=64, max_num_batched_tokens=64, max_model_len=256), frozenset()
+        model,
+        EngineConfig(speculative_tokens=0, num_blocks=64, max_num_batched_tokens=64, max_model_len=256),
+        frozenset(),
     )
     prefix = prompts([48], seed=1)[0]  # three full blocks
     engine.generate(prompts([5], seed=2, prefix=prefix), GREEDY)
     spy = LogitsSpy(engine)
     seqs = [
-        engine.add_request(f"r{i}", p, GREEDY)
+        engine.add_request(f"r{i}", engine.prompt(p), GREEDY)
         for i, p in enumerate(prompts([7, 20, 33], seed=3, prefix=prefix))
     ]
     while engine.has_unfinished():
@@ -98,7 +104,7 @@ def test_shared_prefix_blocks_are_reused_and_exact() -> None:
 def test_exact_after_preemption_and_resume_with_shared_prefixes() -> None:
     model = tiny_model()
     # 10 blocks of 16: four requests of ~40-60 tokens + 24 generated cannot all fit at once
-    config = EngineConfig(num_blocks=10, max_num_batched_tokens=64, max_model_len=160)
+    config = EngineConfig(speculative_tokens=0, num_blocks=10, max_num_batched_tokens=64, max_model_len=160)
     engine = LLMEngine(model, config, frozenset())
     spy = LogitsSpy(engine)
     prefix = prompts([32], seed=4)[0]
@@ -113,7 +119,9 @@ def test_exact_after_preemption_and_resume_with_shared_prefixes() -> None:
 def test_bf16_weights_and_kv_stay_close_to_the_bf16_reference() -> None:
     model = tiny_model(dtype=torch.bfloat16)
     engine = LLMEngine(
-        model, EngineConfig(num_blocks=32, max_num_batched_tokens=32, max_model_len=256), frozenset()
+        model,
+        EngineConfig(speculative_tokens=0, num_blocks=32, max_num_batched_tokens=32, max_model_len=256),
+        frozenset(),
     )
     assert engine.pool.k_caches[0].dtype == torch.bfloat16
     spy = LogitsSpy(engine)

@@ -114,7 +114,9 @@ def test_quantized_greedy_output_is_batch_invariant(with_blocks: bool) -> None:
     assert isinstance(model.layers[0].self_attn.qkv_proj, kind)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     prompts = [[(7 * i + j) % 250 + 1 for j in range(5 + 3 * i)] for i in range(6)]
-    config = EngineConfig(num_blocks=64, max_num_seqs=8, max_num_batched_tokens=16, max_model_len=128)
+    config = EngineConfig(
+        speculative_tokens=0, num_blocks=64, max_num_seqs=8, max_num_batched_tokens=16, max_model_len=128
+    )
     together = LLMEngine(model, config, frozenset()).generate(prompts, params)
     alone = [LLMEngine(model, config, frozenset()).generate([p], params)[0] for p in prompts]
     assert together == alone

@@ -73,7 +73,9 @@ def test_quantized_engine_knows_paris(loaded: LoadedModel, quantized: LlamaModel
     prompt = tok.encode(
         tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
     )
-    config = EngineConfig(num_blocks=64, max_num_seqs=2, max_num_batched_tokens=256, max_model_len=512)
+    config = EngineConfig(
+        speculative_tokens=0, num_blocks=64, max_num_seqs=2, max_num_batched_tokens=256, max_model_len=512
+    )
     engine = LLMEngine(quantized, config, tok.eos_token_ids)
     [out] = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=24))
     assert "Paris" in tok.decode(out)

@@ -20,6 +20,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 
 def make_scheduler(num_blocks: int, budget: int, block_size: int = 4, max_num_seqs: int = 8) -> Scheduler:
     config = EngineConfig(
+        speculative_tokens=0,
         block_size=block_size,
         num_blocks=num_blocks,
         max_num_batched_tokens=budget,
@@ -90,11 +91,15 @@ def test_pool_too_small_for_all_requests_completes_each_like_alone() -> None:
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (30, 45, 12, 60, 25, 38)]
     alone = [
-        LLMEngine(model, EngineConfig(num_blocks=64, max_model_len=256), frozenset()).generate([p], GREEDY)[0]
+        LLMEngine(
+            model, EngineConfig(speculative_tokens=0, num_blocks=64, max_model_len=256), frozenset()
+        ).generate([p], GREEDY)[0]
         for p in prompts
     ]
     engine = LLMEngine(
-        model, EngineConfig(num_blocks=12, max_num_batched_tokens=64, max_model_len=192), frozenset()
+        model,
+        EngineConfig(speculative_tokens=0, num_blocks=12, max_num_batched_tokens=64, max_model_len=192),
+        frozenset(),
     )
     together = engine.generate(prompts, GREEDY)
     assert together == alone
@@ -114,6 +119,7 @@ def test_random_workloads_under_pressure_match_the_reference(seed: int) -> None:
         for _ in range(6)
     ]
     config = EngineConfig(
+        speculative_tokens=0,
         num_blocks=int(torch.randint(8, 14, (1,), generator=gen)),
         max_num_batched_tokens=int(torch.randint(8, 64, (1,), generator=gen)),
         max_num_seqs=int(torch.randint(2, 7, (1,), generator=gen)),

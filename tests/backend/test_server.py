@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -18,6 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from backend.engine.errors import QueueFullError
 from backend.engine.outputs import EngineStats, TokenOut
+from backend.engine.prompt import ValidPrompt
 from backend.engine.sampling_params import SamplingParams
 from backend.server import ServedModel, ServerLimits, create_app
 from backend.tokenizer import Tokenizer
@@ -68,11 +69,11 @@ class FakeEngine:
         )
 
     async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str
+        self, prompt: ValidPrompt, params: SamplingParams, request_id: str
     ) -> AsyncIterator[TokenOut]:
         if self.queue_full:
             raise QueueFullError("full")
-        self.requests.append((list(prompt_ids), params))
+        self.requests.append((list(prompt.ids), params))
         script = [*list(SCRIPT.encode()), EOS]
         done = False
         try:
@@ -82,7 +83,7 @@ class FakeEngine:
                 await asyncio.sleep(0)
                 last = token == EOS or i + 1 == params.max_tokens
                 reason = ("stop" if token == EOS else "length") if last else None
-                yield TokenOut(token, reason, len(prompt_ids), 0)
+                yield TokenOut(token, reason, len(prompt), 0)
             done = True
         finally:
             (self.finished if done else self.aborted).append(request_id)

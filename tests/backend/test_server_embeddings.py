@@ -17,6 +17,7 @@ from openai import AsyncOpenAI
 from backend.engine.async_engine import AsyncEngine
 from backend.engine.config import EngineConfig
 from backend.engine.errors import QueueFullError
+from backend.engine.prompt import ValidPrompt
 from backend.model.llama import _causal_attention
 from backend.server import ServedModel, ServerLimits, create_app
 from backend.server.embeddings import embed_all, normalize
@@ -48,7 +49,12 @@ def reference(text: str) -> np.ndarray:
 @pytest.fixture
 async def client() -> AsyncIterator[TestClient]:
     config = EngineConfig(
-        num_blocks=96, max_num_seqs=8, max_num_batched_tokens=96, max_model_len=128, max_waiting=64
+        speculative_tokens=0,
+        num_blocks=96,
+        max_num_seqs=8,
+        max_num_batched_tokens=96,
+        max_model_len=128,
+        max_waiting=64,
     )
     served = ServedModel(
         id="tiny",
@@ -219,7 +225,7 @@ class _FailingEngine:
         self.all_in = asyncio.Event()
         self.cancelled: list[str] = []
 
-    async def embed(self, prompt_ids: list[int], request_id: str) -> object:
+    async def embed(self, prompt: ValidPrompt, request_id: str) -> object:
         self.waiting += 1
         if self.waiting == self.count:
             self.all_in.set()
@@ -237,5 +243,5 @@ class _FailingEngine:
 async def test_the_first_failing_input_cancels_the_others_in_the_engine() -> None:
     engine = _FailingEngine(count=5)
     with pytest.raises(QueueFullError):
-        await embed_all(engine, [[1]] * 5, "r")  # type: ignore[arg-type]
+        await embed_all(engine, [ValidPrompt((1,))] * 5, "r")  # type: ignore[arg-type]
     assert sorted(engine.cancelled) == ["r-1", "r-2", "r-3", "r-4"]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from backend.engine.async_engine import AsyncEngine
 from backend.engine.config import EngineConfig
+from backend.engine.prompt import PromptLimits, ValidPrompt
 from backend.server import ServedModel, ServerLimits, create_app
 from backend.tokenizer import Tokenizer
 from tests.backend.tiny import byte_tokenizer as make_byte_tokenizer
@@ -29,6 +30,7 @@ def byte_tokenizer() -> Tokenizer:
 async def client() -> AsyncIterator[TestClient]:
     model = tiny_model(seed=0)
     config = EngineConfig(
+        speculative_tokens=0,
         block_size=16,
         num_blocks=96,
         max_num_seqs=8,
@@ -120,3 +122,22 @@ async def test_seeded_sampling_repeats_and_n_choices_differ(client: TestClient) 
     b = await complete(client, "seed me", temperature=1.0, seed=123, n=2)
     assert [c["text"] for c in a["choices"]] == [c["text"] for c in b["choices"]]
     assert a["choices"][0]["text"] != a["choices"][1]["text"]
+
+
+async def test_a_prompt_is_validated_once_however_many_choices_or_inputs(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    real = PromptLimits.validate
+
+    def counting(self: PromptLimits, ids: Sequence[int]) -> ValidPrompt:
+        calls.append(len(ids))
+        return real(self, ids)
+
+    monkeypatch.setattr(PromptLimits, "validate", counting)
+    await complete(client, "count me", n=3, temperature=1.0, seed=1)
+    assert len(calls) == 1  # at the HTTP boundary; the async engine and the engine trust the ValidPrompt
+    calls.clear()
+    resp = await client.post("/v1/embeddings", json={"input": ["one", "two"]})
+    assert resp.status == 200, await resp.text()
+    assert len(calls) == 2  # one per input

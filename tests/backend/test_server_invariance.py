@@ -100,7 +100,9 @@ async def check_protocol(client: TestClient, rounds: int = 2) -> None:
 async def tiny_client() -> AsyncIterator[TestClient]:
     model = tiny_model(seed=4, dtype=torch.bfloat16)
     template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}>"
-    config = EngineConfig(num_blocks=256, max_num_seqs=16, max_num_batched_tokens=96, max_model_len=512)
+    config = EngineConfig(
+        speculative_tokens=0, num_blocks=256, max_num_seqs=16, max_num_batched_tokens=96, max_model_len=512
+    )
     served = ServedModel(
         id="tiny",
         revision="rev-tiny",
@@ -121,7 +123,9 @@ async def test_tiny_model_answers_the_same_alone_together_and_staggered(tiny_cli
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def smollm2_client() -> AsyncIterator[TestClient]:
-    config = BackendConfig(dtype="bfloat16", num_blocks=512, max_num_seqs=16, max_model_len=1024)
+    config = BackendConfig(
+        dtype="bfloat16", engine=EngineConfig(num_blocks=512, max_num_seqs=16, max_model_len=1024)
+    )
     async with TestClient(TestServer(build_app(config))) as client:
         yield client
 

@@ -32,7 +32,9 @@ async def served() -> AsyncIterator[tuple[TestClient, web.Application]]:
     loaded = load_model(None, progress=False)
     model = LlamaModel(loaded.config, dtype=torch.float32)
     model.load_weights(loaded.weights)
-    config = EngineConfig(num_blocks=128, max_num_seqs=4, max_num_batched_tokens=512, max_model_len=1024)
+    config = EngineConfig(
+        speculative_tokens=0, num_blocks=128, max_num_seqs=4, max_num_batched_tokens=512, max_model_len=1024
+    )
     info = ServedModel(
         id=loaded.name, revision=loaded.revision, tokenizer=loaded.tokenizer, max_model_len=1024, created=0
     )
@@ -52,7 +54,10 @@ async def test_greedy_fp32_generation_matches_the_goldens(served: tuple[TestClie
     engine: Any = app[ENGINE_KEY]
     params = SamplingParams(temperature=0.0, max_tokens=GOLDENS["max_new_tokens"])
     for i, prompt in enumerate(GOLDENS["prompts"]):
-        out = [t.token_id async for t in engine.generate(prompt["prompt_ids"], params, f"golden-{i}")]
+        out = [
+            t.token_id
+            async for t in engine.generate(engine.prompt(prompt["prompt_ids"]), params, f"golden-{i}")
+        ]
         assert out == prompt["golden_ids"], prompt["messages"]
 
 

@@ -48,7 +48,9 @@ async def served(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Serv
     loaded = load_model(None, progress=False)
     model = LlamaModel(loaded.config, dtype=torch.float32)
     model.load_weights(loaded.weights)
-    config = EngineConfig(num_blocks=1024, max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=512)
+    config = EngineConfig(
+        speculative_tokens=0, num_blocks=1024, max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=512
+    )
     info = ServedModel(
         id=loaded.name, revision=loaded.revision, tokenizer=loaded.tokenizer, max_model_len=512, created=0
     )

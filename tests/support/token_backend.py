@@ -7,12 +7,13 @@ differently give different answers; it records every prompt so a test can also c
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
 
 from backend.engine.outputs import EngineStats, TokenOut
+from backend.engine.prompt import ValidPrompt
 from backend.engine.sampling_params import SamplingParams
 from backend.server import ServedModel, ServerLimits, create_app
 from backend.tokenizer import Tokenizer
@@ -57,8 +58,9 @@ class EchoEngine:
         return EngineStats(0, 0, 64, 64, 0, 0, 0, 0)
 
     async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str
+        self, prompt: ValidPrompt, params: SamplingParams, request_id: str
     ) -> AsyncIterator[TokenOut]:
+        prompt_ids = prompt.ids
         self.prompts.append(list(prompt_ids))
         text = f" {len(prompt_ids)} tokens, checksum {sum(i * (k + 1) for k, i in enumerate(prompt_ids)) % 9973}."
         script = [*self.tokenizer.encode(text + ' ünïcode 😀 "quoted"\n'), self.eos]
