@@ -16,9 +16,11 @@ import logging
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from gateway.answer import FillRequest
 from gateway.entry import Entry
-from gateway.fill import FillRequest, FillResult, fill
+from gateway.fill import FillResult, fill
 from gateway.lease import Lease, Leases, leases_of
+from gateway.policy import Outcome
 from gateway.state import GatewayState
 from gateway.streaming.broadcast import Frame, Head, StreamFlight
 from gateway.streaming.replay import replay_frames
@@ -28,7 +30,6 @@ from gateway.upstream import UpstreamResponse
 from gateway.warm import count_store
 
 log = logging.getLogger("tokenedge.lease")
-REPLAYED = "lease-replay"  # the flight outcome (metrics reason) when another replica's entry was replayed
 
 
 def _leases(state: GatewayState) -> Leases | None:
@@ -90,7 +91,7 @@ async def _leased_fill(state: GatewayState, req: FillRequest) -> FillResult:
 async def leased_tee(state: GatewayState, flight: StreamFlight, req: FillRequest) -> None:
     """`tee`, or another replica's stored entry replayed into the flight (`cache.lease_streams`)."""
     await _leased_tee(state, flight, req)
-    if flight.outcome == "stored":
+    if flight.outcome == Outcome.STORED:
         count_store(state, req)
 
 
@@ -115,7 +116,7 @@ async def _leased_tee(state: GatewayState, flight: StreamFlight, req: FillReques
     try:
         await tee(state, flight, req)
     finally:
-        await got.release(stored=flight.outcome == "stored")
+        await got.release(stored=flight.outcome == Outcome.STORED)
 
 
 def _replay_into(state: GatewayState, flight: StreamFlight, entry: Entry) -> None:
@@ -127,4 +128,4 @@ def _replay_into(state: GatewayState, flight: StreamFlight, entry: Entry) -> Non
     cap = state.config.cache.max_entry_bytes * 2
     for frame in with_usage[:-1]:
         flight.publish(Frame(frame, usage_only=frame not in plain), cap_bytes=cap)
-    flight.finish(with_usage[-1], REPLAYED)
+    flight.finish(with_usage[-1], Outcome.LEASE_REPLAY)

@@ -25,8 +25,8 @@ from aiohttp import web
 from prometheus_client import Counter
 from redis.exceptions import RedisError
 
+from gateway.answer import FillRequest
 from gateway.entry import Entry
-from gateway.fill import FillRequest
 from gateway.hotrecord import HotRecord, HotSettings, Replayable
 from gateway.state import STATE, GatewayState
 from gateway.tiers.base import L2Unavailable, Tier
