@@ -62,7 +62,6 @@ class TokenPath:
         clock: Any,
     ) -> None:
         self.config = config
-        self.upstream = upstream
         self.catalog = catalog
         self.metrics = metrics
         self.cache = TokenCache(config.cache_max_bytes)
@@ -167,10 +166,19 @@ class TokenPath:
 
 
 class TokenUpstream:
-    """The per-request upstream seam handed to a fill: counts on first use, then binary or JSON."""
+    """The per-request upstream seam handed to a fill: counts on first use, then binary or JSON over `upstream`
+    (the state's transport at the time of the request)."""
 
-    def __init__(self, path: TokenPath, endpoint: str, body: Mapping[str, Any], tenant: str) -> None:
+    def __init__(
+        self,
+        path: TokenPath,
+        upstream: UpstreamTransport,
+        endpoint: str,
+        body: Mapping[str, Any],
+        tenant: str,
+    ) -> None:
         self._path = path
+        self._upstream = upstream
         self._endpoint = endpoint
         self._body = body
         self._tenant = tenant
@@ -188,7 +196,7 @@ class TokenUpstream:
     def _binary(self, plan: Plan) -> BinaryCall | None:
         if not plan.binary or plan.ids is None or plan.encoder is None:
             return None
-        return BinaryCall(self._path.upstream, self._endpoint, self._body, plan.ids, plan.encoder.version)
+        return BinaryCall(self._upstream, self._endpoint, self._body, plan.ids, plan.encoder.version)
 
     async def request(
         self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None = None
@@ -201,7 +209,7 @@ class TokenUpstream:
             resp = await call.request(headers)
             if resp is not None:
                 return resp
-        return await self._path.upstream.request(method, path_qs, headers, body)
+        return await self._upstream.request(method, path_qs, headers, body)
 
     @asynccontextmanager
     async def open_stream(
@@ -217,7 +225,7 @@ class TokenUpstream:
                 if resp is not None:
                     yield resp
                     return
-        async with self._path.upstream.open_stream(method, path_qs, headers, body) as resp:
+        async with self._upstream.open_stream(method, path_qs, headers, body) as resp:
             yield resp
 
 
@@ -260,7 +268,7 @@ def upstream_for(
     path = token_path(state)
     if path is None or endpoint not in BINARY_ENDPOINTS:
         return None
-    return TokenUpstream(path, endpoint, body, tenant)
+    return TokenUpstream(path, state.upstream, endpoint, body, tenant)
 
 
 async def check_bypass(
