@@ -28,13 +28,13 @@ from gateway.dashboard.sampler import sampler as dashboard_sampler
 from gateway.edge import edge_middleware
 from gateway.errors import GatewayError, error_response
 from gateway.handlers import admin, alias, completions, ops, relay, tenancy
-from gateway.handlers.admin import CDN_PURGE
-from gateway.lease import lease_ctx
+from gateway.lease_fill import lease_ctx
 from gateway.metrics import GatewayMetrics
 from gateway.state import STATE, GatewayState
 from gateway.tiers.factory import build_l1, build_l2
 from gateway.tiers.redis_cluster import is_cluster_url, node_urls
 from gateway.tiers.tiered import TieredCache
+from gateway.tokens.path import tokens_ctx
 from gateway.upstream import Upstream
 from gateway.warm import warm_ctx
 
@@ -102,7 +102,7 @@ def _cdn_ctx(cdn: CdnConfig):
             results = await fan_out(clients, keys, tags)
             return {name: dataclasses.asdict(result) for name, result in results.items()}
 
-        app[STATE].extensions[CDN_PURGE] = purge_cdns
+        app[STATE].cdn_purge = purge_cdns
         try:
             yield
         finally:
@@ -196,6 +196,7 @@ def create_app(
     app.cleanup_ctx.append(_cache_ctx(metrics or GatewayMetrics(), clock, config, local_bus))
     app.cleanup_ctx.append(lease_ctx)  # cross-replica leases on L2 misses (Redis L2 only)
     app.cleanup_ctx.append(tenancy.tenancy_ctx)  # the scope secret (config, Redis or the state file)
+    app.cleanup_ctx.append(tokens_ctx)  # the token path: counts, budgets, the binary transport
     app.cleanup_ctx.append(warm_ctx)  # the hot-key record and the start-up L1 fill (Redis L2 only)
     if cdn is not None and cdn.enabled:
         app.cleanup_ctx.append(_cdn_ctx(cdn))

@@ -12,13 +12,13 @@ from typing import Any
 
 import orjson
 
-from gateway.catalog import REVISION_HEADER
-from gateway.entry import Entry, make_etag
-from gateway.keys import CacheKey, entry_tags
+from gateway.answer import FillRequest, make_entry, revision_moved
+from gateway.entry import Entry
 from gateway.policy import Reason, store_refusal
 from gateway.state import GatewayState
-from gateway.transport import UpstreamTransport
 from gateway.upstream import UpstreamResponse
+
+__all__ = ["FillRequest", "FillResult", "completion_facts", "fill"]  # FillRequest lives in gateway.answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,22 +27,6 @@ class FillResult:
     entry: Entry | None
     refusal: Reason | None
     collapsed: bool = False  # the entry another replica stored under its lease (gateway/lease_fill.py)
-
-
-@dataclass(frozen=True, slots=True)
-class FillRequest:
-    endpoint: str
-    key: CacheKey
-    model: str
-    revision: str
-    ttl_s: int
-    path_qs: str
-    headers: Mapping[str, str]
-    body: bytes
-    via: UpstreamTransport | None = (
-        None  # a per-request seam (gateway.tokens: budgets, binary transport); None: plain
-    )
-    level: str = ""  # the canonicalization level of the key (Cache-Status detail on misses)
 
 
 def completion_facts(body: bytes) -> tuple[list[str | None], Mapping[str, Any] | None] | None:
@@ -59,16 +43,6 @@ def completion_facts(body: bytes) -> tuple[list[str | None], Mapping[str, Any] |
     )
     usage = doc.get("usage")
     return reasons, usage if isinstance(usage, dict) else None
-
-
-def revision_moved(state: GatewayState, req: FillRequest, headers: Mapping[str, str]) -> bool:
-    """True when the upstream says it answered with another revision than the key's: the catalog learns it at
-    once (and tells every process), and the answer is not stored under the old revision's key."""
-    revision = headers.get(REVISION_HEADER)
-    if not revision or revision == req.revision:
-        return False
-    state.catalog.learn(req.model, revision)
-    return True
 
 
 async def fill(state: GatewayState, req: FillRequest) -> FillResult:
@@ -88,18 +62,6 @@ async def fill(state: GatewayState, req: FillRequest) -> FillResult:
         refusal = Reason.REVISION
     if refusal is not None or facts is None:
         return FillResult(resp, None, refusal or Reason.INCOMPLETE)
-    entry = Entry(
-        key=req.key.key,
-        endpoint=req.endpoint,
-        body=resp.body,
-        model=req.model,
-        revision=req.revision,
-        created_at=state.clock(),
-        ttl_s=req.ttl_s,
-        stale_if_error_s=state.config.cache.stale_if_error_s,
-        etag=make_etag(resp.body),
-        tags=entry_tags(model=req.model, revision=req.revision, scope=req.key.scope, digest=req.key.digest),
-        usage=facts[1],
-    )
+    entry = make_entry(state, req, resp.body, facts[1])
     await state.cache.put(entry)
     return FillResult(resp, entry, None)

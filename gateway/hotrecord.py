@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 import redis.asyncio as aioredis
@@ -59,6 +59,15 @@ if extra > 0 then
 end
 return 0
 """
+
+
+@dataclass(slots=True)
+class Warmup:
+    """A replica's start-up L1 fill from this record (`gateway.warm`): `/ready` waits on `done`."""
+
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    outcome: str = "pending"  # pending | filled | timeout | error
+    filled: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,23 +25,19 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
-from aiohttp import web
 from prometheus_client import Counter
 from redis.exceptions import RedisError
 
 from gateway.entry import Entry
-from gateway.state import STATE
-from gateway.tiers.redis_cluster import cluster_client, is_cluster_url, subscriber_clients
 
 log = logging.getLogger("tokenedge.lease")
 LEASE_PREFIX = "te1:lease:"
 CHANNEL = "te1:lease:done"
-EXTENSION = "lease"
 CLOCK_SLACK_S = 1.0  # an entry created this long before the wait began still counts as the holder's answer
 ACQUIRED = -3  # the acquire script's answer when the lease is ours; otherwise it returns the holder's PTTL
 
@@ -237,53 +233,3 @@ class Leases:
                 self.subscribed.clear()
                 log.warning("lease channel lost (%s); waits poll until it is back", exc)
                 await asyncio.sleep(self._settings.ttl_s / max(1, len(clients)))
-
-
-def leases_of(state: object) -> Leases | None:
-    extensions = getattr(state, "extensions", None)
-    found = extensions.get(EXTENSION) if isinstance(extensions, dict) else None
-    return found if isinstance(found, Leases) else None
-
-
-async def lease_ctx(app: web.Application) -> AsyncIterator[None]:
-    """One cleanup_ctx: the lease client and its subscription, when Redis is the L2 and leases are on."""
-    state = app[STATE]
-    config = state.config.cache
-    if config.l2_kind != "redis" or not config.lease_enabled:
-        yield
-        return
-    url, timeout_s = config.redis_url, config.redis_timeout_s
-    client: aioredis.Redis = (
-        cluster_client(url, timeout_s=timeout_s)
-        if is_cluster_url(  # type: ignore[assignment]
-            url
-        )
-        else aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-    )
-    subscribers = subscriber_clients(url, timeout_s=timeout_s)
-    counter = Counter(
-        "tokenedge_lease",
-        "Cross-replica lease outcomes on L2 misses",
-        ["outcome"],
-        registry=state.metrics.registry,
-    )
-    leases = Leases(
-        client,
-        LeaseSettings(
-            ttl_s=config.lease_ttl_s, max_wait_s=config.lease_max_wait_s, timeout_s=config.redis_timeout_s * 4
-        ),
-        counter,
-        state.clock,
-    )
-    listener = asyncio.ensure_future(leases.listen(subscribers))
-    state.extensions[EXTENSION] = leases
-    try:
-        yield
-    finally:
-        state.extensions.pop(EXTENSION, None)
-        listener.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await listener
-        await client.aclose()
-        for subscriber in subscribers:
-            await subscriber.aclose()

@@ -1,7 +1,8 @@
 """Leases around the two fill paths: the JSON fill (`gateway.fill`) and the stream tee (`gateway.streaming.tee`).
 
-Both run once per local flight, so only a flight's leader ever asks Redis for the lease (gateway/lease.py). Without
-leases (no Redis L2, `cache.lease_enabled = false`, or a Redis error) they are the plain fill and tee.
+Both run once per local flight, so only a flight's leader ever asks Redis for the lease (gateway/lease.py); the
+lease client is built at startup by `lease_ctx` (`GatewayState.leases`). Without leases (no Redis L2,
+`cache.lease_enabled = false`, or a Redis error) they are the plain fill and tee.
 
 Streams (`cache.lease_streams`): a replica that finds the lease held waits for the holder's stored entry and replays
 it as SSE to its own subscribers. Trade-off: those clients see their first token only when the holder's whole
@@ -12,28 +13,35 @@ generation. With `lease_streams = false` streamed misses skip the lease: each re
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 
+from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
+from prometheus_client import Counter
 
+from gateway.answer import FillRequest
 from gateway.entry import Entry
-from gateway.fill import FillRequest, FillResult, fill
-from gateway.lease import Lease, Leases, leases_of
-from gateway.state import GatewayState
+from gateway.fill import FillResult, fill
+from gateway.lease import Lease, Leases, LeaseSettings
+from gateway.policy import Outcome
+from gateway.state import STATE, GatewayState
 from gateway.streaming.broadcast import Frame, Head, StreamFlight
 from gateway.streaming.replay import replay_frames
 from gateway.streaming.tee import tee
 from gateway.tiers.base import L2Unavailable
+from gateway.tiers.redis_cluster import command_client, subscriber_clients
 from gateway.upstream import UpstreamResponse
 from gateway.warm import count_store
 
 log = logging.getLogger("tokenedge.lease")
-REPLAYED = "lease-replay"  # the flight outcome (metrics reason) when another replica's entry was replayed
 
 
 def _leases(state: GatewayState) -> Leases | None:
     """The lease client, unless there is none or the L2 breaker is open (then Redis is skipped, leases too)."""
-    leases = leases_of(state)
+    leases = state.leases
     l2 = state.cache.l2
     return leases if leases is not None and l2 is not None and l2.available else None
 
@@ -90,7 +98,7 @@ async def _leased_fill(state: GatewayState, req: FillRequest) -> FillResult:
 async def leased_tee(state: GatewayState, flight: StreamFlight, req: FillRequest) -> None:
     """`tee`, or another replica's stored entry replayed into the flight (`cache.lease_streams`)."""
     await _leased_tee(state, flight, req)
-    if flight.outcome == "stored":
+    if flight.outcome == Outcome.STORED:
         count_store(state, req)
 
 
@@ -115,7 +123,7 @@ async def _leased_tee(state: GatewayState, flight: StreamFlight, req: FillReques
     try:
         await tee(state, flight, req)
     finally:
-        await got.release(stored=flight.outcome == "stored")
+        await got.release(stored=flight.outcome == Outcome.STORED)
 
 
 def _replay_into(state: GatewayState, flight: StreamFlight, entry: Entry) -> None:
@@ -127,4 +135,42 @@ def _replay_into(state: GatewayState, flight: StreamFlight, entry: Entry) -> Non
     cap = state.config.cache.max_entry_bytes * 2
     for frame in with_usage[:-1]:
         flight.publish(Frame(frame, usage_only=frame not in plain), cap_bytes=cap)
-    flight.finish(with_usage[-1], REPLAYED)
+    flight.finish(with_usage[-1], Outcome.LEASE_REPLAY)
+
+
+async def lease_ctx(app: web.Application) -> AsyncIterator[None]:
+    """One cleanup_ctx: the lease client and its subscription, when Redis is the L2 and leases are on."""
+    state = app[STATE]
+    config = state.config.cache
+    if config.l2_kind != "redis" or not config.lease_enabled:
+        yield
+        return
+    url, timeout_s = config.redis_url, config.redis_timeout_s
+    client = command_client(url, timeout_s=timeout_s)
+    subscribers = subscriber_clients(url, timeout_s=timeout_s)
+    counter = Counter(
+        "tokenedge_lease",
+        "Cross-replica lease outcomes on L2 misses",
+        ["outcome"],
+        registry=state.metrics.registry,
+    )
+    leases = Leases(
+        client,
+        LeaseSettings(
+            ttl_s=config.lease_ttl_s, max_wait_s=config.lease_max_wait_s, timeout_s=config.redis_timeout_s * 4
+        ),
+        counter,
+        state.clock,
+    )
+    listener = asyncio.ensure_future(leases.listen(subscribers))
+    state.leases = leases
+    try:
+        yield
+    finally:
+        state.leases = None
+        listener.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await listener
+        await client.aclose()
+        for subscriber in subscribers:
+            await subscriber.aclose()

@@ -44,6 +44,33 @@ class Reason(StrEnum):
     ONLY_IF_CACHED = "only-if-cached"  # a miss under only-if-cached (504)
 
 
+class Result(StrEnum):
+    """How a cacheable request was answered: the `result` label of `tokenedge_requests_total` (DESIGN §7)."""
+
+    HIT = "hit"
+    MISS = "miss"  # this request's own upstream call (the flight's leader)
+    COALESCED = "coalesced"  # answered by another request's upstream call (a follower)
+    STALE = "stale"  # stale-if-error: the upstream failed and a stale entry was served
+    BYPASS = "bypass"
+    ERROR = "error"
+    CLIENT_GONE = "client_gone"  # the client left before its answer was written: counted, never an error
+
+
+class Outcome(StrEnum):
+    """The `reason` labels that are not a `Reason`: what became of a miss, or why the request ended early.
+
+    The other reasons are a `Reason`, a tier name (`l1`, `l2`) on hits, or an upstream error code on stale answers.
+    """
+
+    STORED = "stored"  # the answer was stored
+    NOT_STORED = "not-stored"  # not stored, and no rule refused it (a stream flight's value until it ends)
+    STREAM = "stream"  # `stream: true` on embeddings (not an OpenAI feature): relayed untouched
+    ABANDONED = "abandoned"  # every subscriber of a stream left: the stream was cancelled, nothing stored
+    LEASE_REPLAY = "lease-replay"  # a stream flight replayed the entry another replica stored under its lease
+    CLIENT_GONE = "client_gone"  # the client left before the handler knew more
+    FAILED = "error"  # a GatewayError (rendered as OpenAI error JSON) before any answer
+
+
 @dataclass(frozen=True, slots=True)
 class RoutePolicy:
     enabled: bool = True

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -11,13 +11,20 @@ from gateway.catalog import ModelCatalog
 from gateway.coherence.coherence import Coherence
 from gateway.config import GatewayConfig
 from gateway.dashboard.dashboard_state import DashboardState
+from gateway.hotrecord import HotRecord, Warmup
+from gateway.lease import Leases
 from gateway.memo import RequestMemo
 from gateway.metrics import GatewayMetrics
 from gateway.policy import RoutePolicy
 from gateway.singleflight import SingleFlight
 from gateway.streaming.broadcast import StreamFlights
+from gateway.tenancy import Tenancy
 from gateway.tiers.tiered import TieredCache
+from gateway.tokens.planner import TokenPath
 from gateway.transport import UpstreamTransport
+
+# `/admin/purge`'s fan-out to the configured CDNs: (keys, tags) -> a result per CDN (gateway.app._cdn_ctx)
+CdnPurge = Callable[[Sequence[str], Sequence[str]], Awaitable[dict[str, object]]]
 
 
 @dataclass(slots=True)
@@ -32,11 +39,17 @@ class GatewayState:
     memo: RequestMemo = field(default_factory=lambda: RequestMemo(32 * 1024 * 1024))
     policies: dict[str, RoutePolicy] = field(default_factory=dict)  # per cacheable endpoint, built at startup
     stream_flights: StreamFlights = field(default_factory=StreamFlights)
-    extensions: dict[str, object] = field(default_factory=dict)  # CDN purge clients, token registry, ...
     dashboard: DashboardState = field(
         default_factory=DashboardState
     )  # history rings, hot keys (gateway.dashboard)
     coherence: Coherence | None = None  # the invalidation bus end of this process (gateway.coherence)
+    # Set by the app's cleanup_ctx generators after this state is built; None until (or unless) they run.
+    tenancy: Tenancy | None = None  # the scope secret's keyed hash (handlers.tenancy.tenancy_ctx)
+    tokens: TokenPath | None = None  # None with `[tokens] enabled = false` (tokens.path.tokens_ctx)
+    leases: Leases | None = None  # cross-replica leases, Redis L2 only (lease_fill.lease_ctx)
+    hot_record: HotRecord | None = None  # the shared hot-key record, Redis L2 only (warm.warm_ctx)
+    warmup: Warmup | None = None  # the start-up L1 fill's progress, read by /ready (warm.warm_ctx)
+    cdn_purge: CdnPurge | None = None  # the CDNs `/admin/purge` fans out to (app._cdn_ctx)
 
     def __post_init__(self) -> None:
         stale_s = self.config.cache.stale_if_error_s

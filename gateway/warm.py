@@ -18,46 +18,32 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
-import redis.asyncio as aioredis
 from aiohttp import web
 from prometheus_client import Counter
 from redis.exceptions import RedisError
 
+from gateway.answer import FillRequest
 from gateway.entry import Entry
-from gateway.fill import FillRequest
-from gateway.hotrecord import HotRecord, HotSettings, Replayable
+from gateway.hotrecord import HotRecord, HotSettings, Replayable, Warmup
 from gateway.state import STATE, GatewayState
 from gateway.tiers.base import L2Unavailable, Tier
-from gateway.tiers.redis_cluster import cluster_client, is_cluster_url
+from gateway.tiers.redis_cluster import command_client
 
 log = logging.getLogger("tokenedge.warm")
-HOT = "hot_record"
-WARMUP = "warmup"
 FILL_BATCH = 200
 READY_WAIT_S = 0.5  # how long one /ready call waits for a running fill before it answers `warming`
 
 
-@dataclass(slots=True)
-class Warmup:
-    """The start-up fill's progress: `/ready` waits on `done`."""
-
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    outcome: str = "pending"  # pending | filled | timeout | error
-    filled: int = 0
-
-
 def hot_record_of(state: GatewayState) -> HotRecord | None:
-    found = state.extensions.get(HOT)
-    return found if isinstance(found, HotRecord) else None
+    return state.hot_record
 
 
 async def warming(state: GatewayState, wait_s: float = READY_WAIT_S) -> bool:
     """True while the start-up fill runs (bounded by `cache.warm_fill_timeout_s`), after waiting up to `wait_s`
     for it: a small fill answers the first probe `ready`, a large one answers `warming` without holding the probe."""
-    warmup = state.extensions.get(WARMUP)
-    if not isinstance(warmup, Warmup) or warmup.done.is_set():
+    warmup = state.warmup
+    if warmup is None or warmup.done.is_set():
         return False
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(warmup.done.wait(), wait_s)
@@ -135,12 +121,6 @@ async def run_fill(state: GatewayState, record: HotRecord, warmup: Warmup) -> No
     log.info("L1 warm-up: %d hot entries from L2 (%s)", warmup.filled, warmup.outcome)
 
 
-def _client(url: str, timeout_s: float) -> aioredis.Redis:
-    if is_cluster_url(url):
-        return cluster_client(url, timeout_s=timeout_s)  # type: ignore[return-value]
-    return aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-
-
 def settings_of(state: GatewayState) -> HotSettings:
     c = state.config.cache
     return HotSettings(
@@ -160,7 +140,7 @@ async def warm_ctx(app: web.Application) -> AsyncIterator[None]:
     if config.l2_kind != "redis" or not config.hot_record_enabled:
         yield
         return
-    client = _client(config.redis_url, config.redis_timeout_s)
+    client = command_client(config.redis_url, timeout_s=config.redis_timeout_s)
     flushes = Counter(
         "tokenedge_hot_record_flushes",
         "Hot-key record flushes to Redis",
@@ -168,16 +148,16 @@ async def warm_ctx(app: web.Application) -> AsyncIterator[None]:
         registry=state.metrics.registry,
     )
     record = HotRecord(client, settings_of(state), state.clock, flushes)
-    state.extensions[HOT] = record
+    state.hot_record = record
     tasks = [asyncio.ensure_future(record.run())]
     if config.warm_fill_top > 0:
         warmup = Warmup()
-        state.extensions[WARMUP] = warmup
+        state.warmup = warmup
         tasks.append(asyncio.ensure_future(run_fill(state, record, warmup)))
     try:
         yield
     finally:
-        state.extensions.pop(HOT, None)
+        state.hot_record = None
         for task in tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -64,6 +64,18 @@ def test_gateway_and_backend_never_import_each_other() -> None:
     assert not crossings, crossings
 
 
+def test_lazy_and_type_only_imports_are_edges(tmp_path: Path) -> None:
+    """The cycle check sees an import inside a function or under TYPE_CHECKING: a cycle hidden that way counts."""
+    module = tmp_path / "lazy.py"
+    module.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from gateway.state import GatewayState\n"
+        "def f() -> None:\n    from gateway.streaming import broadcast\n    import gateway.fill\n"
+    )
+    found = set(_imports("gateway.lazy", module, _modules()))
+    assert {"gateway.state", "gateway.streaming.broadcast", "gateway.fill"} <= found
+
+
 def test_no_module_imports_itself_back() -> None:
     graph = _graph()
     # a package's __init__ re-exporting its children is not a cycle of behaviour: drop parent -> child edges

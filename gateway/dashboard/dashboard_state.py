@@ -1,4 +1,5 @@
-"""The dashboard's per-worker state, a typed field of the app state: the history rings and the hot-keys table."""
+"""The dashboard's per-worker state, a typed field of the app state: the history rings, the hot-keys table and the
+last upstream probe."""
 
 from __future__ import annotations
 
@@ -12,3 +13,6 @@ from gateway.dashboard.hotkeys import HotKeys
 class DashboardState:
     history: History = field(default_factory=History)
     hot_keys: HotKeys = field(default_factory=HotKeys)
+    probe: tuple[float, dict[str, object]] | None = (
+        None  # (monotonic time, upstream health) of the last probe
+    )

@@ -28,7 +28,6 @@ from gateway.state import STATE, GatewayState
 
 DEFAULT_WINDOW = "5m"
 PROBE_EVERY_S = 5.0  # upstream health is probed at most this often per worker, however many pages are open
-_PROBE = "dashboard_probe"
 _PAGE_HEADERS = {
     "Content-Type": "text/html; charset=utf-8",
     "Cache-Control": "no-store",
@@ -50,13 +49,13 @@ async def page(request: web.Request) -> web.Response:
 
 
 async def _upstream_health(state: GatewayState) -> dict[str, object]:
-    cached = state.extensions.get(_PROBE)
+    cached = state.dashboard.probe
     now = time.monotonic()
-    if isinstance(cached, tuple) and now - cached[0] < PROBE_EVERY_S:
+    if cached is not None and now - cached[0] < PROBE_EVERY_S:
         return cached[1]
     upstream_ok, redis = await ops.probe(state)
     health: dict[str, object] = {"up": upstream_ok, "url": state.config.upstream.url, "redis": redis}
-    state.extensions[_PROBE] = (now, health)
+    state.dashboard.probe = (now, health)
     return health
 
 

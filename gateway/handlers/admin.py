@@ -7,7 +7,6 @@ the answer (bounded wait; "error" when the bus was unreachable).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import orjson
@@ -20,9 +19,6 @@ from gateway.keys import parse_key
 from gateway.state import STATE
 from gateway.validate import parse_object, read_body
 
-# The CDN fan-out is installed by the app factory when CDNs are configured: (keys, tags) -> per-CDN results.
-CdnPurge = Callable[[Sequence[str], Sequence[str]], Awaitable[dict[str, Any]]]
-CDN_PURGE = "cdn_purge"
 MAX_PURGE_ITEMS = 10_000
 
 
@@ -51,8 +47,7 @@ async def purge(request: web.Request) -> web.Response:
         result["bus"] = await state.coherence.publish_purge(  # every other L1; waits for their confirmations
             tuple(keys), tuple(tags), ack_timeout_s=state.config.cache.redis_timeout_s * 4
         )
-    cdn_purge = state.extensions.get(CDN_PURGE)
-    if cdn_purge is not None:
+    if state.cdn_purge is not None:
         # Each CDN client turns a key into its `key:{digest}` tag itself; one CDN's failure is reported, not fatal.
-        result["cdn"] = await cdn_purge(keys, tags)  # type: ignore[operator]
+        result["cdn"] = await state.cdn_purge(keys, tags)
     return web.Response(body=orjson.dumps({"purged": result}), content_type="application/json")

@@ -12,11 +12,11 @@ from aiohttp import web
 
 from gateway import fastpath
 from gateway import headers as hdr
+from gateway.answer import entry_response
 from gateway.cache_control import parse_request_cache_control
 from gateway.canonical import CanonicalizationError
 from gateway.config import CACHEABLE_ENDPOINTS
 from gateway.errors import BadRequest, NotFound
-from gateway.handlers.completions import entry_response
 from gateway.handlers.tenancy import scope_of
 from gateway.keys import PUBLIC_SCOPE, derive_key, parse_key
 from gateway.policy import Freshness, Lookup, decide, freshness

@@ -15,12 +15,24 @@ from aiohttp import web
 
 from gateway import fastpath
 from gateway import headers as hdr
+from gateway.answer import (
+    Answered,
+    AskAgain,
+    FillRequest,
+    Serve,
+    ServeStale,
+    after_upstream,
+    entry_response,
+    miss_reason,
+    stale_headers,
+    stored_miss_response,
+)
 from gateway.cache_control import RequestDirectives, parse_request_cache_control
 from gateway.canonical import CanonicalizationError, Level, canonical_json
 from gateway.dashboard.hotkeys import PROMPT, prompt_text
 from gateway.entry import Entry
 from gateway.errors import BadRequest, GatewayError, NotCached, UpstreamError
-from gateway.fill import FillRequest, FillResult, fill
+from gateway.fill import FillResult, fill
 from gateway.handlers.ops import handler_done
 from gateway.handlers.relay import relay
 from gateway.handlers.tenancy import scope_of
@@ -28,18 +40,17 @@ from gateway.keys import PUBLIC_SCOPE, CacheKey, derive_key_from_bytes
 from gateway.lease_fill import leased_fill
 from gateway.lookup import read_cache
 from gateway.memo import ParsedRequest
-from gateway.policy import CREDENTIAL_REFUSALS, Bypass, Lookup, decide
+from gateway.policy import Bypass, Lookup, Outcome, Result, decide
 from gateway.state import STATE, GatewayState
 from gateway.streaming.handler import serve_stream
 from gateway.streaming.replay import wants_usage
 from gateway.timing import lap, start_timer
 from gateway.tokens.keyform import TOKEN_LEVELS, canonical_form, key_encoder
 from gateway.tokens.path import check_bypass, upstream_for
-from gateway.upstream import forward_headers, relay_headers
+from gateway.upstream import forward_headers
 from gateway.validate import check_content_type, parse_object, read_body, validate
 
 NO_DIRECTIVES = RequestDirectives()
-STREAM_REASON = "stream"  # `stream: true` on embeddings (not an OpenAI feature) is relayed untouched
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,12 +128,13 @@ def make_handler(endpoint: str):
         state = request.app[STATE]
         started = time.perf_counter()
         timer = start_timer(request, endpoint)
-        result, reason = "error", "error"
+        result: str = Result.ERROR
+        reason: str = Outcome.FAILED
         try:
             raw = await read_request(request, state)
             fast = fastpath.try_hit(request, state, endpoint, raw, timer)
             if fast is not None:  # a known request's fresh L1 hit, written in one piece (gateway.fastpath)
-                result, reason = "hit", "l1"
+                result, reason = Result.HIT, "l1"
                 return fast
             prep = prepare(request, state, endpoint, raw)
             if (
@@ -132,14 +144,14 @@ def make_handler(endpoint: str):
             timer.lap("parse")
             match prep.decision:
                 case Bypass(reason=why):
-                    result, reason = "bypass", why.value
+                    result, reason = Result.BYPASS, why
                     if prep.directives.only_if_cached:
                         raise NotCached("only-if-cached: this request is not cacheable")
-                    return await bypass(request, state, prep, why.value)
+                    return await bypass(request, state, prep, why)
                 case Lookup() as lookup:
                     if prep.body.get("stream") is True and endpoint == "embeddings":
-                        result, reason = "bypass", STREAM_REASON
-                        return await bypass(request, state, prep, STREAM_REASON)
+                        result, reason = Result.BYPASS, Outcome.STREAM
+                        return await bypass(request, state, prep, Outcome.STREAM)
                     if prep.body.get("stream") is True:
                         response, result, reason = await streamed(request, state, prep, lookup)
                         return response
@@ -148,10 +160,10 @@ def make_handler(endpoint: str):
                 case _ as unreachable:
                     assert_never(unreachable)
         except GatewayError:
-            result = "error"
+            result = Result.ERROR
             raise
         except (ConnectionResetError, asyncio.CancelledError):
-            result, reason = "client_gone", "client_gone"  # the client left: counted, never an error
+            result, reason = Result.CLIENT_GONE, Outcome.CLIENT_GONE  # counted, never an error
             raise
         finally:
             tally = state.metrics.tally
@@ -225,9 +237,7 @@ def fill_request(
     )
 
 
-async def streamed(
-    request: web.Request, state: GatewayState, prep: Prepared, lookup: Lookup
-) -> tuple[web.StreamResponse, str, str]:
+async def streamed(request: web.Request, state: GatewayState, prep: Prepared, lookup: Lookup) -> Answered:
     """`stream: true`: a hit replayed as SSE, or a miss teed to the client and recorded (gateway.streaming)."""
     resolved = await resolve_key(request, state, prep)
     fill_req = fill_request(request, state, prep, lookup, resolved)  # the tee forwards it upstream on a miss
@@ -236,20 +246,9 @@ async def streamed(
     )
 
 
-def entry_response(
-    state: GatewayState, entry: Entry, cache_status: str, age: str, status: int = 200
-) -> web.Response:
-    headers, truncated = hdr.entry_headers(entry, tag_targets=state.config.cache.cdn_tag_headers)
-    if truncated:
-        state.metrics.tag_truncations.inc(truncated)
-    headers[hdr.CACHE_STATUS] = cache_status
-    headers["Age"] = age
-    return web.Response(status=status, body=entry.body, headers=headers)
-
-
 async def lookup_or_fill(
     request: web.Request, state: GatewayState, prep: Prepared, lookup: Lookup
-) -> tuple[web.StreamResponse, str, str]:
+) -> Answered:
     resolved = await resolve_key(request, state, prep)
     key = resolved.key
     lap(request, "parse", key=key.key)
@@ -266,51 +265,58 @@ async def lookup_or_fill(
             status, age_h = hdr.hit_status(entry, read.now, tier=read.hit.tier)
             response = entry_response(state, entry, status, age_h)
         lap(request, "serialize")
-        return response, "hit", read.hit.tier
-    stale = read.stale
+        return Answered(response, Result.HIT, read.hit.tier)
     if lookup.only_if_cached:
         raise NotCached("only-if-cached: no fresh cached answer for this request")
-    fill_req = fill_request(request, state, prep, lookup, resolved)
+    return await fill_miss(request, state, fill_request(request, state, prep, lookup, resolved), read.stale)
+
+
+async def fill_miss(
+    request: web.Request, state: GatewayState, fill_req: FillRequest, stale: Entry | None
+) -> Answered:
+    """The single-flight fill, then what `after_upstream` decides about its answer."""
+    key = fill_req.key
+    public = key.scope == PUBLIC_SCOPE
     try:
         outcome, leader = await state.flights.do(key.key, lambda: leased_fill(state, fill_req))
         lap(request, "upstream")
     except UpstreamError as exc:
-        if stale is None:
+        decision = after_upstream(
+            None, leader=True, public_scope=public, has_stale=stale is not None, error_code=exc.code or ""
+        )
+        if stale is None or not isinstance(decision, ServeStale):
             raise
-        return serve_stale(state, stale, exc.code or "error"), "stale", exc.code or "error"
+        return serve_stale(state, stale, decision)
     assert isinstance(outcome, FillResult)
     leader = leader and not outcome.collapsed  # another replica's fill (cross-replica lease): coalesced here
-    if not leader and key.scope == PUBLIC_SCOPE and outcome.response.status in CREDENTIAL_REFUSALS:
-        # On a public route a follower may be another tenant: the leader's credential was refused, not this one.
-        outcome, leader = await fill(state, fill_req), True
-    if outcome.response.status >= 500 and stale is not None:
-        return serve_stale(state, stale, f"status-{outcome.response.status}"), "stale", "status"
-    response = miss_response(state, outcome, collapsed=not leader, level=resolved.level.value)
-    lap(request, "serialize")
-    return (
-        response,
-        ("miss" if leader else "coalesced"),
-        ("stored" if outcome.entry else (outcome.refusal.value if outcome.refusal else "not-stored")),
-    )
+    while True:
+        decision = after_upstream(
+            outcome.response.status, leader=leader, public_scope=public, has_stale=stale is not None
+        )
+        match decision:
+            case AskAgain():
+                outcome, leader = await fill(state, fill_req), True
+            case ServeStale():
+                assert stale is not None
+                return serve_stale(state, stale, decision)
+            case Serve(result=result):
+                response = miss_response(state, outcome, collapsed=not leader, level=fill_req.level)
+                lap(request, "serialize")
+                return Answered(response, result, miss_reason(outcome.entry, outcome.refusal))
+            case _ as unreachable:
+                assert_never(unreachable)
 
 
-def serve_stale(state: GatewayState, entry: Entry, why: str) -> web.Response:
-    status, age = hdr.stale_status(entry, state.clock(), why)
-    response = entry_response(state, entry, status, age)
-    response.headers["Cache-Control"] = "no-store"  # a stale answer must not be cached further downstream
+def serve_stale(state: GatewayState, entry: Entry, decision: ServeStale) -> Answered:
+    response = web.Response(body=entry.body, headers=stale_headers(state, entry, decision.detail))
     state.metrics.served_from_cache(entry.usage, len(entry.body), entry.model)
-    return response
+    return Answered(response, Result.STALE, decision.reason)
 
 
 def miss_response(state: GatewayState, outcome: FillResult, *, collapsed: bool, level: str) -> web.Response:
     upstream = outcome.response
     if outcome.entry is not None:
-        response = entry_response(
-            state, outcome.entry, hdr.miss_status(stored=True, collapsed=collapsed, level=level), "0"
-        )
-        for name, value in relay_headers(upstream.headers).items():
-            response.headers.setdefault(name, value)
-        return response
+        return stored_miss_response(state, outcome.entry, upstream.headers, collapsed=collapsed, level=level)
     return hdr.unstored_response(
         upstream.status,
         upstream.headers,

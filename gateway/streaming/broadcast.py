@@ -21,6 +21,8 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.policy import Outcome, Reason
+
 Alive = Callable[[], bool]
 
 
@@ -62,7 +64,7 @@ class StreamFlight:
         self.frames: list[Frame] = []
         self.done = False
         self.cancelled = False  # abandoned: the producer must not store, even if [DONE] was already read
-        self.outcome = "not-stored"  # "stored" or a policy.Reason value, for metrics and Cache-Status
+        self.outcome: Reason | Outcome = Outcome.NOT_STORED  # for metrics and Cache-Status
         self.buffered_bytes = 0
         self._changed = asyncio.Event()
         self._subscribers: set[Subscriber] = set()
@@ -83,7 +85,7 @@ class StreamFlight:
         self._wake()
         self._prune()
 
-    def finish(self, last: bytes | None, outcome: str) -> None:
+    def finish(self, last: bytes | None, outcome: Reason | Outcome) -> None:
         """End the flight with a final frame ([DONE] or an error event); idempotent."""
         if self.done:
             return

@@ -21,18 +21,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import assert_never
 
 from aiohttp import web
 
+from gateway import answer
 from gateway import headers as hdr
+from gateway.answer import Answered, FillRequest
 from gateway.cache_control import RequestDirectives
 from gateway.entry import Entry
 from gateway.errors import NotCached, UpstreamError
-from gateway.fill import FillRequest
 from gateway.keys import PUBLIC_SCOPE
 from gateway.lease_fill import leased_tee
 from gateway.lookup import read_cache
-from gateway.policy import CREDENTIAL_REFUSALS, Lookup
+from gateway.policy import Lookup, Reason, Result
 from gateway.state import GatewayState
 from gateway.streaming.broadcast import Head, StreamFlight
 from gateway.streaming.replay import replay_frames
@@ -41,7 +43,6 @@ from gateway.timing import lap, timer_of
 from gateway.upstream import relay_headers
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "X-Accel-Buffering": "no"}
-Outcome = tuple[web.StreamResponse, str, str]
 
 
 async def serve_stream(
@@ -52,13 +53,15 @@ async def serve_stream(
     directives: RequestDirectives,
     *,
     include_usage: bool,
-) -> Outcome:
+) -> Answered:
     lap(request, "parse", key=req.key.key)  # the key is known: the access log carries it, as on the JSON path
     read = await read_cache(request, state, req.key.key, lookup, directives)
     if read.hit is not None:
-        status, age_h = hdr.hit_status(read.hit.entry, read.now, tier=read.hit.tier)
-        response = await replay(request, state, read.hit.entry, status, age_h, include_usage=include_usage)
-        return response, "hit", read.hit.tier
+        entry = read.hit.entry
+        status, age_h = hdr.hit_status(entry, read.now, tier=read.hit.tier)
+        headers = answer.entry_headers(state, entry, status, age_h)
+        response = await replay(request, state, entry, headers, include_usage=include_usage)
+        return Answered(response, Result.HIT, read.hit.tier)
     if lookup.only_if_cached:
         raise NotCached("only-if-cached: no fresh cached answer for this request")
     return await stream_miss(request, state, req, read.stale, include_usage=include_usage)
@@ -72,7 +75,7 @@ async def stream_miss(
     *,
     include_usage: bool,
     lead: bool = False,
-) -> Outcome:
+) -> Answered:
     """Join the key's stream in flight, or start one (always, with `lead`), and pipe it to the client."""
     flights = state.stream_flights
     flight = None if lead else flights.join(req.key.key, include_usage=include_usage)
@@ -86,37 +89,73 @@ async def stream_miss(
             abandoned_max_s=config.abandoned_stream_max_s,
             producer=lambda f: leased_tee(state, f, req),
         )
-    result = "miss" if leader else "coalesced"
     sub = flight.subscribe(lambda: request.transport is not None and not request.transport.is_closing())
     try:
-        try:
-            head = await asyncio.shield(flight.head)
-            lap(request, "upstream")  # time to the upstream's response head
-        except UpstreamError as exc:
-            if stale is None:
-                raise
-            return await serve_stale(request, state, stale, exc.code or "error", include_usage)
-        if head.body is not None:
-            if not leader and req.key.scope == PUBLIC_SCOPE and head.status in CREDENTIAL_REFUSALS:
-                # On a public route a follower may be another tenant: the leader's credential was refused, not this one.
-                return await stream_miss(request, state, req, stale, include_usage=include_usage, lead=True)
-            if head.status >= 500 and stale is not None:
-                return await serve_stale(request, state, stale, f"status-{head.status}", include_usage)
-            return (
-                passthrough(head, req, collapsed=not leader),
-                result,
-                "status" if head.status != 200 else ("incomplete"),
-            )
-        response = web.StreamResponse(headers=miss_headers(head, req, collapsed=not leader))
-        await response.prepare(request)
-        try:
-            await pipe(state, flight, response, include_usage=include_usage, on_first=_first_token(request))
-            await response.write_eof()
-        except ConnectionResetError:
-            return response, "client_gone", result  # the flight goes on for the others (or is abandoned)
-        return response, result, flight.outcome
+        return await answer_flight(request, state, flight, req, stale, leader, include_usage=include_usage)
     finally:
         flight.unsubscribe(sub)
+
+
+async def answer_flight(
+    request: web.Request,
+    state: GatewayState,
+    flight: StreamFlight,
+    req: FillRequest,
+    stale: Entry | None,
+    leader: bool,
+    *,
+    include_usage: bool,
+) -> Answered:
+    """Wait for the flight's head, then do what `after_upstream` decides about it."""
+    public = req.key.scope == PUBLIC_SCOPE
+    try:
+        head = await asyncio.shield(flight.head)
+        lap(request, "upstream")  # time to the upstream's response head
+    except UpstreamError as exc:
+        failed = answer.after_upstream(
+            None, leader=leader, public_scope=public, has_stale=stale is not None, error_code=exc.code or ""
+        )
+        if stale is None or not isinstance(failed, answer.ServeStale):
+            raise
+        return await serve_stale(request, state, stale, failed, include_usage)
+    decision = answer.after_upstream(
+        head.status, leader=leader, public_scope=public, has_stale=stale is not None
+    )
+    match decision:
+        case answer.AskAgain():
+            return await stream_miss(request, state, req, stale, include_usage=include_usage, lead=True)
+        case answer.ServeStale():
+            assert stale is not None
+            return await serve_stale(request, state, stale, decision, include_usage)
+        # a whole answer (non-200, non-SSE): relayed, never stored
+        case answer.Serve(result=result) if head.body is not None:
+            return Answered(passthrough(head, req, collapsed=not leader), result, passthrough_reason(head))
+        case answer.Serve(result=result):
+            return await relay_flight(request, state, flight, head, req, result, include_usage=include_usage)
+        case _ as unreachable:
+            assert_never(unreachable)
+
+
+async def relay_flight(
+    request: web.Request,
+    state: GatewayState,
+    flight: StreamFlight,
+    head: Head,
+    req: FillRequest,
+    result: Result,
+    *,
+    include_usage: bool,
+) -> Answered:
+    """The flight's event stream, piped to this client from its first frame."""
+    collapsed = result is Result.COALESCED
+    response = web.StreamResponse(headers=miss_headers(head, req, collapsed=collapsed))
+    await response.prepare(request)
+    try:
+        await pipe(state, flight, response, include_usage=include_usage, on_first=_first_token(request))
+        await response.write_eof()
+    except ConnectionResetError:  # the flight goes on for the others (or is abandoned)
+        return Answered(response, Result.CLIENT_GONE, result)
+    return Answered(response, result, flight.outcome)
 
 
 async def pipe(
@@ -151,24 +190,16 @@ async def replay(
     request: web.Request,
     state: GatewayState,
     entry: Entry,
-    cache_status: str,
-    age: str,
+    headers: dict[str, str],
     *,
     include_usage: bool,
-    no_store: bool = False,
 ) -> web.StreamResponse:
-    """A hit (or a stale answer) as SSE, synthesized from the entry; paced when `stream.replay_delay_s` is set.
+    """A hit (or a stale answer) as SSE with the entry's `headers`, synthesized from the entry; paced when
+    `stream.replay_delay_s` is set.
 
     Its time to first token is the first frame's write, recorded on the request's timer (`gateway.timing`).
     """
-    headers, truncated = hdr.entry_headers(entry, tag_targets=state.config.cache.cdn_tag_headers)
-    if truncated:
-        state.metrics.tag_truncations.inc(truncated)
     headers.update(SSE_HEADERS)
-    headers[hdr.CACHE_STATUS] = cache_status
-    headers["Age"] = age
-    if no_store:
-        headers["Cache-Control"] = "no-store"  # a stale answer must not be cached further downstream
     config = state.config.stream
     frames = replay_frames(entry, include_usage=include_usage, chunk_chars=config.replay_chunk_chars)
     state.metrics.served_from_cache(entry.usage, len(entry.body), entry.model)
@@ -194,11 +225,13 @@ async def replay(
 
 
 async def serve_stale(
-    request: web.Request, state: GatewayState, entry: Entry, why: str, include_usage: bool
-) -> Outcome:
-    status, age = hdr.stale_status(entry, state.clock(), why)
-    response = await replay(request, state, entry, status, age, include_usage=include_usage, no_store=True)
-    return response, "stale", why
+    request: web.Request, state: GatewayState, entry: Entry, decision: answer.ServeStale, include_usage: bool
+) -> Answered:
+    headers = answer.stale_headers(state, entry, decision.detail)
+    response = await replay(request, state, entry, headers, include_usage=include_usage)
+    # The streamed path's reason label has always been the Cache-Status detail (`status-502` where the JSON path
+    # says `status`); kept as it was, since metric labels are a contract.
+    return Answered(response, Result.STALE, decision.detail)
 
 
 def miss_headers(head: Head, req: FillRequest, *, collapsed: bool) -> dict[str, str]:
@@ -217,11 +250,20 @@ def miss_headers(head: Head, req: FillRequest, *, collapsed: bool) -> dict[str, 
     return headers
 
 
+def passthrough_reason(head: Head) -> Reason:
+    """Why a whole (non-SSE) upstream answer to a streamed request was not stored."""
+    return Reason.STATUS if head.status != 200 else Reason.INCOMPLETE
+
+
 def passthrough(head: Head, req: FillRequest, *, collapsed: bool) -> web.Response:
     """A non-200 (or non-SSE) upstream answer, relayed with its status and body and never stored."""
-    detail = "status" if head.status != 200 else "incomplete"
     return hdr.unstored_response(
-        head.status, head.headers, head.body or b"", collapsed=collapsed, detail=detail, level=req.level
+        head.status,
+        head.headers,
+        head.body or b"",
+        collapsed=collapsed,
+        detail=passthrough_reason(head),
+        level=req.level,
     )
 
 

@@ -15,11 +15,10 @@ import time
 
 import aiohttp
 
-from gateway.entry import Entry, make_etag
+from gateway.answer import FillRequest, make_entry, revision_moved
+from gateway.entry import Entry
 from gateway.errors import UpstreamError
-from gateway.fill import FillRequest, revision_moved
-from gateway.keys import entry_tags
-from gateway.policy import Reason, store_refusal
+from gateway.policy import Outcome, Reason, store_refusal
 from gateway.state import GatewayState
 from gateway.streaming.broadcast import Frame, Head, StreamFlight
 from gateway.streaming.recorder import Kind, Recorder
@@ -28,18 +27,16 @@ from gateway.transport import OpenResponse
 from gateway.upstream import translate
 
 log = logging.getLogger("tokenedge.stream")
-ABANDONED = "abandoned"
 
 
 async def tee(state: GatewayState, flight: StreamFlight, req: FillRequest) -> None:
     cap = state.config.cache.max_entry_bytes
     recorder = Recorder(req.endpoint, cap)
     started = time.perf_counter()
-    last: bytes | None
-    last, outcome = (
-        error_frame("the upstream stream was interrupted", type_="upstream_error", code="bad_gateway"),
-        Reason.INCOMPLETE.value,
+    last: bytes | None = error_frame(
+        "the upstream stream was interrupted", type_="upstream_error", code="bad_gateway"
     )
+    outcome: Reason | Outcome = Reason.INCOMPLETE
     try:
         async with (req.via or state.upstream).open_stream(
             "POST", req.path_qs, req.headers, req.body
@@ -48,13 +45,13 @@ async def tee(state: GatewayState, flight: StreamFlight, req: FillRequest) -> No
             if resp.status != 200 or not event_stream:
                 body = await resp.read()
                 flight.head.set_result(Head(resp.status, resp.headers, body))
-                last, outcome = None, (Reason.STATUS if resp.status != 200 else Reason.INCOMPLETE).value
+                last, outcome = None, (Reason.STATUS if resp.status != 200 else Reason.INCOMPLETE)
                 return
             flight.head.set_result(Head(resp.status, resp.headers))
             moved = revision_moved(state, req, resp.headers)
             await _pump(resp, flight, recorder, cap)
         if flight.cancelled:  # abandoned while the last events were being read: store nothing
-            last, outcome = None, ABANDONED
+            last, outcome = None, Outcome.ABANDONED
             return
         state.metrics.upstream_duration.labels(req.endpoint).observe(time.perf_counter() - started)
         if not recorder.done:
@@ -65,7 +62,7 @@ async def tee(state: GatewayState, flight: StreamFlight, req: FillRequest) -> No
         entry, refusal = (None, Reason.REVISION) if moved else _stored_entry(state, req, recorder)
         if entry is not None:
             await state.cache.put(entry)
-        last, outcome = DONE_FRAME, (refusal.value if refusal else "stored")
+        last, outcome = DONE_FRAME, (refusal or Outcome.STORED)
     except (TimeoutError, aiohttp.ClientError, UpstreamError) as exc:
         error = exc if isinstance(exc, UpstreamError) else translate(exc)
         if not flight.head.done():
@@ -75,7 +72,7 @@ async def tee(state: GatewayState, flight: StreamFlight, req: FillRequest) -> No
             log.warning("upstream stream failed on %s: %s", req.path_qs, error.message)
             last = error_frame(error.message, type_=error.type, code=error.code)
     except asyncio.CancelledError:
-        last, outcome = None, ABANDONED
+        last, outcome = None, Outcome.ABANDONED
         raise
     finally:
         recorder.discard()
@@ -120,18 +117,4 @@ def _stored_entry(
     )
     if refusal is not None:
         return None, refusal
-    entry = Entry(
-        key=req.key.key,
-        endpoint=req.endpoint,
-        body=body,
-        model=req.model,
-        revision=req.revision,
-        created_at=state.clock(),
-        ttl_s=req.ttl_s,
-        stale_if_error_s=state.config.cache.stale_if_error_s,
-        etag=make_etag(body),
-        tags=entry_tags(model=req.model, revision=req.revision, scope=req.key.scope, digest=req.key.digest),
-        usage=recorder.usage,
-        stream_chunks=tuple(recorder.chunks),
-    )
-    return entry, None
+    return make_entry(state, req, body, recorder.usage, tuple(recorder.chunks)), None

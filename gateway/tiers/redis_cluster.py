@@ -160,6 +160,14 @@ class RedisClusterTier(RedisTier):
         return _total(size), _total(info, "used_memory")
 
 
+def command_client(url: str, *, timeout_s: float) -> aioredis.Redis:
+    """A client for commands and scripts on `url`: a cluster client for a `redis+cluster://` URL, else a plain one.
+    RedisCluster is not a subclass of Redis but answers the commands these callers send."""
+    if is_cluster_url(url):
+        return cluster_client(url, timeout_s=timeout_s)  # type: ignore[return-value]
+    return aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+
+
 def subscriber_clients(url: str, *, timeout_s: float) -> list[aioredis.Redis]:
     """One plain client per startup node for the lease channel (a single node's URL gives one client)."""
     urls = node_urls(url) if is_cluster_url(url) else [url]

@@ -1,7 +1,7 @@
 """The tiered cache: read L1 then L2 (back-filling L1 on an L2 hit), write both, purge both.
 
 Tiers plug in through the protocols of tiers/base.py: any `LocalTier` as L1, any shared `Tier` (Redis,
-Memcached) as L2. Every lookup is counted per tier and outcome. L2 failures arrive here as `L2Unavailable` and
+Memcached) as L2. Every lookup is counted once per tier consulted and outcome, every store once per tier written. L2 failures arrive here as `L2Unavailable` and
 become misses.
 """
 
@@ -25,18 +25,17 @@ class TieredCache:
     def __init__(self, l1: LocalTier, l2: Tier | None, metrics: GatewayMetrics) -> None:
         self.l1 = l1
         self.l2 = l2
-        self._lookups = metrics.lookups
+        self._lookups = metrics.lookups  # L1 through the tally (the hot path), L2 directly (one await anyway)
         self._stores = metrics.cache_stores
         self._tally = metrics.tally
-        self._lookups_metric = metrics.lookups
 
     async def get(self, key: str) -> Found | None:
         if self.l1.enabled:
             entry = self.l1.get(key)
             if entry is not None:
-                self._tally.inc(self._lookups_metric, ("l1", "hit"))
+                self._tally.inc(self._lookups, ("l1", "hit"))
                 return Found(entry, "l1")
-            self._tally.inc(self._lookups_metric, ("l1", "miss"))
+            self._tally.inc(self._lookups, ("l1", "miss"))
         if self.l2 is None:
             return None
         generation = (
@@ -56,7 +55,7 @@ class TieredCache:
 
     def count_l1_hit(self) -> None:
         """The hit fast path reads `l1` itself and counts a hit it serves exactly as `get` would have."""
-        self._tally.inc(self._lookups_metric, ("l1", "hit"))
+        self._tally.inc(self._lookups, ("l1", "hit"))
 
     async def put(self, entry: Entry) -> None:
         if self.l1.set(entry):

@@ -167,7 +167,8 @@ async def test_repeated_bytes_hit_without_rendering_or_encoding_and_new_spelling
         monkeypatch.setattr(ModelEncoder, name, counting(calls, name, getattr(ModelEncoder, name)))
     hit = await gw.client.post("/v1/chat/completions", data=raw, headers=headers)
     assert hit.headers["Cache-Status"].endswith("detail=l1") and calls == Counter()
-    cache = gw.state.extensions["tokens"].cache  # type: ignore[attr-defined]
+    assert gw.state.tokens is not None  # built at startup
+    cache = gw.state.tokens.cache
     misses = cache.misses
     twin = json.dumps(dict(reversed(list({**body, "temperature": 0.0, "user": "u"}.items())))).encode()
     again = await gw.client.post("/v1/chat/completions", data=twin, headers=headers)

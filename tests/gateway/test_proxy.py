@@ -7,6 +7,7 @@ import asyncio
 from tests.gateway.conftest import AUTH_A, AUTH_B, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import FakeClock, RunningGateway
+from tests.support.transports import DeadUpstream
 
 
 async def post_chat(gw: RunningGateway, body: dict | None = None, headers: dict | None = None):
@@ -202,8 +203,7 @@ async def test_upstream_down_serves_stale_inside_stale_if_error(
     gw = await make_gateway(cache={"stale_if_error_s": 600})
     first = await post_chat(gw)
     stored = await first.read()
-    # The same L1 behind a dead upstream: swap the upstream URL by pointing a second client at a dead port.
-    gw.state.upstream._base = "http://127.0.0.1:9"
+    gw.state.upstream = dead = DeadUpstream()  # the same L1 behind an upstream that refuses connections
     clock.advance(3600 + 100)
     stale = await post_chat(gw)
     assert stale.status == 200
@@ -214,6 +214,7 @@ async def test_upstream_down_serves_stale_inside_stale_if_error(
     gone = await post_chat(gw)
     assert gone.status == 502
     assert (await gone.json())["error"]["code"] == "upstream_unavailable"
+    assert dead.calls == 2  # the stale answer asked the upstream first
 
 
 async def test_connection_refused_is_a_prompt_502(make_gateway: GatewayFactory) -> None:

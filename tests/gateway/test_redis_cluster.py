@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from gateway.tiers.redis_cluster import RedisClusterTier
-from gateway.warm import WARMUP, Warmup, hot_record_of
+from gateway.warm import hot_record_of
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.cluster import LocalCluster
 from tests.support.fake_upstream import FakeUpstream
@@ -95,8 +95,8 @@ async def test_warm_up_on_a_cluster_fills_a_new_replica_from_the_hot_record(
     assert len(await record.top(10)) == 6
     assert all(r is not None for r in await record.requests(await record.top(10)))
     two = await make_gateway(cache={"redis_url": cluster_url})
-    warmup = two.state.extensions[WARMUP]
-    assert isinstance(warmup, Warmup)
+    warmup = two.state.warmup
+    assert warmup is not None
     await warmup.done.wait()
     assert (warmup.outcome, warmup.filled) == ("filled", 6)
     for i in range(6):

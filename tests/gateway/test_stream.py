@@ -16,6 +16,7 @@ from gateway.entry import Entry
 from tests.gateway.conftest import AUTH_A, AUTH_B, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import FakeClock, RunningGateway
+from tests.support.transports import DeadUpstream
 
 STREAM = {**CHAT, "stream": True}
 
@@ -275,7 +276,7 @@ async def test_refused_upstream_is_a_502_or_a_stale_stream(
 ) -> None:
     gw = await make_gateway(cache={"stale_if_error_s": 600})
     first = await collect(await post(gw, STREAM))
-    gw.state.upstream._base = "http://127.0.0.1:9"
+    gw.state.upstream = dead = DeadUpstream()
     clock.advance(3600 + 100)
     stale = await post(gw, STREAM)
     assert await collect(stale) == first
@@ -285,6 +286,7 @@ async def test_refused_upstream_is_a_502_or_a_stale_stream(
     gone = await post(gw, STREAM)
     assert gone.status == 502
     assert (await gone.json())["error"]["code"] == "upstream_unavailable"
+    assert dead.calls == 2  # the stale answer asked the upstream first
 
 
 async def test_streamed_results_are_counted(gw: RunningGateway) -> None:

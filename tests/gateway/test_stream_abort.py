@@ -19,6 +19,7 @@ from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.gateway.test_stream import sse, text_of
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import RunningGateway
+from tests.support.transports import CountingUpstream
 
 KEYS = 5
 CLIENTS = 200
@@ -94,8 +95,7 @@ async def test_two_hundred_aborted_clients_store_nothing_partial_and_leak_nothin
     make_gateway: GatewayFactory, fake: FakeUpstream, complete_abandoned: bool
 ) -> None:
     gw = await make_gateway(stream={"complete_abandoned_streams": complete_abandoned})
-    connector = gw.state.upstream._session.connector
-    assert connector is not None
+    gw.state.upstream = upstream = CountingUpstream(gw.state.upstream)
     tasks_before = len(asyncio.all_tasks())
 
     clients = await abort_everyone(gw, fake)
@@ -112,8 +112,8 @@ async def test_two_hundred_aborted_clients_store_nothing_partial_and_leak_nothin
             assert text_of(events) == "".join(PIECES)
         else:
             assert found is None
-    await until(lambda: len(connector._acquired) == 0)  # type: ignore[attr-defined]
+    assert upstream.opened == KEYS
+    await until(lambda: upstream.open_now == 0)  # every upstream stream was closed: no connection held
     # A completed stream leaves its connection idle in the keep-alive pool (one fake-upstream task each).
-    idle = sum(len(conns) for conns in connector._conns.values())  # type: ignore[attr-defined]
-    assert idle <= (KEYS if complete_abandoned else 0)
+    idle = KEYS if complete_abandoned else 0
     await until(lambda: len(asyncio.all_tasks()) <= tasks_before + idle)

@@ -1,5 +1,5 @@
-"""Tenant scope (gateway/handlers/tenancy.py, gateway/secret.py): every credential part counts, the key is the
-deployment's secret, the tenant header is honoured only from trusted proxies, and anonymous callers are documented."""
+"""Tenant scope (gateway/tenancy.py, gateway/handlers/tenancy.py, gateway/secret.py): every credential part
+counts, the key is the deployment's secret, the tenant header is honoured only from trusted proxies, and anonymous callers are documented."""
 
 from __future__ import annotations
 
@@ -261,7 +261,7 @@ def test_unsafe_or_malformed_tenancy_settings_fail_at_startup(server: dict[str, 
 
 def test_the_scope_memo_never_mixes_credential_sets() -> None:
     from gateway.config import ServerConfig
-    from gateway.handlers.tenancy import MEMO_ENTRIES, Tenancy
+    from gateway.tenancy import MEMO_ENTRIES, Tenancy
 
     tenancy = Tenancy.from_config(ServerConfig(credential_headers=("X-Team",)), b"secret")
     one = CIMultiDict([("Authorization", "Bearer a"), ("X-Team", "red")])

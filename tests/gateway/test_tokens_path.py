@@ -114,7 +114,8 @@ async def test_hits_do_not_tokenize_and_keep_the_stored_usage(make: Make) -> Non
     miss = await gw.client.post("/v1/chat/completions", json=chat("What is 2+2?"))
     body = await miss.read()
     counted = gw.state.metrics.tokenize_duration._sum.get()
-    token_cache = gw.state.extensions["tokens"].cache  # type: ignore[attr-defined]
+    assert gw.state.tokens is not None  # built at startup
+    token_cache = gw.state.tokens.cache
     lookups = token_cache.misses
     hit = await gw.client.post("/v1/chat/completions", json=chat("What is 2+2?"))
     assert hit.headers["Cache-Status"].startswith("tokenedge; hit") and await hit.read() == body
@@ -167,7 +168,7 @@ async def test_json_and_binary_transports_answer_identically(
         assert via_binary == via_json, (path, body)
         assert via_json[0] == 200
         assert len(engine.prompts) >= 2 and engine.prompts[0] == engine.prompts[-1]
-    assert len(binary.state.extensions["tokens"].cache) > 0  # type: ignore[attr-defined]
+    assert binary.state.tokens is not None and len(binary.state.tokens.cache) > 0
 
 
 async def test_openai_models_are_counted_with_offline_cl100k_for_the_rate_limit(make_openai: Make) -> None:

@@ -10,10 +10,10 @@ import pytest
 
 from gateway import warm
 from gateway.entry import Entry
-from gateway.hotrecord import HotRecord
+from gateway.hotrecord import HotRecord, Warmup
 from gateway.state import GatewayState
 from gateway.tiers.redis_tier import RedisTier
-from gateway.warm import WARMUP, Warmup, hot_record_of
+from gateway.warm import hot_record_of
 from tests.gateway.conftest import CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import RunningGateway
@@ -33,8 +33,8 @@ async def ask(gw: RunningGateway, body: bytes) -> str:
 
 
 def warmup_of(gw: RunningGateway) -> Warmup:
-    found = gw.state.extensions[WARMUP]
-    assert isinstance(found, Warmup)
+    found = gw.state.warmup
+    assert found is not None
     return found
 
 
@@ -115,7 +115,7 @@ async def test_ready_waits_for_the_fill_no_longer_than_the_timeout(
 
 
 async def test_without_a_redis_l2_there_is_no_record_and_ready_does_not_wait(gw: RunningGateway) -> None:
-    assert hot_record_of(gw.state) is None and WARMUP not in gw.state.extensions
+    assert hot_record_of(gw.state) is None and gw.state.warmup is None
     assert (await gw.client.get("/ready")).status == 200
 
 
