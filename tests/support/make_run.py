@@ -37,7 +37,7 @@ async def start_run_script(*, stdout: int) -> tuple[asyncio.subprocess.Process, 
 
 async def wait_ready(session: aiohttp.ClientSession, url: str, proc: asyncio.subprocess.Process) -> None:
     """Readiness by polling (bounded): loading SmolLM2 takes seconds; a dead script fails at once."""
-    for _ in range(3000):
+    for _ in range(2400):
         if proc.returncode is not None:
             raise AssertionError(f"run.sh exited early with {proc.returncode}")
         try:
@@ -47,4 +47,4 @@ async def wait_ready(session: aiohttp.ClientSession, url: str, proc: asyncio.sub
         except aiohttp.ClientError:
             pass
         await asyncio.sleep(0.1)
-    raise AssertionError(f"{url} not ready within 300 s")
+    raise AssertionError(f"{url} not ready within 240 s")
