@@ -132,7 +132,7 @@ class UpstreamConfig:
     affinity_block_chars: int = 64  # prompt text is hashed in chained blocks of this many characters
     affinity_block_tokens: int = 16  # token ids (the binary token path) in blocks of this many ids
     affinity_table_blocks: int = 200000  # router-side block-chain hash -> backend entries kept (LRU)
-    affinity_load_factor: float = 1.5  # skip the affine backend above factor x mean outstanding + 1
+    affinity_load_factor: float = 1.25  # skip the affine backend above max(factor x mean, mean + 1) outstanding
 
     def __post_init__(self) -> None:
         if isinstance(self.url, list):  # a TOML array

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 _TEXT_SEED = 0x7465787400  # text chains and token chains never share a hash by construction
@@ -57,30 +58,46 @@ def _message_text(message: Mapping[str, Any]) -> str:
     return f"{message.get('role', '')}\x1f{content if isinstance(content, str) else ''}\x1e"
 
 
+@dataclass(frozen=True, slots=True)
+class Match:
+    backend: int | None = None
+    depth: int = 0  # matched blocks
+    extends: bool = False  # the match ends where a recorded prompt ended: this request continues it
+
+
+NO_MATCH = Match()
+
+
 class AffinityTable:
-    """Chain hash -> the backend last sent that prefix; least recently used entries are dropped past `max_blocks`."""
+    """Chain hash -> (the backend last sent that prefix, whether a prompt ended there); least recently used
+    entries are dropped past `max_blocks`.
+
+    The end mark tells a continuation (the next turn of a conversation: its prompt extends the last one whole)
+    from a branch (a new prompt that shares only a prefix, such as a common system prompt): the router holds on
+    to a continuation harder than to a shared prefix, whose blocks any backend will soon hold anyway."""
 
     def __init__(self, max_blocks: int) -> None:
         self._max = max_blocks
-        self._owner: OrderedDict[int, int] = OrderedDict()
+        self._owner: OrderedDict[int, tuple[int, bool]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._owner)
 
-    def match(self, chain: Sequence[int], allowed: Iterable[int]) -> tuple[int | None, int]:
-        """(backend, matched blocks) of the longest prefix of `chain` owned by one of `allowed`; (None, 0) if none."""
+    def match(self, chain: Sequence[int], allowed: Iterable[int]) -> Match:
+        """The longest prefix of `chain` last sent to one of `allowed`."""
         allowed_set = set(allowed)
         owner = self._owner
         for depth in range(len(chain), 0, -1):  # longest first: the deepest known block wins
-            backend = owner.get(chain[depth - 1])
-            if backend is not None and backend in allowed_set:
-                return backend, depth
-        return None, 0
+            found = owner.get(chain[depth - 1])
+            if found is not None and found[0] in allowed_set:
+                return Match(found[0], depth, found[1])
+        return NO_MATCH
 
     def record(self, chain: Sequence[int], backend: int) -> None:
         owner = self._owner
-        for h in chain:
-            owner[h] = backend
+        last = len(chain) - 1
+        for i, h in enumerate(chain):
+            owner[h] = (backend, i == last)
             owner.move_to_end(h)
         while len(owner) > self._max:
             owner.popitem(last=False)

@@ -1,8 +1,10 @@
 """The routing decision for one miss, as a pure function of the candidates' loads and the affinity match.
 
 Least outstanding requests per weight, unless prefix affinity names a candidate: then that one, unless its load
-is above the guard (`factor` x the candidates' mean load + 1, loads per weight), so a hot prefix spills onto the
-least loaded backend instead of piling onto one (the SGLang router's load-guarded cache-aware policy).
+is above the guard (`guard`: `factor` x the candidates' mean load, at least the mean + 1; loads per weight), so a
+hot prefix spills onto the least loaded backend instead of piling onto one (the SGLang router's load-guarded
+cache-aware policy). Placement is sticky (a conversation's later turns follow its prefix), so the guard bounds the
+long-run share too: at most about `factor` x the mean while the fleet is busy.
 """
 
 from __future__ import annotations
@@ -21,12 +23,12 @@ class Choice(Enum):
 @dataclass(frozen=True, slots=True)
 class Candidate:
     index: int
-    outstanding: int
+    load: float  # outstanding requests plus recent dispatches (`Backend.load`)
     weight: float
 
 
 def _load(c: Candidate) -> float:
-    return c.outstanding / c.weight
+    return c.load / c.weight
 
 
 def least_loaded(candidates: Sequence[Candidate], turn: int) -> Candidate:
@@ -36,16 +38,24 @@ def least_loaded(candidates: Sequence[Candidate], turn: int) -> Candidate:
     return tied[turn % len(tied)]
 
 
+def guard(mean: float, factor: float) -> float:
+    """The most load the affine backend may have: `factor` x the mean, but never less than the mean + 1 (at low
+    loads a ratio alone would refuse a backend one request busier than an idle one)."""
+    return max(factor * mean, mean + 1)
+
+
 def choose(
-    candidates: Sequence[Candidate], affine: int | None, factor: float, turn: int
+    candidates: Sequence[Candidate], affine: int | None, factor: float, turn: int, *, extends: bool = True
 ) -> tuple[Candidate, Choice]:
-    """Pick one of `candidates` (non-empty); `affine` is the index the affinity table matched, if any."""
+    """Pick one of `candidates` (non-empty); `affine` is the index the affinity table matched, if any. A match that
+    only shares a prefix with other prompts (`extends` False) is held to the tighter guard of factor 1 (the mean
+    + 1): new conversations spread evenly, and since they stay where they start, so does the long-run load."""
     assert candidates, "choose needs at least one candidate"
     if affine is not None:
         for c in candidates:
             if c.index == affine:
                 mean = sum(_load(x) for x in candidates) / len(candidates)
-                if _load(c) <= factor * mean + 1:
+                if _load(c) <= guard(mean, factor if extends else 1.0):
                     return c, Choice.AFFINITY
                 return least_loaded(candidates, turn), Choice.GUARDED
     return least_loaded(candidates, turn), Choice.LEAST_LOADED

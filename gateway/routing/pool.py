@@ -12,7 +12,8 @@ towards the backend's ejection; a successful answer closes a half-open circuit.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -21,7 +22,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from gateway.catalog import REVISION_HEADER
 from gateway.config_sections import UpstreamConfig
 from gateway.errors import UpstreamError, UpstreamUnavailable
-from gateway.routing.affinity import AffinityTable
+from gateway.routing.affinity import NO_MATCH, AffinityTable
 from gateway.routing.backend import Backend
 from gateway.routing.book import RevisionBook, merge, served_models
 from gateway.routing.choose import Candidate, choose
@@ -34,8 +35,15 @@ MODELS_PATH = "/v1/models"
 
 
 class UpstreamPool:
-    def __init__(self, config: UpstreamConfig, backends: list[Backend], metrics: RoutingMetrics) -> None:
+    def __init__(
+        self,
+        config: UpstreamConfig,
+        backends: list[Backend],
+        metrics: RoutingMetrics,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config
+        self._clock = clock
         self.backends = backends
         self.book = RevisionBook(len(backends))
         self.affinity = AffinityTable(config.affinity_table_blocks)
@@ -75,14 +83,14 @@ class UpstreamPool:
         candidates = self.candidates(facts.model, exclude)
         if not candidates:
             return None
-        affine = None
-        if facts.chain:
-            affine, _depth = self.affinity.match(facts.chain, [b.index for b in candidates])
+        now = self._clock()
+        match = self.affinity.match(facts.chain, [b.index for b in candidates]) if facts.chain else NO_MATCH
         chosen, how = choose(
-            [Candidate(b.index, b.outstanding, b.target.weight) for b in candidates],
-            affine,
+            [Candidate(b.index, b.load(now), b.target.weight) for b in candidates],
+            match.backend,
             self.config.affinity_load_factor,
             self._turn,
+            extends=match.extends,
         )
         self._turn += 1
         if facts.chain:
