@@ -91,7 +91,7 @@ class ServerConfig:
 class BackendConfig:
     """One model server behind the router (`[[upstream.backends]]`)."""
 
-    url: str
+    url: str = ""  # required: http(s)://host:port of an OpenAI-compatible server
     weight: float = 1.0  # share of misses relative to the others (least outstanding requests / weight)
     models: tuple[str, ...] = ()  # only these models go here; empty: whatever its /v1/models lists
 
@@ -132,7 +132,9 @@ class UpstreamConfig:
     affinity_block_chars: int = 64  # prompt text is hashed in chained blocks of this many characters
     affinity_block_tokens: int = 16  # token ids (the binary token path) in blocks of this many ids
     affinity_table_blocks: int = 200000  # router-side block-chain hash -> backend entries kept (LRU)
-    affinity_load_factor: float = 1.25  # skip the affine backend above max(factor x mean, mean + 1) outstanding
+    affinity_load_factor: float = (
+        1.25  # skip the affine backend above max(factor x mean, mean + 1) outstanding
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.url, list):  # a TOML array

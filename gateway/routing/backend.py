@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 
 from gateway.config_sections import BackendConfig, UpstreamConfig
@@ -12,7 +11,6 @@ from gateway.routing.metrics import RoutingMetrics
 from gateway.upstream import Upstream
 
 log = logging.getLogger("tokenedge.routing")
-RECENT_TAU_S = 1.0  # dispatches are remembered with this time constant (see `load`)
 
 
 class Backend:
@@ -29,9 +27,6 @@ class Backend:
         self.target = target
         self.upstream = upstream
         self.outstanding = 0
-        self._recent = 0.0  # dispatches, decayed
-        self._recent_at = 0.0
-        self._clock = clock
         self.breaker = Breaker(
             threshold=config.eject_after_failures,
             base_s=config.eject_base_s,
@@ -47,15 +42,7 @@ class Backend:
     def url(self) -> str:
         return self.target.url
 
-    def load(self, now: float) -> float:
-        """Outstanding requests plus recent dispatches (decaying over ~RECENT_TAU_S): short requests that already
-        finished still count for a moment, so a burst spread over time is balanced like one arriving at once."""
-        return self.outstanding + self._recent * math.exp((self._recent_at - now) / RECENT_TAU_S)
-
     def begin(self) -> None:
-        now = self._clock()
-        self._recent = self._recent * math.exp((self._recent_at - now) / RECENT_TAU_S) + 1.0
-        self._recent_at = now
         self.outstanding += 1
         self._outstanding_gauge.inc()
         self.breaker.begin()

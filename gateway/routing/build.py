@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import web
 
+from gateway.catalog import ModelCatalog
 from gateway.config_sections import UpstreamConfig
 from gateway.routing import health
 from gateway.routing.backend import Backend
@@ -40,19 +41,24 @@ def build_upstream(
     return UpstreamPool(config, backends, metrics)
 
 
-async def routing_ctx(app: web.Application) -> AsyncIterator[None]:
-    state = app[STATE]
-    pool = state.upstream
-    if not isinstance(pool, UpstreamPool):
-        yield
-        return
-    catalog = state.catalog
+def connect(pool: UpstreamPool, catalog: ModelCatalog) -> None:
+    """The book's current revisions go into the catalog (and so into keys); the catalog asks the book before it
+    takes a revision from an answer, so an answer from a backend still at an old revision never moves keys back."""
 
     def changed(model: str, revision: str) -> None:
         catalog.learn(model, revision)
 
     pool.book.on_change = changed
     catalog.arbiter = pool.book.accepts
+
+
+async def routing_ctx(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE]
+    pool = state.upstream
+    if not isinstance(pool, UpstreamPool):
+        yield
+        return
+    connect(pool, state.catalog)
     headers = {"Authorization": f"Bearer {pool.config.api_key}"} if pool.config.api_key else {}
     task = asyncio.ensure_future(health.run(pool, headers)) if pool.config.health_path else None
     try:

@@ -23,7 +23,7 @@ class Choice(Enum):
 @dataclass(frozen=True, slots=True)
 class Candidate:
     index: int
-    load: float  # outstanding requests plus recent dispatches (`Backend.load`)
+    load: float  # outstanding requests
     weight: float
 
 

@@ -12,8 +12,7 @@ towards the backend's ejection; a successful answer closes a half-open circuit.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -40,10 +39,8 @@ class UpstreamPool:
         config: UpstreamConfig,
         backends: list[Backend],
         metrics: RoutingMetrics,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
-        self._clock = clock
         self.backends = backends
         self.book = RevisionBook(len(backends))
         self.affinity = AffinityTable(config.affinity_table_blocks)
@@ -83,10 +80,9 @@ class UpstreamPool:
         candidates = self.candidates(facts.model, exclude)
         if not candidates:
             return None
-        now = self._clock()
         match = self.affinity.match(facts.chain, [b.index for b in candidates]) if facts.chain else NO_MATCH
         chosen, how = choose(
-            [Candidate(b.index, b.load(now), b.target.weight) for b in candidates],
+            [Candidate(b.index, b.outstanding, b.target.weight) for b in candidates],
             match.backend,
             self.config.affinity_load_factor,
             self._turn,
