@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import orjson
 
 from tests.support.services import free_port
 from tests.support.workers import REPO, listening_sockets
@@ -153,3 +154,25 @@ async def post_chat(session: aiohttp.ClientSession, url: str, messages: list[dic
             raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
         doc = await resp.json()
     return str(doc["choices"][0]["message"]["content"])
+
+
+async def post_chat_stream(
+    session: aiohttp.ClientSession, url: str, messages: list[dict[str, Any]]
+) -> tuple[str, float]:
+    """One streamed chat request: (the answer, seconds to its first content chunk); any non-200 raises."""
+    headers = {"Authorization": "Bearer routing-test"}
+    started, first, parts = time.perf_counter(), 0.0, []
+    async with session.post(
+        url + "/v1/chat/completions", json=chat_body(messages, stream=True), headers=headers
+    ) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
+        async for line in resp.content:
+            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                continue
+            for choice in orjson.loads(line[6:]).get("choices", []):
+                piece = choice.get("delta", {}).get("content")
+                if piece:
+                    first = first or time.perf_counter() - started
+                    parts.append(piece)
+    return "".join(parts), first
