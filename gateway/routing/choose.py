@@ -25,17 +25,16 @@ class Candidate:
     index: int
     load: float  # outstanding requests
     weight: float
+    last: int = 0  # when it was last picked (a dispatch sequence number): ties go to the longest idle
 
 
 def _load(c: Candidate) -> float:
     return c.load / c.weight
 
 
-def least_loaded(candidates: Sequence[Candidate], turn: int) -> Candidate:
-    """The lowest load per weight; ties go round-robin by `turn`, so idle backends share the work."""
-    best = min(_load(c) for c in candidates)
-    tied = [c for c in candidates if _load(c) == best]
-    return tied[turn % len(tied)]
+def least_loaded(candidates: Sequence[Candidate]) -> Candidate:
+    """The lowest load per weight; ties go to the one picked least recently, so idle backends share the work."""
+    return min(candidates, key=lambda c: (_load(c), c.last))
 
 
 def guard(mean: float, factor: float) -> float:
@@ -45,7 +44,7 @@ def guard(mean: float, factor: float) -> float:
 
 
 def choose(
-    candidates: Sequence[Candidate], affine: int | None, factor: float, turn: int, *, extends: bool = True
+    candidates: Sequence[Candidate], affine: int | None, factor: float, *, extends: bool = True
 ) -> tuple[Candidate, Choice]:
     """Pick one of `candidates` (non-empty); `affine` is the index the affinity table matched, if any. A match that
     only shares a prefix with other prompts (`extends` False) is held to the tighter guard of factor 1 (the mean
@@ -57,5 +56,5 @@ def choose(
                 mean = sum(_load(x) for x in candidates) / len(candidates)
                 if _load(c) <= guard(mean, factor if extends else 1.0):
                     return c, Choice.AFFINITY
-                return least_loaded(candidates, turn), Choice.GUARDED
-    return least_loaded(candidates, turn), Choice.LEAST_LOADED
+                return least_loaded(candidates), Choice.GUARDED
+    return least_loaded(candidates), Choice.LEAST_LOADED

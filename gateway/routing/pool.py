@@ -45,7 +45,8 @@ class UpstreamPool:
         self.book = RevisionBook(len(backends))
         self.affinity = AffinityTable(config.affinity_table_blocks)
         self._metrics = metrics
-        self._turn = 0
+        self._picks = 0
+        self._last = [0] * len(backends)  # the pick number each backend was last chosen at
 
     def facts(self, method: str, path_qs: str, body: bytes | None) -> Facts:
         c = self.config
@@ -82,13 +83,13 @@ class UpstreamPool:
             return None
         match = self.affinity.match(facts.chain, [b.index for b in candidates]) if facts.chain else NO_MATCH
         chosen, how = choose(
-            [Candidate(b.index, b.outstanding, b.target.weight) for b in candidates],
+            [Candidate(b.index, b.outstanding, b.target.weight, self._last[b.index]) for b in candidates],
             match.backend,
             self.config.affinity_load_factor,
-            self._turn,
             extends=match.extends,
         )
-        self._turn += 1
+        self._picks += 1
+        self._last[chosen.index] = self._picks
         if facts.chain:
             self.affinity.record(facts.chain, chosen.index)
             self._metrics.affinity.labels(how.value).inc()

@@ -96,15 +96,15 @@ def test_the_table_is_bounded() -> None:
 )
 def test_choose(loads: list[int], affine: int | None, extends: bool, expected: int, how: Choice) -> None:
     candidates = [Candidate(i, load, 1.0) for i, load in enumerate(loads)]
-    chosen, why = choose(candidates, affine, 1.25, 0, extends=extends)
+    chosen, why = choose(candidates, affine, 1.25, extends=extends)
     assert (chosen.index, why) == (expected, how)
 
 
-def test_weights_scale_the_load_and_ties_rotate() -> None:
+def test_weights_scale_the_load_and_ties_go_to_the_longest_idle() -> None:
     heavy = [Candidate(0, 2, 2.0), Candidate(1, 1.5, 1.0)]
-    assert choose(heavy, None, 1.25, 0)[0].index == 0  # 2 / 2 < 1.5 / 1
-    idle = [Candidate(i, 0, 1.0) for i in range(3)]
-    assert [choose(idle, None, 1.25, t)[0].index for t in range(3)] == [0, 1, 2]
+    assert choose(heavy, None, 1.25)[0].index == 0  # 2 / 2 < 1.5 / 1
+    idle = [Candidate(0, 0, 1.0, last=5), Candidate(1, 0, 1.0, last=3), Candidate(2, 0, 1.0, last=4)]
+    assert choose(idle, None, 1.25)[0].index == 1  # the longest idle
     assert guard(0.0, 1.5) == 1.0 and guard(10.0, 1.5) == 15.0
 
 
