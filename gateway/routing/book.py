@@ -9,7 +9,7 @@ the *current* revision of each model and the pool routes that model only to back
   then by name, so every process picks the same one.
 A backend whose revision is not current gets that model's requests only when no current one is available; its
 answer carries its own revision header, so the fill does not store it and the catalog keeps the current one
-(`accepts` is the catalog's arbiter). `merge` builds the client-facing `/v1/models` from all backends' answers.
+(`arbitrate` is the catalog's arbiter). `merge` builds the client-facing `/v1/models` from all backends' answers.
 """
 
 from __future__ import annotations
@@ -34,10 +34,18 @@ class RevisionBook:
     def current(self, model: str) -> str | None:
         return self._current.get(model)
 
-    def accepts(self, model: str, revision: str) -> bool:
-        """The catalog's arbiter: may `revision` become the model's key revision? Only the current one may."""
+    def arbitrate(self, model: str, revision: str) -> bool:
+        """The catalog's arbiter: may `revision` become the model's key revision? The current one may, an older one
+        this book knows may not; one it has never seen (another process saw it first, over the invalidation bus)
+        becomes the newest here too, so this process routes and keys as the one that saw it."""
         current = self._current.get(model)
-        return not current or current == revision  # "" : the backends report no revision for it
+        if not current or current == revision:  # "": the backends report no revision for it
+            return True
+        if (model, revision) in self._rank:
+            return False
+        self._rank[(model, revision)] = max(g for (m, _), g in self._rank.items() if m == model) + 1
+        self._current[model] = revision
+        return True
 
     def report(self, backend: int, models: Mapping[str, str]) -> None:
         """Backend `backend` serves exactly `models` (model -> revision) now (a `/v1/models` answer)."""
@@ -105,7 +113,8 @@ def listed_ids(body: bytes) -> dict[str, dict[str, Any]]:
 
 
 def merge(bodies: list[bytes], book: RevisionBook) -> bytes:
-    """One `/v1/models` list from every backend's: each model once, from a backend at its current revision."""
+    """One `/v1/models` list from every backend's: each model once, from a backend at its current revision, and
+    always naming the current revision (the catalog reads its revisions from this list)."""
     merged: dict[str, dict[str, Any]] = {}
     for body in bodies:
         revisions = revisions_of(body)
@@ -113,4 +122,9 @@ def merge(bodies: list[bytes], book: RevisionBook) -> bytes:
             current = book.current(model)
             if model not in merged or (current is not None and revisions.get(model) == current):
                 merged[model] = item
+    for model, item in merged.items():  # no backend asked reports the current revision (yet): say it anyway
+        current = book.current(model)
+        if current and revisions_of(orjson.dumps({"data": [item]})).get(model) != current:
+            extra = item.get("tokenedge") if isinstance(item.get("tokenedge"), dict) else {}
+            merged[model] = {**item, "tokenedge": {**extra, "revision": current}}
     return orjson.dumps({"object": "list", "data": list(merged.values())})

@@ -49,7 +49,7 @@ def connect(pool: UpstreamPool, catalog: ModelCatalog) -> None:
         catalog.learn(model, revision)
 
     pool.book.on_change = changed
-    catalog.arbiter = pool.book.accepts
+    catalog.arbiter = pool.book.arbitrate
 
 
 async def routing_ctx(app: web.Application) -> AsyncIterator[None]:

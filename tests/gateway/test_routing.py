@@ -116,11 +116,13 @@ def test_the_book_keeps_the_newest_revision_even_when_its_backends_go_quiet() ->
         book.report(b, {"m": "r1"})
     book.report(1, {"m": "r2"})  # backend 1 moved: r2 is newer, though two backends still say r1
     assert book.current("m") == "r2" and changes == [("m", "r1"), ("m", "r2")]
-    assert book.accepts("m", "r2") and not book.accepts("m", "r1")
+    assert book.arbitrate("m", "r2") and not book.arbitrate("m", "r1")
     book.saw(0, "m", "r1")  # an answer from a backend still at r1 changes nothing
     assert book.current("m") == "r2"
     book.saw(2, "m", "r3")  # a third revision learnt from an answer header
     assert book.current("m") == "r3" and book.serves(2, "m") and book.serves(1, "x") is False
+    assert book.arbitrate("m", "r4") and book.current("m") == "r4"  # another process saw r4 first: adopted
+    assert not book.arbitrate("m", "r3") and changes[-1] == ("m", "r3")  # adopted quietly: the catalog asked
 
 
 def test_revisions_first_seen_side_by_side_pick_the_majority_then_the_name() -> None:
@@ -144,6 +146,8 @@ def test_merge_lists_each_model_once_at_its_current_revision() -> None:
     book.report(0, {"m": "r1", "only-a": "x"})  # moved back: r1 is now the newest
     merged = {i["id"]: i for i in orjson.loads(merge([one, two], book))["data"]}
     assert set(merged) == {"m", "only-a", "only-b"} and merged["m"]["tokenedge"]["revision"] == "r1"
+    assert book.arbitrate("m", "r9")  # known only from another process so far
+    assert orjson.loads(merge([one, two], book))["data"][0]["tokenedge"]["revision"] == "r9"
 
 
 def test_facts_read_the_model_and_the_prompt_of_json_and_binary_bodies() -> None:
