@@ -61,13 +61,11 @@ class Backend:
 
     def probe_ok(self) -> None:
         """An active health check passed: like a success, without counting a request."""
-        if self.breaker.state is not BreakerState.CLOSED:
+        if self.breaker.state is not BreakerState.CLOSED:  # closed: requests' own failures keep counting
             self.breaker.success()
             if self.breaker.state is BreakerState.CLOSED:
                 log.info("backend %s is back (health check)", self.url)
                 self._up_gauge.set(1)
-        else:
-            self.breaker.success()
 
     def failed(self, why: str, *, retried: bool) -> None:
         self._metrics.requests.labels(self.url, "retried" if retried else "error").inc()

@@ -125,6 +125,6 @@ def merge(bodies: list[bytes], book: RevisionBook) -> bytes:
     for model, item in merged.items():  # no backend asked reports the current revision (yet): say it anyway
         current = book.current(model)
         if current and revisions_of(orjson.dumps({"data": [item]})).get(model) != current:
-            extra = item.get("tokenedge") if isinstance(item.get("tokenedge"), dict) else {}
+            extra: dict[str, Any] = item["tokenedge"] if isinstance(item.get("tokenedge"), dict) else {}
             merged[model] = {**item, "tokenedge": {**extra, "revision": current}}
     return orjson.dumps({"object": "list", "data": list(merged.values())})

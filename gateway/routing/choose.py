@@ -25,7 +25,7 @@ class Candidate:
     index: int
     load: float  # outstanding requests
     weight: float
-    last: int = 0  # when it was last picked (a dispatch sequence number): ties go to the longest idle
+    credit: float = 0.0  # smooth weighted round-robin credit (`UpstreamPool.pick`): ties go to the most
 
 
 def _load(c: Candidate) -> float:
@@ -33,8 +33,9 @@ def _load(c: Candidate) -> float:
 
 
 def least_loaded(candidates: Sequence[Candidate]) -> Candidate:
-    """The lowest load per weight; ties go to the one picked least recently, so idle backends share the work."""
-    return min(candidates, key=lambda c: (_load(c), c.last))
+    """The lowest load per weight; ties go to the most credit (smooth weighted round-robin, as nginx's upstream
+    module does), so idle backends share sequential work in proportion to their weights."""
+    return min(candidates, key=lambda c: (_load(c), -c.credit))
 
 
 def guard(mean: float, factor: float) -> float:

@@ -45,8 +45,9 @@ class UpstreamPool:
         self.book = RevisionBook(len(backends))
         self.affinity = AffinityTable(config.affinity_table_blocks)
         self._metrics = metrics
-        self._picks = 0
-        self._last = [0] * len(backends)  # the pick number each backend was last chosen at
+        self._credit = [0.0] * len(
+            backends
+        )  # tie-breaks between equally loaded backends (`choose.least_loaded`)
 
     def facts(self, method: str, path_qs: str, body: bytes | None) -> Facts:
         c = self.config
@@ -83,13 +84,16 @@ class UpstreamPool:
             return None
         match = self.affinity.match(facts.chain, [b.index for b in candidates]) if facts.chain else NO_MATCH
         chosen, how = choose(
-            [Candidate(b.index, b.outstanding, b.target.weight, self._last[b.index]) for b in candidates],
+            [Candidate(b.index, b.outstanding, b.target.weight, self._credit[b.index]) for b in candidates],
             match.backend,
             self.config.affinity_load_factor,
             extends=match.extends,
         )
-        self._picks += 1
-        self._last[chosen.index] = self._picks
+        for (
+            b
+        ) in candidates:  # smooth weighted round-robin: every candidate earns its weight, the chosen pays all
+            self._credit[b.index] += b.target.weight
+        self._credit[chosen.index] -= sum(b.target.weight for b in candidates)
         if facts.chain:
             self.affinity.record(facts.chain, chosen.index)
             self._metrics.affinity.labels(how.value).inc()

@@ -100,11 +100,11 @@ def test_choose(loads: list[int], affine: int | None, extends: bool, expected: i
     assert (chosen.index, why) == (expected, how)
 
 
-def test_weights_scale_the_load_and_ties_go_to_the_longest_idle() -> None:
+def test_weights_scale_the_load_and_ties_go_to_the_most_credit() -> None:
     heavy = [Candidate(0, 2, 2.0), Candidate(1, 1.5, 1.0)]
     assert choose(heavy, None, 1.25)[0].index == 0  # 2 / 2 < 1.5 / 1
-    idle = [Candidate(0, 0, 1.0, last=5), Candidate(1, 0, 1.0, last=3), Candidate(2, 0, 1.0, last=4)]
-    assert choose(idle, None, 1.25)[0].index == 1  # the longest idle
+    idle = [Candidate(0, 0, 1.0, credit=1), Candidate(1, 0, 1.0, credit=3), Candidate(2, 1, 1.0, credit=4)]
+    assert choose(idle, None, 1.25)[0].index == 1  # the most credit among the least loaded
     assert guard(0.0, 1.5) == 1.0 and guard(10.0, 1.5) == 15.0
 
 

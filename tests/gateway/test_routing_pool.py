@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
 from gateway.catalog import REVISION_HEADER, ModelCatalog
-from gateway.config_sections import UpstreamConfig
+from gateway.config_sections import BackendConfig, UpstreamConfig
 from gateway.errors import UpstreamError
 from gateway.routing import health
 from gateway.routing.build import build_upstream, connect
@@ -215,6 +215,23 @@ async def test_a_shared_prefix_sticks_to_one_backend_and_distinct_prompts_spread
     for i in range(6):
         await pool.request("POST", "/v1/chat/completions", {}, chat(content=f"{i} unrelated " * 10))
     assert all(sum(b.calls.values()) >= 2 for b in servers)
+
+
+async def test_sequential_misses_follow_the_weights(
+    session: aiohttp.ClientSession, servers: list[Backend]
+) -> None:
+    config = UpstreamConfig(
+        backends=(
+            BackendConfig(servers[0].url, 2.0),
+            BackendConfig(servers[1].url),
+            BackendConfig(servers[2].url),
+        ),
+        health_path="",
+    )
+    pool = build_upstream(config, session, RoutingMetrics(CollectorRegistry()))
+    for i in range(40):
+        await pool.request("POST", "/v1/chat/completions", {}, chat(content=f"{i} distinct"))
+    assert [b.calls["test-model"] for b in servers] == [20, 10, 10]
 
 
 async def test_one_url_builds_the_plain_upstream_and_a_list_builds_a_pool(
