@@ -16,11 +16,12 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
+import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.catalog import REVISION_HEADER
 from gateway.config_sections import UpstreamConfig
-from gateway.errors import UpstreamError, UpstreamUnavailable
+from gateway.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from gateway.routing.affinity import NO_MATCH, AffinityTable
 from gateway.routing.backend import Backend
 from gateway.routing.book import RevisionBook, merge, served_models
@@ -31,6 +32,12 @@ from gateway.upstream import UpstreamResponse
 
 RETRY_STATUSES = frozenset({502, 503, 504})  # the backend could not answer: nothing was generated
 MODELS_PATH = "/v1/models"
+
+
+def retriable(exc: UpstreamError) -> bool:
+    """Worth another backend: it could not be reached, or it died before answering whole. Not a read timeout:
+    that backend may still be generating, and a second one would double the wait."""
+    return not isinstance(exc, UpstreamTimeout) or isinstance(exc.__cause__, aiohttp.ConnectionTimeoutError)
 
 
 class UpstreamPool:
@@ -68,9 +75,10 @@ class UpstreamPool:
     def candidates(self, model: str | None, exclude: set[int]) -> list[Backend]:
         """Backends for `model`: serving it at its current revision and not ejected; else serving it and not
         ejected (their answers are not stored, see `book`); else the one whose ejection ends first."""
-        pool = [b for b in self.backends if b.index not in exclude]
-        if model is not None:
-            pool = [b for b in pool if self._serves(b, model)] or pool  # unknown everywhere: backends say 404
+        pool = self.backends
+        if model is not None:  # a model no backend lists goes anywhere: the backend answers 404
+            pool = [b for b in pool if self._serves(b, model)] or pool
+        pool = [b for b in pool if b.index not in exclude]
         up = [b for b in pool if b.breaker.available()]
         current = self.book.current(model) if model is not None else None
         if current and model is not None:
@@ -89,9 +97,8 @@ class UpstreamPool:
             self.config.affinity_load_factor,
             extends=match.extends,
         )
-        for (
-            b
-        ) in candidates:  # smooth weighted round-robin: every candidate earns its weight, the chosen pays all
+        # Smooth weighted round-robin: every candidate earns its weight, the chosen one pays the total.
+        for b in candidates:
             self._credit[b.index] += b.target.weight
         self._credit[chosen.index] -= sum(b.target.weight for b in candidates)
         if facts.chain:
@@ -99,8 +106,11 @@ class UpstreamPool:
             self._metrics.affinity.labels(how.value).inc()
         return self.backends[chosen.index]
 
-    def _retry(self, tried: set[int]) -> bool:
-        return self.config.retry_other_backend and len(tried) == 1 and len(self.backends) > 1
+    def _second(self, facts: Facts, tried: set[int]) -> Backend | None:
+        """The backend for the one retry, or None (retries off, already retried, or nowhere else to go)."""
+        if not self.config.retry_other_backend or len(tried) != 1:
+            return None
+        return self.pick(facts, tried)
 
     def _settle(self, backend: Backend, status: int, headers: Mapping[str, str], model: str | None) -> None:
         if status >= 500:
@@ -117,61 +127,64 @@ class UpstreamPool:
         if method == "GET" and path_qs == MODELS_PATH:
             return await self.models(headers)
         facts = self.facts(method, path_qs, body)
-        tried: set[int] = set()
-        while True:
-            backend = self.pick(facts, tried)
-            if backend is None:
-                raise UpstreamUnavailable("upstream unavailable: no backend left to try")
-            tried.add(backend.index)
-            retry = self._retry(tried)
-            backend.begin()
+        backend, tried = self.pick(facts, set()), set[int]()
+        while backend is not None:
+            current = backend  # `backend` moves on to the retry's; `current` is the one this attempt holds
+            tried.add(current.index)
+            current.begin()
             try:
-                resp = await backend.upstream.request(method, path_qs, headers, body)
+                resp = await current.upstream.request(method, path_qs, headers, body)
             except UpstreamError as exc:
-                backend.failed(exc.message, retried=retry)
-                if retry:
-                    continue
-                raise
-            finally:
-                backend.end()
-            if resp.status in RETRY_STATUSES and retry:
-                backend.failed(f"HTTP {resp.status}", retried=True)
+                again = self._second(facts, tried) if retriable(exc) else None
+                current.failed(exc.message, retried=again is not None)
+                if again is None:
+                    raise
+                backend = again
                 continue
-            self._settle(backend, resp.status, resp.headers, facts.model)
-            return resp
+            finally:
+                current.end()
+            again = self._second(facts, tried) if resp.status in RETRY_STATUSES else None
+            if again is None:
+                self._settle(current, resp.status, resp.headers, facts.model)
+                return resp
+            current.failed(f"HTTP {resp.status}", retried=True)
+            backend = again
+        raise UpstreamUnavailable("upstream unavailable: no backend")
 
     @asynccontextmanager
     async def open_stream(
         self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None = None
     ) -> AsyncIterator[Any]:
         facts = self.facts(method, path_qs, body)
-        tried: set[int] = set()
-        while True:
-            backend = self.pick(facts, tried)
-            if backend is None:
-                raise UpstreamUnavailable("upstream unavailable: no backend left to try")
-            tried.add(backend.index)
-            retry = self._retry(tried)
-            backend.begin()
+        backend, tried = self.pick(facts, set()), set[int]()
+        while backend is not None:
+            current = backend  # `backend` moves on to the retry's; `current` is the one this attempt holds
+            tried.add(current.index)
+            current.begin()
             try:
                 async with AsyncExitStack() as stack:
                     try:
                         resp = await stack.enter_async_context(
-                            backend.upstream.open_stream(method, path_qs, headers, body)
+                            current.upstream.open_stream(method, path_qs, headers, body)
                         )
                     except UpstreamError as exc:
-                        backend.failed(exc.message, retried=retry)
-                        if retry:
-                            continue
-                        raise
-                    if resp.status in RETRY_STATUSES and retry:
-                        backend.failed(f"HTTP {resp.status}", retried=True)
+                        again = self._second(facts, tried) if retriable(exc) else None
+                        current.failed(exc.message, retried=again is not None)
+                        if again is None:
+                            raise
+                        backend = again
                         continue
-                    self._settle(backend, resp.status, resp.headers, facts.model)
+                    again = self._second(facts, tried) if resp.status in RETRY_STATUSES else None
+                    if again is not None:
+                        current.failed(f"HTTP {resp.status}", retried=True)
+                        backend = again
+                        continue
+                    self._settle(current, resp.status, resp.headers, facts.model)
                     yield resp  # from here on bytes may reach the client: never retried
                     return
             finally:
-                backend.end()
+                current.end()
+        raise UpstreamUnavailable("upstream unavailable: no backend")
 
     async def _models_of(self, backend: Backend, headers: Mapping[str, str]) -> UpstreamResponse | None:
         try:

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway.catalog import REVISION_HEADER, ModelCatalog
 from gateway.config_sections import BackendConfig, UpstreamConfig
-from gateway.errors import UpstreamError
+from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.routing import health
 from gateway.routing.build import build_upstream, connect
 from gateway.routing.metrics import RoutingMetrics
@@ -31,7 +31,7 @@ from tests.support.services import free_port
 @dataclass
 class Backend:
     models: dict[str, str] = field(default_factory=lambda: {"test-model": "rev-1"})
-    mode: str = "ok"  # ok | 503 | 400 | cut (head, half a body, then the connection drops)
+    mode: str = "ok"  # ok | 503 | 400 | cut (head, half a body, then the connection drops) | slow
     calls: Counter[str] = field(default_factory=Counter)
     url: str = ""
 
@@ -48,6 +48,8 @@ class Backend:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.calls[body.get("model")] += 1
+        if self.mode == "slow":
+            await asyncio.sleep(2.0)
         if self.mode in ("503", "400"):
             return web.json_response({"error": {"message": self.mode}}, status=int(self.mode))
         headers = {REVISION_HEADER: self.models.get(body.get("model"), "none")}
@@ -130,6 +132,22 @@ async def test_only_one_retry(session: aiohttp.ClientSession, servers: list[Back
     pool = make_pool(session, [b.url for b in servers])
     resp = await pool.request("POST", "/v1/chat/completions", {}, chat())
     assert resp.status == 503 and sum(sum(b.calls.values()) for b in servers) == 2
+
+
+async def test_a_read_timeout_is_not_retried_and_a_lone_503_is_returned(
+    session: aiohttp.ClientSession, servers: list[Backend]
+) -> None:
+    servers[0].mode = "slow"
+    pool = make_pool(session, [servers[0].url, servers[1].url], affinity=False, read_timeout_s=0.2)
+    with pytest.raises(UpstreamTimeout):
+        await pool.request("POST", "/v1/chat/completions", {}, chat())  # the first pick: backend 0
+    assert servers[1].calls["test-model"] == 0  # it may still be generating there: no second generation
+    servers[2].mode = "503"
+    servers[2].models = {"only-here": "1"}
+    pool = make_pool(session, [servers[1].url, servers[2].url])
+    await pool.request("GET", "/v1/models", {})
+    resp = await pool.request("POST", "/v1/chat/completions", {}, chat("only-here"))
+    assert resp.status == 503 and servers[2].calls["only-here"] == 1 and servers[1].calls["only-here"] == 0
 
 
 async def test_a_stream_is_retried_before_its_head_never_after(
