@@ -141,6 +141,10 @@ class UpstreamConfig:
             object.__setattr__(self, "url", tuple(self.url))
         if isinstance(self.url, str) and "," in self.url:
             object.__setattr__(self, "url", tuple(u.strip() for u in self.url.split(",") if u.strip()))
+        require(
+            isinstance(self.url, str | tuple),
+            f"upstream.url must be a URL or a list of URLs, got {self.url!r}",
+        )
         urls = (self.url,) if isinstance(self.url, str) else self.url
         require(bool(urls), "upstream.url must name at least one http(s):// URL")
         for url in urls:

@@ -112,6 +112,11 @@ def listed_ids(body: bytes) -> dict[str, dict[str, Any]]:
     return {i["id"]: i for i in items if isinstance(i, dict) and isinstance(i.get("id"), str)}
 
 
+def only(body: bytes, models: tuple[str, ...]) -> bytes:
+    """A `/v1/models` answer cut down to `models` (a backend configured to serve only those)."""
+    return orjson.dumps({"object": "list", "data": [i for m, i in listed_ids(body).items() if m in models]})
+
+
 def merge(bodies: list[bytes], book: RevisionBook) -> bytes:
     """One `/v1/models` list from every backend's: each model once, from a backend at its current revision, and
     always naming the current revision (the catalog reads its revisions from this list)."""

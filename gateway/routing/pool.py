@@ -12,6 +12,7 @@ towards the backend's ejection; a successful answer closes a half-open circuit.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -24,7 +25,7 @@ from gateway.config_sections import UpstreamConfig
 from gateway.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from gateway.routing.affinity import NO_MATCH, AffinityTable
 from gateway.routing.backend import Backend
-from gateway.routing.book import RevisionBook, merge, served_models
+from gateway.routing.book import RevisionBook, merge, only, served_models
 from gateway.routing.choose import Candidate, choose
 from gateway.routing.facts import Facts, facts_of
 from gateway.routing.metrics import RoutingMetrics
@@ -193,6 +194,8 @@ class UpstreamPool:
             backend.failed(exc.message, retried=False)
             return None
         if resp.status == 200:
+            if backend.target.models:  # configured to serve only these: list only these
+                resp = dataclasses.replace(resp, body=only(resp.body, backend.target.models))
             self.book.report(backend.index, served_models(resp.body))
         return resp
 

@@ -45,6 +45,7 @@ def test_backend_tables_carry_weights_and_models_and_win_over_url(tmp_path: Path
         ({"backends": "http://a:1"}, "array of tables"),
         ({"url": ["http://a:1", "ftp://b"]}, "upstream.url must be http(s)"),
         ({"url": []}, "at least one"),
+        ({"url": 5}, "a URL or a list of URLs"),
         ({"health_path": "v1/models"}, "health_path"),
         ({"affinity_load_factor": 0.5}, "affinity_load_factor"),
         ({"eject_base_s": 60.0}, "eject_base_s"),

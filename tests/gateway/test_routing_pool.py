@@ -252,6 +252,23 @@ async def test_sequential_misses_follow_the_weights(
     assert [b.calls["test-model"] for b in servers] == [20, 10, 10]
 
 
+async def test_a_backend_configured_for_some_models_gets_and_lists_only_those(
+    session: aiohttp.ClientSession, servers: list[Backend]
+) -> None:
+    servers[0].models = servers[1].models = {"test-model": "rev-1", "big": "b1"}
+    config = UpstreamConfig(
+        backends=(BackendConfig(servers[0].url, models=("big",)), BackendConfig(servers[1].url)),
+        health_path="",
+    )
+    pool = build_upstream(config, session, RoutingMetrics(CollectorRegistry()))
+    listing = orjson.loads((await pool.request("GET", "/v1/models", {})).body)
+    assert sorted(m["id"] for m in listing["data"]) == ["big", "test-model"]
+    for i in range(4):
+        for model in ("big", "test-model"):
+            await pool.request("POST", "/v1/chat/completions", {}, chat(model, f"q{i}"))
+    assert servers[0].calls == {"big": 2} and servers[1].calls == {"big": 2, "test-model": 4}
+
+
 async def test_one_url_builds_the_plain_upstream_and_a_list_builds_a_pool(
     make_gateway: GatewayFactory, servers: list[Backend]
 ) -> None:
