@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 from aiohttp import web
@@ -30,12 +30,16 @@ def is_pool(config: UpstreamConfig) -> bool:
 
 
 def build_upstream(
-    config: UpstreamConfig, session: aiohttp.ClientSession, metrics: RoutingMetrics
+    config: UpstreamConfig,
+    session: aiohttp.ClientSession,
+    metrics: RoutingMetrics,
+    clock: Callable[[], float] = time.monotonic,
 ) -> UpstreamTransport:
+    """`clock` times the breakers' backoffs (monotonic: a wall-clock step must not eject or readmit)."""
     if not is_pool(config):
         return Upstream(config, session)
     backends = [
-        Backend(i, target, Upstream(config, session, target.url), config, metrics, time.monotonic)
+        Backend(i, target, Upstream(config, session, target.url), config, metrics, clock)
         for i, target in enumerate(config.targets)
     ]
     return UpstreamPool(config, backends, metrics)

@@ -25,6 +25,7 @@ from gateway.routing.metrics import RoutingMetrics
 from gateway.routing.pool import UpstreamPool
 from gateway.upstream import Upstream
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
+from tests.support.gateway import FakeClock
 from tests.support.services import free_port
 
 
@@ -211,13 +212,15 @@ async def test_a_model_follows_its_newest_revision_and_the_catalog_never_goes_ba
 async def test_an_ejected_backend_is_probed_and_let_back_in(
     session: aiohttp.ClientSession, servers: list[Backend]
 ) -> None:
-    pool = make_pool(session, [servers[0].url, servers[1].url], eject_base_s=0.05, eject_after_failures=1)
+    clock = FakeClock()
+    config = UpstreamConfig(url=(servers[0].url, servers[1].url), eject_base_s=5.0, eject_after_failures=1)
+    pool = build_upstream(config, session, RoutingMetrics(CollectorRegistry()), clock)
+    assert isinstance(pool, UpstreamPool)
     backend = pool.backends[0]
     backend.failed("test", retried=False)
     assert not backend.breaker.available()
     assert not await health.check(pool, backend, "/v1/models", {})  # still in its backoff: not probed
-    while not backend.breaker.available():  # the backoff is wall time (monotonic): wait it out
-        await asyncio.sleep(0.01)
+    clock.advance(5.0)
     assert await health.check(pool, backend, "/v1/models", {})
     assert backend.breaker.available() and backend.breaker.ejections == 1
 
