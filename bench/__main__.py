@@ -19,6 +19,7 @@ SCENARIOS = {
     "coherence": "bench.coherence",
     "soak": "bench.soak",
     "warmup": "bench.warmup",
+    "scale": "bench.scale",
 }
 
 

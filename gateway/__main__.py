@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         "gateway on http://%s:%d -> %s (%d worker(s), L1 %d MiB, L2 %s)",
         config.server.host,
         config.server.port,
-        config.upstream.url,
+        ", ".join(t.url for t in config.upstream.targets),
         config.server.workers,
         config.cache.l1_max_bytes >> 20,
         "redis" if config.cache.redis_url else "off",

@@ -30,6 +30,7 @@ from gateway.errors import GatewayError, error_response
 from gateway.handlers import admin, alias, completions, ops, relay, tenancy
 from gateway.lease_fill import lease_ctx
 from gateway.metrics import GatewayMetrics
+from gateway.routing.build import build_upstream, is_pool, routing_ctx
 from gateway.state import STATE, GatewayState
 from gateway.tiers.factory import build_l1, build_l2
 from gateway.tiers.redis_cluster import is_cluster_url, node_urls
@@ -132,10 +133,12 @@ def _bus(config: GatewayConfig, local_bus: LocalBusEnd | None) -> Bus | None:
 def _revision_watcher(
     config: GatewayConfig, session: aiohttp.ClientSession, catalog: ModelCatalog
 ) -> asyncio.Task[None] | None:
-    if not config.upstream.revision_push:
-        return None
+    if not config.upstream.revision_push or is_pool(config.upstream):
+        return None  # many backends: revisions come from their health checks and answers (gateway.routing)
     headers = {"Authorization": f"Bearer {config.upstream.api_key}"} if config.upstream.api_key else {}
-    return asyncio.ensure_future(RevisionWatcher(config.upstream.url, session, catalog, headers).run())
+    return asyncio.ensure_future(
+        RevisionWatcher(config.upstream.primary_url, session, catalog, headers).run()
+    )
 
 
 def _cache_ctx(
@@ -143,7 +146,7 @@ def _cache_ctx(
 ):
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         session = Upstream.make_session(config.upstream)
-        upstream = Upstream(config.upstream, session)
+        upstream = build_upstream(config.upstream, session, metrics.routing)  # one URL: a plain Upstream
         l2 = build_l2(config.cache, metrics, clock)  # Redis, Memcached or none (cache.l2)
         cache = TieredCache(build_l1(config.cache, clock), l2, metrics)
         catalog = ModelCatalog(
@@ -194,6 +197,7 @@ def create_app(
         client_max_size=config.server.max_body_bytes,
     )
     app.cleanup_ctx.append(_cache_ctx(metrics or GatewayMetrics(), clock, config, local_bus))
+    app.cleanup_ctx.append(routing_ctx)  # many backends: health checks, revisions into the catalog
     app.cleanup_ctx.append(lease_ctx)  # cross-replica leases on L2 misses (Redis L2 only)
     app.cleanup_ctx.append(tenancy.tenancy_ctx)  # the scope secret (config, Redis or the state file)
     app.cleanup_ctx.append(tokens_ctx)  # the token path: counts, budgets, the binary transport

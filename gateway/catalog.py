@@ -83,6 +83,8 @@ class ModelCatalog:
             maxsize=4096, ttl=max(ttl_s, 1e-9), timer=clock
         )
         self.listener: RevisionListener | None = None
+        # Many backends (gateway.routing.book): may this revision become the key revision? None: always.
+        self.arbiter: Callable[[str, str], bool] | None = None
         self._log = RateLimitedLog(log, 10.0, clock)  # while a push stream is down, every lookup may ask
         self.push_live = False  # the upstream's revision stream is connected: its revisions need no polling
         self.push_seen = False  # it pushed at least once: when the stream drops, revisions are unconfirmed
@@ -92,6 +94,8 @@ class ModelCatalog:
         info = self._models.get(model)
         if info is not None and info.revision == revision:
             return False
+        if self.arbiter is not None and not self.arbiter(model, revision):
+            return False  # an answer from a backend still at an older revision: the key keeps the current one
         self._models = {
             **self._models,
             model: dataclasses.replace(info, revision=revision) if info else ModelInfo(revision=revision),

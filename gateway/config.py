@@ -197,6 +197,13 @@ def _build(klass: type[_T], raw: Any, where: str) -> _T:
         raise ConfigError(f"{where}: {exc}") from None
 
 
+def _build_tables(klass: Any, value: Any, where: str) -> tuple[Any, ...]:
+    """An array of tables (`[[upstream.backends]]`): each built and checked like a section."""
+    if not isinstance(value, list | tuple):
+        raise ConfigError(f"{where} must be an array of tables ([[{where}]] in the TOML file), got {value!r}")
+    return tuple(_build(klass, item, f"{where}[{i}]") for i, item in enumerate(value))
+
+
 def _coerce(value: Any, hint: Any, where: str) -> Any:
     """Coerce TOML values and environment strings to the declared type, or fail naming the setting."""
     origin = typing.get_origin(hint)
@@ -222,6 +229,8 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         if not isinstance(value, str):
             raise ConfigError(f"{where} must be a string, got {value!r}")
         return value
+    if origin is tuple and dataclasses.is_dataclass(typing.get_args(hint)[0]):
+        return _build_tables(typing.get_args(hint)[0], value, where)
     if origin is tuple:
         items = value.split(",") if isinstance(value, str) else value
         if not isinstance(items, list | tuple):

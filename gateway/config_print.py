@@ -6,6 +6,7 @@ are shown as `"***"` so the output can be pasted into an issue.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import re
@@ -27,6 +28,12 @@ def toml_value(value: Any) -> str:
         return repr(value)
     if isinstance(value, tuple | list):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # an array-of-tables item, inline
+        fields = (
+            f"{f.name} = {toml_value(_shown(f.name, getattr(value, f.name)))}"
+            for f in dataclasses.fields(value)
+        )
+        return "{" + ", ".join(fields) + "}"
     return json.dumps(str(value), ensure_ascii=False)  # a JSON string is a valid TOML basic string
 
 

@@ -30,6 +30,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from gateway.dashboard.cost import Price, saved_usd
+from gateway.routing.metrics import register as register_routing
 from gateway.tally import Tally
 from gateway.timing import STAGES
 
@@ -103,6 +104,7 @@ class GatewayMetrics:
             self._edge_families,
         ):
             build(self.registry)
+        self.routing = register_routing(self.registry)  # many upstreams (gateway/routing/metrics.py)
         self._stages: dict[str, Histogram] = {}
         self.tally = Tally()  # the hot path records here; flushed into the objects above (gateway/tally.py)
         self.prices: dict[str, Price] = {}  # dashboard.prices, parsed (set by the app)

@@ -89,10 +89,13 @@ def relay_headers(upstream: Mapping[str, str]) -> CIMultiDict[str]:
 
 
 class Upstream:
-    def __init__(self, config: UpstreamConfig, session: aiohttp.ClientSession) -> None:
+    def __init__(
+        self, config: UpstreamConfig, session: aiohttp.ClientSession, url: str | None = None
+    ) -> None:
+        """`url`: one backend of `config.targets` (gateway.routing); by default the first (the only one)."""
         self.config = config
         self._session = session
-        self._base = config.url.rstrip("/")
+        self._base = (url or config.primary_url).rstrip("/")
         self._timeout = aiohttp.ClientTimeout(
             total=None,
             connect=config.connect_timeout_s,

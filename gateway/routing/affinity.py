@@ -1,0 +1,103 @@
+"""Prefix affinity: a request's prompt as a chain of block hashes, and a bounded table chain-hash -> backend.
+
+A backend's prefix cache (the tokenedge engine's chained block hash, vLLM's, SGLang's radix tree) reuses work
+only for an identical prefix, so the router hashes the prompt the same way: fixed-size blocks, each hash chained on
+the previous one, so block i's hash names the whole prefix up to it. The table remembers which backend was last
+sent each chain hash; the longest match names the backend most likely to hold the request's prefix (the anchor:
+the SGLang router's per-worker prefix tree, here flattened to a hash table). Only whole blocks are hashed, as an
+engine caches only whole blocks. Hashes use Python's per-process `hash`: the table lives in one process only.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+_TEXT_SEED = 0x7465787400  # text chains and token chains never share a hash by construction
+_IDS_SEED = 0x69647300
+
+
+def text_chain(text: str, block_chars: int) -> list[int]:
+    """Chained hashes of every whole `block_chars` block of `text`."""
+    out: list[int] = []
+    h = _TEXT_SEED
+    for start in range(0, len(text) - block_chars + 1, block_chars):
+        h = hash((h, text[start : start + block_chars]))
+        out.append(h)
+    return out
+
+
+def ids_chain(ids: Sequence[int], block_tokens: int) -> list[int]:
+    """Chained hashes of every whole `block_tokens` block of token ids (the binary token path)."""
+    out: list[int] = []
+    h = _IDS_SEED
+    for start in range(0, len(ids) - block_tokens + 1, block_tokens):
+        h = hash((h, tuple(ids[start : start + block_tokens])))
+        out.append(h)
+    return out
+
+
+def prompt_text(body: Mapping[str, Any]) -> str | None:
+    """The prompt as one string, in a fixed rendering of the messages (role and content, separated by control
+    characters no template emits), or the completions prompt; None when there is none."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        return "".join(_message_text(m) for m in messages if isinstance(m, dict))
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, str) else None
+
+
+def _message_text(message: Mapping[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):  # content parts: their texts in order (images etc. count as a marker)
+        content = "\x1d".join(p.get("text", "\x1c") if isinstance(p, dict) else "\x1c" for p in content)
+    return f"{message.get('role', '')}\x1f{content if isinstance(content, str) else ''}\x1e"
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    backend: int | None = None
+    depth: int = 0  # matched blocks
+    extends: bool = False  # the match ends where a recorded prompt ended: this request continues it
+
+
+NO_MATCH = Match()
+
+
+class AffinityTable:
+    """Chain hash -> (the backend last sent that prefix, whether a prompt ended there); least recently used
+    entries are dropped past `max_blocks`.
+
+    The end mark tells a continuation (the next turn of a conversation: its prompt extends the last one whole)
+    from a branch (a new prompt that shares only a prefix, such as a common system prompt): the router holds on
+    to a continuation harder than to a shared prefix, whose blocks any backend will soon hold anyway."""
+
+    def __init__(self, max_blocks: int) -> None:
+        self._max = max_blocks
+        self._owner: OrderedDict[int, tuple[int, bool]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._owner)
+
+    def match(self, chain: Sequence[int], allowed: Iterable[int]) -> Match:
+        """The longest prefix of `chain` last sent to one of `allowed`."""
+        allowed_set = set(allowed)
+        owner = self._owner
+        for depth in range(len(chain), 0, -1):  # longest first: the deepest known block wins
+            found = owner.get(chain[depth - 1])
+            if found is not None and found[0] in allowed_set:
+                return Match(found[0], depth, found[1])
+        return NO_MATCH
+
+    def record(self, chain: Sequence[int], backend: int) -> None:
+        owner = self._owner
+        last = len(chain) - 1
+        for i, h in enumerate(chain):
+            owner[h] = (backend, i == last)
+            owner.move_to_end(h)
+        while len(owner) > self._max:
+            owner.popitem(last=False)
