@@ -124,16 +124,8 @@ def _latency(text: str, pct: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2)] if match else float("nan")
 
 
-def wrk(
-    url: str,
-    *,
-    body: bytes | None,
-    headers: Mapping[str, str],
-    duration_s: int,
-    connections: int,
-    threads: int,
-    pids: Sequence[int],
-) -> LoadResult:
+def _wrk_script(body: bytes | None, headers: Mapping[str, str]) -> str:
+    """The wrk Lua script for these request bytes (a fresh body per request where `body` holds UNIQUE)."""
     script = tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False)  # noqa: SIM115 - wrk reads it by name
     lines = [f'wrk.method = "{"POST" if body is not None else "GET"}"']
     if body is not None:
@@ -151,6 +143,20 @@ def wrk(
         ]
     script.write("\n".join(lines) + "\n")
     script.close()
+    return script.name
+
+
+def wrk(
+    url: str,
+    *,
+    body: bytes | None,
+    headers: Mapping[str, str],
+    duration_s: int,
+    connections: int,
+    threads: int,
+    pids: Sequence[int],
+) -> LoadResult:
+    script = _wrk_script(body, headers)
     cpu_before, wrk_before, busy_before = cpu_seconds(pids), _children_cpu(), machine_busy()
     out = subprocess.run(
         [
@@ -163,7 +169,7 @@ def wrk(
             f"{duration_s}s",
             "--latency",
             "-s",
-            script.name,
+            script,
             url,
         ],
         capture_output=True,
@@ -174,7 +180,7 @@ def wrk(
     cpu = cpu_seconds(pids) - cpu_before
     wrk_cpu = _children_cpu() - wrk_before
     busy, total_cpu = (a - b for a, b in zip(machine_busy(), busy_before, strict=True))
-    os.unlink(script.name)
+    os.unlink(script)
     total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     errors_match = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
