@@ -148,6 +148,9 @@ class FastLane:
         except (ConnectionResetError, asyncio.CancelledError):
             done(state, timer, endpoint, "client_gone", "client_gone")  # as the handler counts a client gone
             raise
+        except Exception:  # a gateway bug: counted as the handler counts it, answered by the edge as JSON 500
+            done(state, timer, endpoint, "error", "error")
+            raise
         now = state.clock()  # after the (remote) read: the age is the entry's age as served
         if found is not None and fastpath.is_fresh(found.entry, now):
             response = fastpath.serve_hit(request, state, known, found.entry, now, found.tier, timer, keyed)
