@@ -354,3 +354,21 @@ async def test_a_known_key_missing_from_l2_is_read_once_then_filled(
     assert value(after, lookups, tier="l2") - value(before, lookups, tier="l2") == 1
     again = await gw.client.post(PATH, data=RAW, headers=HEADERS)
     assert again.headers["Cache-Status"].endswith("detail=l2")  # stored again, and served fast again
+
+
+async def test_known_bytes_from_a_refused_or_other_caller_get_the_normal_paths_answer(
+    make_gateway: GatewayFactory, fake: FakeUpstream
+) -> None:
+    """The lane never answers for a caller it does not know: a refused credential is the normal path's 401 JSON,
+    a non-JSON body its 415, another tenant's identical bytes that tenant's own miss (scope isolation)."""
+    gw = await make_gateway(server={"refuse_anonymous": True})
+    await warm(gw, RAW)  # the memo knows these bytes, keyed for AUTH_A
+    anonymous = await gw.client.post(PATH, data=RAW, headers={"Content-Type": "application/json"})
+    assert anonymous.status == 401
+    assert (await anonymous.json())["error"]["type"] == "authentication_error"
+    other_caller = {"Authorization": "Bearer someone-else"}
+    octets = await gw.client.post(PATH, data=RAW, headers=other_caller)  # aiohttp declares octet-stream
+    assert octets.status == 415  # the normal path's answer to a non-JSON type, known bytes or not
+    other = await gw.client.post(PATH, data=RAW, headers={**other_caller, "Content-Type": "application/json"})
+    assert other.headers["Cache-Status"].startswith("tokenedge; fwd=miss")
+    assert fake.calls["chat"] == 2
