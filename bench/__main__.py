@@ -8,6 +8,7 @@ import sys
 SCENARIOS = {
     "gateway_hit": "bench.gateway_hit",
     "gateway": "bench.gateway_suite",
+    "gateway_ab": "bench.gateway_ab",  # before/after of one change (needs --before DIR): not in `all`
     "e2e": "bench.e2e",
     "backend": "bench.backend_vs_hf",
     "backend_invariance": "bench.backend_invariance",
@@ -28,7 +29,11 @@ def main() -> None:
         print(f"usage: python -m bench {{{'|'.join([*SCENARIOS, 'all'])}}} [args]", file=sys.stderr)
         raise SystemExit(2)
     # `all`: every scenario once (gateway_hit is a subset of the gateway suite)
-    names = [n for n in SCENARIOS if n != "gateway_hit"] if sys.argv[1] == "all" else [sys.argv[1]]
+    names = (
+        [n for n in SCENARIOS if n not in ("gateway_hit", "gateway_ab")]
+        if sys.argv[1] == "all"
+        else [sys.argv[1]]
+    )
     for name in names:
         importlib.import_module(SCENARIOS[name]).main(sys.argv[2:] if len(names) == 1 else [])
 

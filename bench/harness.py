@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import shutil
 import socket
 import statistics
@@ -108,6 +109,10 @@ class LoadResult:
     cpu_us_per_req: float
     requests: int
     errors: int
+    wrk_cpu_us_per_req: float = 0.0  # the load generator's own CPU (utime+stime) per request
+    busy_cores: float = (
+        0.0  # the whole machine's busy CPUs during the run (/proc/stat; other users' jobs too)
+    )
 
 
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
@@ -120,7 +125,8 @@ def _latency(text: str, pct: str) -> float:
 
 
 def _wrk_script(body: bytes | None, headers: Mapping[str, str]) -> str:
-    """The Lua script wrk runs: the method, body and headers, and a fresh body per request where `UNIQUE` stands."""
+    """The wrk Lua script for these request bytes (a fresh body per request where `body` holds UNIQUE)."""
+    script = tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False)  # noqa: SIM115 - wrk reads it by name
     lines = [f'wrk.method = "{"POST" if body is not None else "GET"}"']
     if body is not None:
         lines.append(f"wrk.body = {json.dumps(body.decode())}")
@@ -135,26 +141,9 @@ def _wrk_script(body: bytes | None, headers: Mapping[str, str]) -> str:
             "  return wrk.format(nil, nil, nil, b)",
             "end",
         ]
-    return "\n".join(lines) + "\n"
-
-
-def _load_result(out: str, cpu_s: float) -> LoadResult:
-    """wrk's report (with `--latency`) and the servers' CPU seconds over the run, as one result."""
-    total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
-    errors_match = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
-    errors = int(errors_match.group(1)) if errors_match else 0
-    if socket_errors:
-        errors += sum(int(g) for g in socket_errors.groups())
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    return LoadResult(
-        rps=rps,
-        p50_ms=_latency(out, "50"),
-        p99_ms=_latency(out, "99"),
-        cpu_us_per_req=cpu_s / max(total, 1) * 1e6,
-        requests=total,
-        errors=errors,
-    )
+    script.write("\n".join(lines) + "\n")
+    script.close()
+    return script.name
 
 
 def wrk(
@@ -167,10 +156,8 @@ def wrk(
     threads: int,
     pids: Sequence[int],
 ) -> LoadResult:
-    script = tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False)  # noqa: SIM115 - wrk reads it by name
-    script.write(_wrk_script(body, headers))
-    script.close()
-    cpu_before = cpu_seconds(pids)
+    script = _wrk_script(body, headers)
+    cpu_before, wrk_before, busy_before = cpu_seconds(pids), _children_cpu(), machine_busy()
     out = subprocess.run(
         [
             ensure_wrk(),
@@ -182,7 +169,7 @@ def wrk(
             f"{duration_s}s",
             "--latency",
             "-s",
-            script.name,
+            script,
             url,
         ],
         capture_output=True,
@@ -191,8 +178,39 @@ def wrk(
         check=True,
     ).stdout
     cpu = cpu_seconds(pids) - cpu_before
-    os.unlink(script.name)
-    return _load_result(out, cpu)
+    wrk_cpu = _children_cpu() - wrk_before
+    busy, total_cpu = (a - b for a, b in zip(machine_busy(), busy_before, strict=True))
+    os.unlink(script)
+    total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    errors_match = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    errors = int(errors_match.group(1)) if errors_match else 0
+    if socket_errors:
+        errors += sum(int(g) for g in socket_errors.groups())
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    return LoadResult(
+        rps=rps,
+        p50_ms=_latency(out, "50"),
+        p99_ms=_latency(out, "99"),
+        cpu_us_per_req=cpu / max(total, 1) * 1e6,
+        requests=total,
+        errors=errors,
+        wrk_cpu_us_per_req=wrk_cpu / max(total, 1) * 1e6,
+        busy_cores=(os.cpu_count() or 1) * busy / total_cpu if total_cpu else 0.0,
+    )
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # waited-for children: each wrk run, once it exits
+    return usage.ru_utime + usage.ru_stime
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, all) CPU-seconds of the whole machine so far, over every CPU, from /proc/stat's first line."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields) - idle) / ticks, sum(fields) / ticks
 
 
 def median_result(results: Sequence[LoadResult]) -> LoadResult:
@@ -203,6 +221,8 @@ def median_result(results: Sequence[LoadResult]) -> LoadResult:
         cpu_us_per_req=statistics.median(r.cpu_us_per_req for r in results),
         requests=sum(r.requests for r in results),
         errors=sum(r.errors for r in results),
+        wrk_cpu_us_per_req=statistics.median(r.wrk_cpu_us_per_req for r in results),
+        busy_cores=statistics.median(r.busy_cores for r in results),
     )
 
 
@@ -211,11 +231,12 @@ def print_table(title: str, rows: Sequence[tuple[str, LoadResult]], baseline: st
     print(f"\n{title}")
     print(
         f"{'system':<34} {'rps':>10} {'ratio':>7} {'p50 ms':>8} {'p99 ms':>8} {'CPU us/req':>11} {'errors':>7}"
+        f" {'wrk us/req':>10} {'busy CPUs':>9}"
     )
     for name, r in rows:
         print(
             f"{name:<34} {r.rps:>10.0f} {r.rps / base:>6.2f}x {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} "
-            f"{r.cpu_us_per_req:>11.1f} {r.errors:>7}"
+            f"{r.cpu_us_per_req:>11.1f} {r.errors:>7} {r.wrk_cpu_us_per_req:>10.1f} {r.busy_cores:>9.2f}"
         )
 
 

@@ -6,6 +6,7 @@ app that returns fixed bytes (the floor any aiohttp-based gateway is measured ag
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
 from pathlib import Path
 
@@ -70,18 +71,34 @@ def bare_app(body: bytes) -> web.Application:
     return app
 
 
-def main() -> None:
-    kind, port = sys.argv[1], int(sys.argv[2])
+def serve(kind: str, port: int, body_file: str, reuse_port: bool) -> None:
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-    app = upstream_app() if kind == "upstream" else bare_app(Path(sys.argv[3]).read_bytes())
-    web.run_app(
-        app, host="127.0.0.1", port=port, access_log=None, print=None, reuse_port="--reuse-port" in sys.argv
-    )
+    app = upstream_app() if kind == "upstream" else bare_app(Path(body_file).read_bytes())
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, reuse_port=reuse_port)
+
+
+def main() -> None:
+    """`bare PORT BODY_FILE [--workers N]`: N processes on one port (SO_REUSEPORT), started by this one, so they
+    share its session and with it one scheduler group (Linux autogroup), as `python -m gateway --workers N` does."""
+    kind, port = sys.argv[1], int(sys.argv[2])
+    body_file = sys.argv[3] if len(sys.argv) > 3 and not sys.argv[3].startswith("--") else ""
+    workers = int(sys.argv[sys.argv.index("--workers") + 1]) if "--workers" in sys.argv else 1
+    reuse_port = "--reuse-port" in sys.argv or workers > 1
+    ctx = multiprocessing.get_context("spawn")
+    others = [ctx.Process(target=serve, args=(kind, port, body_file, True)) for _ in range(workers - 1)]
+    for proc in others:
+        proc.start()
+    try:
+        serve(kind, port, body_file, reuse_port)
+    finally:
+        for proc in others:
+            proc.terminate()
+            proc.join()
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from gateway.config import ServerConfig
 from gateway.errors import GatewayError, PayloadTooLarge, error_body, error_response
+from gateway.fastlane import FastLane
 from gateway.metrics import GatewayMetrics
 from gateway.state import STATE
 
@@ -94,7 +95,8 @@ class EdgeRequestHandler(RequestHandler):
         super().data_received(data)
 
     def request_started(self) -> None:
-        self.phase, self.rx_while_handling = HANDLING, False
+        if self.phase != HANDLING:  # once per request: the fast lane may mark it before the middleware does
+            self.phase, self.rx_while_handling = HANDLING, False
 
     def request_finished(self) -> None:
         now = self._loop.time()
@@ -213,7 +215,7 @@ class EdgeRunner(web.AppRunner):
         kwargs["debug"] = app._debug
         kwargs.update(app._handler_args or {})
         return EdgeServer(
-            app._handle,
+            FastLane(app),  # known hits before the router and middleware, else app._handle (gateway.fastlane)
             request_factory=app._make_request,
             loop=asyncio.get_running_loop(),
             config=state.config.server,
@@ -254,6 +256,8 @@ async def edge_middleware(request: web.Request, handler: Any) -> web.StreamRespo
 
 async def read_body_within_deadlines(request: web.Request) -> None:
     """Read the whole body now; `request.read()` then returns it (aiohttp caches a read body in `_read_bytes`)."""
+    if request._read_bytes is not None:
+        return  # the fast lane already took the whole, buffered body (gateway.fastlane)
     state = request.app[STATE]
     server = state.config.server
     declared = request.content_length
@@ -261,6 +265,13 @@ async def read_body_within_deadlines(request: web.Request) -> None:
         raise PayloadTooLarge(
             f"request body of {declared} bytes exceeds the limit of {server.max_body_bytes} bytes"
         )
+    content = request.content
+    if content.is_eof() and content.exception() is None:  # all of it is buffered already: no read can stall
+        body = content.read_nowait()
+        if len(body) > server.max_body_bytes:
+            raise PayloadTooLarge(f"request body exceeds the limit of {server.max_body_bytes} bytes")
+        request._read_bytes = body
+        return
     loop = asyncio.get_running_loop()
     deadline = loop.time() + server.body_total_s
     chunks: list[bytes] = []

@@ -221,13 +221,14 @@ def _lookup(parsed: ParsedRequest, state: GatewayState, endpoint: str) -> Lookup
     return fast if isinstance(fast, Lookup) else None
 
 
-def try_hit(
-    request: web.Request, state: GatewayState, endpoint: str, raw: bytes, timer: StageTimer
-) -> HitResponse | None:
-    """An L1 hit for request bytes the memo already knows, keyed as the normal path last keyed them; else None.
+Known = tuple[ParsedRequest, str]  # the memoized request and the key the normal path last derived for it
 
-    Every step that is not a plain dict or L1 lookup (parse, validate, canonicalize, derive, a catalog refresh,
-    an L1 miss, a stale entry, directives) returns None, and the normal path then does the whole request.
+
+def known_key(request: web.Request, state: GatewayState, endpoint: str, raw: bytes) -> Known | None:
+    """The key of request bytes the memo already knows, keyed as the normal path last keyed them; else None.
+
+    Every step that is not a plain dict lookup (parse, validate, canonicalize, derive, a catalog refresh,
+    directives) returns None, and the normal path then does the whole request.
     """
     if not eligible(request):
         return None
@@ -241,27 +242,62 @@ def try_hit(
     key, context = parsed.key, parsed.key_context
     if key is None or context is None or context[0] != scope or context[1] != revision:
         return None  # keyed for another caller or revision: the normal path derives it
-    l1, key_str = state.cache.l1, key.key
-    keyed = perf_counter()
-    entry = l1.get(key_str) if l1.enabled else None
-    if entry is None:
-        return None  # nothing counted or lapped: the normal path does the whole lookup
-    now = state.clock()
-    if (
+    return parsed, key.key
+
+
+def is_fresh(entry: Entry, now: float) -> bool:
+    return (
         freshness(age_s=entry.age_s(now), ttl_s=entry.ttl_s, stale_if_error_s=entry.stale_if_error_s)
-        is not Freshness.FRESH
-    ):
+        is Freshness.FRESH
+    )
+
+
+def l1_hit(request: web.Request, state: GatewayState, known: Known, timer: StageTimer) -> HitResponse | None:
+    """A fresh L1 entry for a known key, served fast; None (nothing counted) for an L1 miss or a stale entry."""
+    keyed = perf_counter()
+    l1 = state.cache.l1
+    entry = l1.get(known[1]) if l1.enabled else None
+    if entry is None:
+        return None  # nothing counted or lapped: the caller does the whole lookup
+    now = state.clock()
+    if not is_fresh(entry, now):
         return None
+    response = serve_hit(request, state, known, entry, now, "l1", timer, keyed)
+    if response is not None:
+        state.cache.count_l1_hit()  # as `TieredCache.get` counts an L1 hit
+    return response
+
+
+def serve_hit(
+    request: web.Request,
+    state: GatewayState,
+    known: Known,
+    entry: Entry,
+    now: float,
+    tier: str,
+    timer: StageTimer,
+    keyed: float,
+) -> HitResponse | None:
+    """The fast response for a fresh entry of a known key, counted and lapped as the normal path counts and laps a
+    hit (the tier lookup itself is counted by the caller); None when the normal path must write it."""
     looked_up = perf_counter()
-    response = hit_response(request, state, entry, now, "l1", checked=True)
-    if response is not None:  # counted and lapped as the normal path counts and laps an L1 hit
-        state.cache.count_l1_hit()
+    response = hit_response(request, state, entry, now, tier, checked=True)
+    if response is not None:
+        parsed, key_str = known
         state.metrics.served_from_cache(entry.usage, len(entry.body), entry.model)
         prompt = (prompt_text(parsed.body) or "") if state.config.dashboard.show_prompts else None
         state.dashboard.hot_keys.hit(entry, now, prompt)  # as lookup.read_cache counts every hit
         count_hit(state, key_str)
         timer.key = key_str
         timer.lap_to("parse", keyed)
-        timer.lap_to("l1", looked_up)
+        timer.lap_to(tier, looked_up)
         timer.lap("serialize")
     return response
+
+
+def try_hit(
+    request: web.Request, state: GatewayState, endpoint: str, raw: bytes, timer: StageTimer
+) -> HitResponse | None:
+    """An L1 hit for request bytes the memo already knows (`known_key`, then `l1_hit`); else None."""
+    known = known_key(request, state, endpoint, raw)
+    return l1_hit(request, state, known, timer) if known is not None else None

@@ -2,7 +2,8 @@
 
 A fresh entry the request's `max-age` accepts is a hit; an entry past its TTL but inside stale-if-error is kept
 aside, to be served only if the upstream then fails. `no-cache` (lookup.read False) skips the read entirely.
-Every hit is counted in the dashboard's hot-keys table here, for the JSON and the streamed path alike.
+Every hit is counted in the dashboard's hot-keys table here, for the JSON and the streamed path alike. A read the
+fast lane made and did not serve (`PRE_READ`) is used as it is: the tiers are read and counted once per request.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from gateway.tiers.tiered import Found
 from gateway.timing import lap
 from gateway.warm import count_hit
 
+# A lookup the fast lane already made for this request's key and did not serve (a miss, a stale entry): the normal
+# path uses it instead of reading (and counting) the tiers a second time. (key, what `TieredCache.get` returned).
+PRE_READ: web.RequestKey[tuple[str, Found | None]] = web.RequestKey("tokenedge_pre_read", tuple)
+
 
 @dataclass(frozen=True, slots=True)
 class CacheRead:
@@ -33,7 +38,8 @@ async def read_cache(
 ) -> CacheRead:
     if not lookup.read:
         return CacheRead(None, None, state.clock())
-    found = await state.cache.get(key)
+    read = request.pop(PRE_READ, None)
+    found = read[1] if read is not None and read[0] == key else await state.cache.get(key)
     lap(request, found.tier if found is not None else ("l2" if state.cache.l2 is not None else "l1"))
     now = state.clock()  # after the (possibly remote) read: the age is the entry's age as served
     if found is None:

@@ -44,7 +44,7 @@ from gateway.policy import Bypass, Lookup, Outcome, Result, decide
 from gateway.state import STATE, GatewayState
 from gateway.streaming.handler import serve_stream
 from gateway.streaming.replay import wants_usage
-from gateway.timing import lap, start_timer
+from gateway.timing import lap, start_timer, timer_of
 from gateway.tokens.keyform import TOKEN_LEVELS, canonical_form, key_encoder
 from gateway.tokens.path import check_bypass, upstream_for
 from gateway.upstream import forward_headers
@@ -126,13 +126,14 @@ async def cache_key(
 def make_handler(endpoint: str):
     async def handler(request: web.Request) -> web.StreamResponse:
         state = request.app[STATE]
-        started = time.perf_counter()
-        timer = start_timer(request, endpoint)
+        lane = timer_of(request)  # set when the fast lane tried this request first (gateway.fastlane)
+        timer = lane if lane is not None else start_timer(request, endpoint)
+        started = timer.started
         result: str = Result.ERROR
         reason: str = Outcome.FAILED
         try:
             raw = await read_request(request, state)
-            fast = fastpath.try_hit(request, state, endpoint, raw, timer)
+            fast = fastpath.try_hit(request, state, endpoint, raw, timer) if lane is None else None
             if fast is not None:  # a known request's fresh L1 hit, written in one piece (gateway.fastpath)
                 result, reason = Result.HIT, "l1"
                 return fast

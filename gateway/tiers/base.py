@@ -118,7 +118,8 @@ class Breaker:
         if not self.available:
             raise L2Unavailable(f"l2 skipped for {op}: breaker open")
         try:
-            return await asyncio.wait_for(fn(), self._timeout_s)
+            async with asyncio.timeout(self._timeout_s):  # no task per call, unlike wait_for (Python 3.11)
+                return await fn()
         except self._errors as exc:
             self.trip(op, exc)
             raise L2Unavailable(f"l2 {op} failed: {exc}") from exc

@@ -25,6 +25,10 @@ from gateway.tiers.base import Breaker, L2Unavailable
 
 log = logging.getLogger("tokenedge.l2")
 TAG_PREFIX = "te1:tag:"
+# Recently read values, decoded once: a hot entry read from Redis again and again comes back as the same bytes, so
+# the decoded Entry (immutable) is kept by those exact bytes (a dict compares them whole: no aliasing). Bounded by
+# the bytes of the values it keys; cleared when full (a hot set re-fills it at once).
+DECODED_MAX_BYTES = 4 * 1024 * 1024
 _T = TypeVar("_T")
 __all__ = ["L2Unavailable", "RedisTier"]
 
@@ -64,6 +68,8 @@ class RedisTier:
             log=log,
         )
         self._pending: dict[str, list[asyncio.Future[bytes | None]]] = {}
+        self._decoded: dict[bytes, Entry] = {}
+        self._decoded_bytes = 0
         self._reader: asyncio.Task[None] | None = None
 
     async def close(self) -> None:
@@ -90,7 +96,19 @@ class RedisTier:
         if self._reader is None or self._reader.done():
             self._reader = asyncio.ensure_future(self._read_batches())
         raw = await future
-        return decode(raw) if raw is not None else None
+        return self._decode(raw) if raw is not None else None
+
+    def _decode(self, raw: bytes) -> Entry | None:
+        entry = self._decoded.get(raw)
+        if entry is None:
+            entry = decode(raw)
+            if entry is not None and len(raw) <= DECODED_MAX_BYTES // 16:
+                if self._decoded_bytes + len(raw) > DECODED_MAX_BYTES:
+                    self._decoded.clear()
+                    self._decoded_bytes = 0
+                self._decoded[raw] = entry
+                self._decoded_bytes += len(raw)
+        return entry
 
     async def get_many(self, keys: Sequence[str]) -> list[Entry | None]:
         """Concurrent gets: they leave as one batched MGET."""

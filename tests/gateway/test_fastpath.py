@@ -268,45 +268,107 @@ async def test_wrk_with_keep_alive_sees_only_well_formed_hits(
     assert done > 0 and done <= hits <= done + 4  # at most one request per connection in flight at the end
 
 
-async def drive(gw: RunningGateway, headers: dict[str, str], n: int) -> None:
+async def drive(gw: RunningGateway, headers: dict[str, str], n: int, tier: str = "l1") -> None:
     for _ in range(n):
         resp = await gw.client.post(PATH, data=RAW, headers={**HEADERS, **headers})
-        assert resp.headers["Cache-Status"].endswith("detail=l1")
+        assert resp.headers["Cache-Status"].endswith(f"detail={tier}")
         await resp.read()
 
 
 TIMING = re.compile(r"_(sum|bucket|created)$")  # durations and creation times differ; counts must not
 
 
+# Redis's own size (both gateways share one Redis), read at scrape time: not a tally of the requests driven.
+SHARED_GAUGES = ("tokenedge_cache_bytes", "tokenedge_cache_entries")
+
+
+def changes(before: dict[str, Any], after: dict[str, Any]) -> dict[tuple[str, tuple[Any, ...]], float]:
+    """Every counter and histogram count that the driven requests changed, and by how much."""
+    out = {}
+    for name, series in after.items():
+        if TIMING.search(name) or name.startswith(SHARED_GAUGES):
+            continue
+        for labels, v in series:
+            if (delta := v - value(before, name, **labels)) != 0:
+                out[(name, tuple(sorted(labels.items())))] = delta
+    return out
+
+
+@pytest.mark.parametrize("tier", ["l1", "l2"])
 async def test_fast_hits_tally_exactly_what_normal_hits_tally(
-    make_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+    make_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture, request: pytest.FixtureRequest, tier: str
 ) -> None:
-    fast_gw = await make_gateway(server={"access_log_sample_rate": 1.0})
-    normal_gw = await make_gateway(server={"access_log_sample_rate": 1.0})
+    cache: dict[str, Any] = {}
+    if tier == "l2":  # L1 off: every hit is read from Redis, through the fast lane or the normal path
+        cache = {"redis_url": request.getfixturevalue("redis_url"), "l1_max_bytes": 0}
+    fast_gw = await make_gateway(server={"access_log_sample_rate": 1.0}, cache=cache)
+    normal_gw = await make_gateway(server={"access_log_sample_rate": 1.0}, cache=cache)
     tallies, logs = [], []
     for gw, headers in ((fast_gw, {}), (normal_gw, NORMAL)):
         await warm(gw, RAW)
         with caplog.at_level(logging.INFO, logger="tokenedge.access"):
             caplog.clear()
-            await drive(gw, headers, 5)
+            before = await scrape(gw)
+            await drive(gw, headers, 5, tier)
             logs.append(
                 [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "tokenedge.access"]
             )
-        samples = await scrape(gw)
-        tallies.append(
-            {
-                (name, tuple(sorted(labels.items()))): v
-                for name, series in samples.items()
-                if not TIMING.search(name)
-                for labels, v in series
-            }
-        )
+        tallies.append(changes(before, await scrape(gw)))
     fast, normal = tallies
     assert fast == normal
+    hits = (("reason", tier), ("result", "hit"), ("route", "chat/completions"))
+    assert fast[("tokenedge_requests_total", hits)] == 5, fast
     assert len(logs[0]) == len(logs[1]) == 5
     for a, b in zip(logs[0], logs[1], strict=True):
         assert {k: v for k, v in a.items() if not k.endswith("_ms")} == {
             k: v for k, v in b.items() if not k.endswith("_ms")
         }
-        assert a["result"] == "hit" and a["reason"] == "l1" and a["status"] == 200
-        assert set(a["stages_ms"]) == set(b["stages_ms"]) == {"parse", "l1", "serialize"}
+        assert a["result"] == "hit" and a["reason"] == tier and a["status"] == 200
+        assert set(a["stages_ms"]) == set(b["stages_ms"]) == {"parse", tier, "serialize"}
+
+
+async def test_a_known_key_missing_from_l2_is_read_once_then_filled(
+    make_gateway: GatewayFactory, fake: FakeUpstream, redis_url: str
+) -> None:
+    """The fast lane's L2 read that finds nothing is handed to the normal path: one lookup counted, one fill."""
+    gw = await make_gateway(
+        cache={"redis_url": redis_url, "l1_max_bytes": 0}, server={"admin_token": "admin-secret"}
+    )
+    await warm(gw, RAW)  # the memo knows the bytes and their key
+    key = (await gw.client.post(PATH, data=RAW, headers=HEADERS)).headers["X-Cache-Key"]
+    purge = await gw.client.post(
+        "/admin/purge", json={"keys": [key]}, headers={"Authorization": "Bearer admin-secret"}
+    )
+    assert purge.status == 200, await purge.text()
+    before, upstream_before = await scrape(gw), sum(fake.calls.values())
+    resp = await gw.client.post(PATH, data=RAW, headers=HEADERS)
+    assert resp.headers["Cache-Status"].startswith("tokenedge; fwd=miss; stored")
+    await resp.read()
+    after = await scrape(gw)
+    assert sum(fake.calls.values()) - upstream_before == 1
+    lookups = "tokenedge_cache_lookups_total"
+    assert (
+        value(after, lookups, tier="l2", outcome="miss") - value(before, lookups, tier="l2", outcome="miss")
+        == 1
+    )
+    assert value(after, lookups, tier="l2") - value(before, lookups, tier="l2") == 1
+    again = await gw.client.post(PATH, data=RAW, headers=HEADERS)
+    assert again.headers["Cache-Status"].endswith("detail=l2")  # stored again, and served fast again
+
+
+async def test_known_bytes_from_a_refused_or_other_caller_get_the_normal_paths_answer(
+    make_gateway: GatewayFactory, fake: FakeUpstream
+) -> None:
+    """The lane never answers for a caller it does not know: a refused credential is the normal path's 401 JSON,
+    a non-JSON body its 415, another tenant's identical bytes that tenant's own miss (scope isolation)."""
+    gw = await make_gateway(server={"refuse_anonymous": True})
+    await warm(gw, RAW)  # the memo knows these bytes, keyed for AUTH_A
+    anonymous = await gw.client.post(PATH, data=RAW, headers={"Content-Type": "application/json"})
+    assert anonymous.status == 401
+    assert (await anonymous.json())["error"]["type"] == "authentication_error"
+    other_caller = {"Authorization": "Bearer someone-else"}
+    octets = await gw.client.post(PATH, data=RAW, headers=other_caller)  # aiohttp declares octet-stream
+    assert octets.status == 415  # the normal path's answer to a non-JSON type, known bytes or not
+    other = await gw.client.post(PATH, data=RAW, headers={**other_caller, "Content-Type": "application/json"})
+    assert other.headers["Cache-Status"].startswith("tokenedge; fwd=miss")
+    assert fake.calls["chat"] == 2

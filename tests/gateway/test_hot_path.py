@@ -146,7 +146,12 @@ async def test_l1_hit_takes_the_fast_path_and_skips_the_response_layer(
 ) -> None:
     gw = await make_gateway(cache={"redis_url": redis_url})
     work = await warm_hit_work(gw, fake, redis_server)
-    assert work.calls["gateway.fastpath:try_hit"] == 1
+    # Served by the fast lane, before aiohttp's router and the middleware chain (gateway/fastlane.py).
+    assert work.calls["gateway.fastpath:known_key"] == 1
+    assert work.calls["gateway.fastpath:l1_hit"] == 1
+    assert work.calls["gateway.fastpath:try_hit"] == 0  # the handler's own try: not reached
+    assert work.calls["aiohttp.web_urldispatcher:UrlDispatcher.resolve"] == 0
+    assert work.calls["gateway.app:error_middleware"] == 0
     assert work.calls["gateway.fastpath:HitResponse.write_eof"] == 1
     assert {name: work.calls[name] for name in SKIPPED_ON_THE_FAST_PATH} == dict.fromkeys(
         SKIPPED_ON_THE_FAST_PATH, 0
@@ -178,6 +183,11 @@ async def test_l2_hit_costs_exactly_one_redis_command(
     assert work.cache_status.endswith("detail=l2")
     assert work.upstream_calls == 0
     assert work.redis_commands == 1  # the (batched) GET
+    # Served by the fast lane too: the known key read from L2 and written pre-serialized, nothing re-derived.
+    assert work.calls["gateway.fastpath:serve_hit"] == 1
+    assert {name: work.calls[name] for name in SKIPPED_ON_THE_FAST_PATH} == dict.fromkeys(
+        SKIPPED_ON_THE_FAST_PATH, 0
+    )
     # Decoding an L2 entry parses its small header (one orjson.loads); the body itself is never re-serialized.
     assert work.json_calls - Counter({"orjson.loads": 1}) == Counter()
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+
 from prometheus_client.samples import Sample
 
+from gateway.tiers.redis_tier import RedisTier
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
+from tests.gateway.test_entry import entry
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import FakeClock, RunningGateway
 from tests.support.services import RedisServer
@@ -108,3 +113,22 @@ async def test_corrupt_or_foreign_values_read_as_misses(
     resp = await gw.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A)
     assert resp.headers["Cache-Status"].startswith("tokenedge; fwd=miss; stored")
     assert fake.calls["chat"] == 2
+
+
+async def test_a_value_read_again_is_decoded_once_and_a_changed_or_deleted_one_never_reused(
+    redis_url: str,
+) -> None:
+    tier = RedisTier(redis_url, timeout_s=1.0, retry_after_s=1.0, clock=time.time, on_error=lambda: None)
+    try:
+        first = entry(created_at=time.time())
+        await tier.set(first)
+        read = await tier.get(first.key)
+        assert read == first
+        assert await tier.get(first.key) is read  # the same bytes again: the decoded entry, not a new decode
+        second = replace(first, body=b'{"id":"y","choices":[]}', created_at=first.created_at + 1)
+        await tier.set(second)  # re-stored under the same key: other bytes, decoded anew
+        assert await tier.get(first.key) == second
+        await tier.delete([first.key])
+        assert await tier.get(first.key) is None
+    finally:
+        await tier.close()
