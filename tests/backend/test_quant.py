@@ -80,6 +80,13 @@ def test_int8_kernel_rows_do_not_depend_on_the_batch(n: int, k: int) -> None:
     _assert_rows_invariant(Int8Linear(torch.randn(n, k, generator=torch.Generator().manual_seed(n))), k)
 
 
+def test_quantized_layers_decode_one_row_without_padding() -> None:
+    blocks, _ = gguf_blocks(torch.randn(128, 64, generator=torch.Generator().manual_seed(3)), Q4[1])
+    for layer in (Int4Linear(blocks), Int8Linear(torch.randn(128, 64))):
+        layer.calibrate({})
+        assert layer.tiling is not None and layer.tiling.min_rows == 1, layer.tiling
+
+
 def test_quantized_head_picks_the_fp32_heads_token_even_near_ties() -> None:
     gen = torch.Generator().manual_seed(6)
     weight = torch.randn(4096, 64, generator=gen) * 0.3  # [V, H]
