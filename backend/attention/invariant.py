@@ -27,7 +27,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from backend.attention.backend import write_kv
 from backend.attention.context import AttentionContext
 
-SPLIT_TOKENS = 256  # key split; rounded up to a multiple of the block size
+# Key split, rounded up to a multiple of the block size. Any split is invariant (a row's padded key length
+# depends on its own position only); a short one pads less (a 100-token sequence reads 128 keys, not 256) at
+# the price of more calls when a batch spans several buckets. 64 against 256, SmolLM2 on the 2-core machine
+# (CPU time per step): 8 concurrent decodes -25%, prefill of 250 tokens -15%, batch 1 -5%.
+SPLIT_TOKENS = 64
 
 
 @dataclass(frozen=True, slots=True)
