@@ -1,12 +1,14 @@
 """The per-step attention context: where each new token's K/V goes and which blocks each sequence reads.
 
 Built once per engine step by the ModelRunner and shared by every layer. Tensors live on the model device;
-the host-side tuples mirror them so backends can plan without device syncs.
+the host-side tuples (`query_lens`, `context_lens_host`, `query_start_host`) mirror them so backends plan
+without reading a tensor back from the device (a sync on CUDA, an op dispatch on CPU).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -39,6 +41,11 @@ class AttentionContext:
     @property
     def num_seqs(self) -> int:
         return len(self.query_lens)
+
+    @property
+    def query_start_host(self) -> tuple[int, ...]:
+        """[B + 1] offsets of each sequence's new tokens, on the host (no read back from the device)."""
+        return (0, *accumulate(self.query_lens))
 
     @property
     def num_tokens(self) -> int:

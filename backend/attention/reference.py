@@ -18,7 +18,7 @@ def reference_paged_attention(
     num_heads, head_dim = q.shape[1], q.shape[2]
     group = num_heads // k_cache.shape[2]
     bs = ctx.block_size
-    starts = ctx.query_start_loc.tolist()
+    starts = ctx.query_start_host
     tables = ctx.block_tables.tolist()
     out = torch.empty_like(q)
     for i, (n, length) in enumerate(zip(ctx.query_lens, ctx.context_lens_host, strict=True)):

@@ -59,7 +59,7 @@ class SdpaBackend:
     def plan(self, ctx: AttentionContext) -> SdpaPlan:
         device = ctx.block_tables.device
         bs = ctx.block_size
-        starts = ctx.query_start_loc.tolist()
+        starts = ctx.query_start_host
         decode_rows = [i for i, n in enumerate(ctx.query_lens) if n == 1]
         decode = None
         if decode_rows:

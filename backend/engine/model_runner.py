@@ -83,7 +83,7 @@ class ModelRunner:
             return backend.forward(q, k, v, k_caches[layer], v_caches[layer], plan)
 
         hidden = self.model(token_ids, positions, attend, self.invariant)  # [T, hidden] fp32
-        ends = ctx.query_start_loc.tolist()[1:]
+        ends = ctx.query_start_host[1:]
         last: list[int] = []
         greedy: list[bool] = []
         for item, end in zip(batch, ends, strict=True):

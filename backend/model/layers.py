@@ -61,12 +61,19 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype, device=device), requires_grad=False)
+        self._weight_f32: tuple[int, torch.Tensor] | None = None  # (weight._version, fp32 copy)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [T, hidden] fp32 -> [T, hidden] fp32
+        # x: [T, hidden] fp32 -> [T, hidden] fp32 (F.rms_norm: the same ops and bits as the written-out norm)
         assert x.dtype == torch.float32, "the residual stream is fp32"
-        variance = x.pow(2).mean(-1, keepdim=True)  # [T, 1]
-        return x * torch.rsqrt(variance + self.eps) * self.weight.float()
+        return F.rms_norm(x, self.weight.shape, self.weight_f32(), self.eps)
+
+    def weight_f32(self) -> torch.Tensor:
+        """The weight in fp32, cast once per load (the version counter moves when load_weights copies in)."""
+        version = self.weight._version
+        if self._weight_f32 is None or self._weight_f32[0] != version:
+            self._weight_f32 = (version, self.weight.float())
+        return self._weight_f32[1]
 
 
 class LlamaAttention(nn.Module):
@@ -77,7 +84,6 @@ class LlamaAttention(nn.Module):
         self.head_dim = config.head_dim
         self.rope_interleaved = config.rope_interleaved
         hidden, q_dim, kv_dim = config.hidden_size, config.q_size, config.kv_size
-        self.split_sizes = [q_dim, kv_dim, kv_dim]
         # Q, K and V fused in one matmul; rows [q | k | v] (load_weights fills each part by its HF name)
         self.qkv_proj = _linear(hidden, q_dim + 2 * kv_dim, dtype, device)
         self.o_proj = _linear(q_dim, hidden, dtype, device)
@@ -86,18 +92,16 @@ class LlamaAttention(nn.Module):
         self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn, invariant: bool = False
     ) -> torch.Tensor:
         # h: [T, hidden] in the weight dtype
-        num_tokens = h.shape[0]
-        q, k, v = self.qkv_proj(h, invariant).split(
-            self.split_sizes, dim=-1
-        )  # [T, H*D], [T, KH*D], [T, KH*D]
-        q = q.view(num_tokens, self.num_heads, self.head_dim)  # q: [T, H, D]
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # k: [T, KH, D]
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # v: [T, KH, D] (a strided view)
-        q = apply_rope(q, cos, sin, self.rope_interleaved)
-        k = apply_rope(k, cos, sin, self.rope_interleaved)
+        num_tokens, heads, kv_heads, head_dim = h.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(h, invariant)  # [T, (H + 2 KH) * D]
+        # q and k rotated in one pass: they are adjacent in the fused output
+        qk = qkv[:, : (heads + kv_heads) * head_dim].view(num_tokens, heads + kv_heads, head_dim)
+        qk = apply_rope(qk, cos, sin, self.rope_interleaved)  # [T, H + KH, D]
+        q, k = qk[:, :heads], qk[:, heads:]  # q: [T, H, D], k: [T, KH, D]
+        v = qkv[:, (heads + kv_heads) * head_dim :].view(num_tokens, kv_heads, head_dim)  # [T, KH, D]
         out = attend(q, k, v)  # out: [T, H, D]
         assert out.shape == q.shape, f"attention returned {tuple(out.shape)}, expected {tuple(q.shape)}"
-        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim), invariant)  # [T, hidden]
+        return self.o_proj(out.reshape(num_tokens, heads * head_dim), invariant)  # [T, hidden]
 
 
 class LlamaMLP(nn.Module):
@@ -125,11 +129,12 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn, invariant: bool = False
     ) -> torch.Tensor:
-        # x: [T, hidden] fp32 residual stream
+        # x: [T, hidden] fp32 residual stream; a half-precision branch output is widened inside the add
+        # (exact, the same bits as adding its fp32 copy)
         h = self.input_layernorm(x).to(self.dtype)
-        x = x + self.self_attn(h, cos, sin, attend, invariant).float()
+        x = x + self.self_attn(h, cos, sin, attend, invariant)
         h = self.post_attention_layernorm(x).to(self.dtype)
-        return x + self.mlp(h, invariant).float()
+        return x + self.mlp(h, invariant)
 
     def linears(self) -> tuple[TiledLinear, ...]:
         attn, mlp = self.self_attn, self.mlp

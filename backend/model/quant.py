@@ -13,7 +13,7 @@ SmolLM2 layer shape (tests/backend/test_quant.py checks it); in the engine's inv
 through the calibrated row tiling of backend/model/tiling.py like the dense layers, so a kernel that is
 not invariant on some other machine is tiled, not trusted.
 
-The LM head: an int8 copy gives approximate logits; every token whose approximate logit could still be
+The LM head: an int8 copy (a bf16 one for 8 rows or more) gives approximate logits; every token whose approximate logit could still be
 the maximum (by an error bound computed from the row's own quantization error) is rescored exactly in
 fp64 from the fp32 weights. The argmax of the result is the argmax of the exact logits, so greedy decoding
 picks the fp32 head's token. Rows that sample (temperature > 0) get the plain fp32 head instead.
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from backend.loader.quantized import GROUP_SIZE, Int4Blocks
 from backend.model.layers import LlamaDecoderLayer
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 
 # inner K tiles of torch's CPU int4 packing (the only layout the CPU kernel reads)
 _INNER_K_TILES = 2
+# greedy rows from which the LM head approximates in bf16 instead of int8 (RescoredHead)
+DENSE_ROWS = 8
 
 
 class QuantizedLinear(nn.Module):
@@ -57,7 +60,8 @@ class QuantizedLinear(nn.Module):
     def calibrate(self, memo: TilingMemo) -> None:
         key = (self.out_features, self.in_features, type(self).__name__)
         if key not in memo:
-            memo[key] = calibrate_tiling(self.matmul, self.in_features, torch.bfloat16, "cpu")
+            # one-row calls allowed where they calibrate row-invariant (tiling.MIN_ROWS)
+            memo[key] = calibrate_tiling(self.matmul, self.in_features, torch.bfloat16, "cpu", floor=1)
         self.tiling = memo[key]
 
 
@@ -120,7 +124,8 @@ def quantized_linear(dense: list[torch.Tensor], parts: list[Int4Blocks | None]) 
 
 
 class RescoredHead:
-    """Greedy-exact logits: int8 approximations, exact fp64 scores for every token that could be the max."""
+    """Greedy-exact logits: approximate logits (int8 for a few rows, bf16 from `DENSE_ROWS` rows on), exact
+    fp64 scores for every token that could be the max."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         # weight: [V, H] fp32, the exact output matrix (kept for rescoring; may be shared with the model)
@@ -129,21 +134,33 @@ class RescoredHead:
         self.codes, scales = quantize_int8(weight)
         self.scales = scales.to(torch.bfloat16)  # [V]
         approx = self.codes.float() * self.scales.float()[:, None]  # [V, H]
-        self.err_norm = (approx - weight).norm(dim=1)  # [V]: ||w_hat - w|| per token
         self.weight_norm = weight.norm(dim=1)  # [V]
+        self.err_norm = (approx - weight).norm(dim=1)  # [V]: ||w_hat - w|| per token
         self.approx_norm = approx.norm(dim=1)  # [V]
+        # The int8 kernel's cost grows with the rows (it walks the weights once per few rows); oneDNN's bf16
+        # GEMM reads them once: cheaper from about 8 rows on (49152 x 576, 2 threads). Either approximation
+        # only picks candidates, so the argmax is the exact one whichever ran.
+        self.dense = weight.to(torch.bfloat16)  # [V, H]
+        dense = self.dense.float()
+        self.dense_err_norm = (dense - weight).norm(dim=1)  # [V]
+        self.dense_norm = dense.norm(dim=1)  # [V]
 
     def greedy_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, V] fp32 whose row argmax is the exact argmax of hidden @ W.T (ties: the lowest id, as argmax)."""
         # hidden: [N, H] fp32
         hb = hidden.to(torch.bfloat16)
-        approx = torch.ops.aten._weight_int8pack_mm(hb, self.codes, self.scales).float()  # [N, V]
+        if hidden.shape[0] >= DENSE_ROWS:
+            approx = F.linear(hb, self.dense).float()  # [N, V]
+            err_norm, approx_norm = self.dense_err_norm, self.dense_norm
+        else:
+            approx = torch.ops.aten._weight_int8pack_mm(hb, self.codes, self.scales).float()  # [N, V]
+            err_norm, approx_norm = self.err_norm, self.approx_norm
         hbf = hb.float()
         h_norm = hbf.norm(dim=1, keepdim=True)  # [N, 1]
         delta = (hbf - hidden).norm(dim=1, keepdim=True)  # [N, 1]: the bf16 rounding of the activations
         # |approx - exact| <= |h_hat.(w_hat - w)| + |(h_hat - h).w| + accumulation + bf16 output rounding;
         # Cauchy-Schwarz on the first two, doubled for margin.
-        bound = 2.0 * (h_norm * self.err_norm + delta * self.weight_norm + 1e-4 * h_norm * self.approx_norm)
+        bound = 2.0 * (h_norm * err_norm + delta * self.weight_norm + 1e-4 * h_norm * approx_norm)
         bound = bound + approx.abs() * 2.0**-7  # [N, V]
         floor = (approx - bound).amax(dim=1, keepdim=True)  # [N, 1]: a lower bound of each row's max
         rows, cols = torch.nonzero(approx + bound >= floor, as_tuple=True)  # candidates [C]

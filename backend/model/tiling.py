@@ -33,8 +33,11 @@ TilingMemo = dict[tuple[int, int, str], "RowTiling"]
 # on SmolLM2's shapes (AVX-512 + AMX): oneDNN bf16 rows agree for M = 1..32; MKL fp32 rows for M = 2..15
 # (the M = 1 GEMV differs). Larger tiles (64+) failed there and cost minutes of calibration per shape.
 DEFAULT_CANDIDATES = (32, 16, 15, 8, 4, 3, 2)
-# Never a one-row call: M = 1 is a GEMV in MKL (fp32) and in torch's bf16 path, with its own summation order.
-# bf16 outputs round most order changes away, so random probing alone misses it (seen in the engine tests).
+# Never a one-row call by default: M = 1 is a GEMV in MKL (fp32) and in torch's bf16 path, with its own
+# summation order. bf16 outputs round most order changes away, so random probing alone misses it (seen in the
+# engine tests). Kernels that walk every row alike (torch's int4/int8 weight-only kernels: each row is the
+# same dot-product loop, tests/backend/test_quant.py) calibrate with `floor=1`: a batch-1 decode then runs
+# one row, not a zero-padded pair (half the int4 kernel's work, whose cost grows with M).
 MIN_ROWS = 2
 # Outputs compared per row count while calibrating, over up to MAX_TRIALS random inputs (small shapes need
 # many trials before an order change shows through bf16 rounding).
@@ -71,14 +74,14 @@ def tiled_rows(fn: RowFn, x: torch.Tensor, tiling: RowTiling) -> torch.Tensor:
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
-def _min_rows_at(fn: RowFn, blocks: Sequence[torch.Tensor], tile: int) -> int | None:
-    """The least m >= MIN_ROWS such that every call of m..tile rows gives the rows of the full tile."""
+def _min_rows_at(fn: RowFn, blocks: Sequence[torch.Tensor], tile: int, floor: int) -> int | None:
+    """The least m >= floor such that every call of m..tile rows gives the rows of the full tile."""
     # blocks: trials of x, each [max_tile, in]
     first = fn(blocks[0][:tile])  # [tile, out]
-    needed = _trials(MIN_ROWS, first.shape[1], len(blocks))
+    needed = _trials(floor, first.shape[1], len(blocks))
     fulls = [first] + [fn(x[:tile]) for x in blocks[1:needed]]  # [tile, out] each
     least: int | None = None
-    for rows in range(tile, MIN_ROWS - 1, -1):
+    for rows in range(tile, floor - 1, -1):
         offsets = {0, tile - rows}
         trials = blocks[: _trials(rows, fulls[0].shape[1], len(blocks))]
         if all(
@@ -105,8 +108,10 @@ def calibrate_tiling(
     device: torch.device | str,
     candidates: Sequence[int] = DEFAULT_CANDIDATES,
     seed: int = 0,
+    floor: int = MIN_ROWS,
 ) -> RowTiling:
-    """The largest candidate tile whose rows agree from MIN_ROWS rows up, else tiles of MIN_ROWS rows."""
+    """The largest candidate tile whose rows agree from `floor` rows up, else tiles of MIN_ROWS rows."""
+    assert 1 <= floor <= MIN_ROWS
     gen = torch.Generator().manual_seed(seed)
     width = max(candidates)
     x = torch.randn(MAX_TRIALS * width, in_features, generator=gen).to(device=device, dtype=dtype)
@@ -114,7 +119,7 @@ def calibrate_tiling(
     for tile in sorted(candidates, reverse=True):
         if tile < MIN_ROWS:
             continue
-        least = _min_rows_at(fn, blocks, tile)
+        least = _min_rows_at(fn, blocks, tile, floor)
         if least is not None and least <= MIN_ROWS:
             return RowTiling(tile, least)
     return RowTiling(MIN_ROWS, MIN_ROWS)

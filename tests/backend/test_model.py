@@ -124,3 +124,14 @@ def test_model_matches_an_independent_plain_llama(tied: bool) -> None:
     torch.testing.assert_close(
         model.reference_logits(TOKENS), _plain_llama(weights, config, TOKENS), atol=1e-4, rtol=0
     )
+
+
+def test_rms_norm_follows_reloaded_weights() -> None:
+    """The norm's cached fp32 weight is refreshed when load_weights copies new weights in."""
+    model = tiny_model(dtype=torch.bfloat16)
+    hidden, eps = model.config.hidden_size, model.config.rms_norm_eps
+    x = torch.randn(3, hidden)
+    model.norm(x)  # caches the loaded weight
+    model.load_weights({**tiny_weights(model.config), "model.norm.weight": torch.full((hidden,), 2.0)})
+    expected = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * 2.0
+    torch.testing.assert_close(model.norm(x), expected)

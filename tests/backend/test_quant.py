@@ -13,6 +13,7 @@ from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
 from backend.loader.quantized import Int4Blocks, int4_blocks
+from backend.model import quant
 from backend.model.quant import Int4Linear, Int8Linear, RescoredHead, quantize_model
 from tests.backend.tiny import tiny_config, tiny_model, tiny_weights
 
@@ -80,18 +81,31 @@ def test_int8_kernel_rows_do_not_depend_on_the_batch(n: int, k: int) -> None:
     _assert_rows_invariant(Int8Linear(torch.randn(n, k, generator=torch.Generator().manual_seed(n))), k)
 
 
-def test_quantized_head_picks_the_fp32_heads_token_even_near_ties() -> None:
+def test_quantized_layers_decode_one_row_without_padding() -> None:
+    blocks, _ = gguf_blocks(torch.randn(128, 64, generator=torch.Generator().manual_seed(3)), Q4[1])
+    for layer in (Int4Linear(blocks), Int8Linear(torch.randn(128, 64))):
+        layer.calibrate({})
+        assert layer.tiling is not None and layer.tiling.min_rows == 1, layer.tiling
+
+
+@pytest.mark.parametrize("dense_rows", [10**9, 1], ids=["int8", "bf16"])
+def test_quantized_head_picks_the_fp32_heads_token_even_near_ties(
+    dense_rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(quant, "DENSE_ROWS", dense_rows)  # which approximation picks the candidates
     gen = torch.Generator().manual_seed(6)
     weight = torch.randn(4096, 64, generator=gen) * 0.3  # [V, H]
-    # near-ties: pairs of tokens whose rows differ by far less than int8's rounding
+    # near-ties: pairs of tokens whose rows differ by far less than int8's or bf16's rounding
     weight[1::2] = weight[0::2] + torch.randn(2048, 64, generator=gen) * 1e-4
     head = RescoredHead(weight)
     hidden = torch.randn(256, 64, generator=gen) * 3  # [N, H]
     exact = F.linear(hidden.double(), weight.double())
     assert torch.equal(head.greedy_logits(hidden).argmax(dim=1), exact.argmax(dim=1))
-    # and the int8 approximation alone would have got some of them wrong
-    approx = torch.ops.aten._weight_int8pack_mm(hidden.bfloat16(), head.codes, head.scales).float()
-    assert not torch.equal(approx.argmax(dim=1), exact.argmax(dim=1))
+    # and either approximation alone would have got some of them wrong
+    hb = hidden.bfloat16()
+    int8 = torch.ops.aten._weight_int8pack_mm(hb, head.codes, head.scales).float()
+    assert not torch.equal(int8.argmax(dim=1), exact.argmax(dim=1))
+    assert not torch.equal(F.linear(hb, head.dense).float().argmax(dim=1), exact.argmax(dim=1))
 
 
 def _quantized_tiny(with_blocks: bool) -> torch.nn.Module:

@@ -42,6 +42,14 @@ def test_calibration_never_makes_one_row_calls() -> None:
     assert min(fn.calls) == 2
 
 
+def test_a_kernel_invariant_at_one_row_may_run_one_row_calls() -> None:
+    fn = Recorder()
+    assert calibrate_tiling(fn, 8, torch.float32, "cpu", floor=1) == RowTiling(tile_rows=32, min_rows=1)
+    assert min(fn.calls) == 1
+    # a kernel whose one-row call sums differently keeps the zero-padded pair
+    assert calibrate_tiling(Recorder({1: 1e-3}), 8, torch.float32, "cpu", floor=1) == RowTiling(32, 2)
+
+
 def test_calibration_shrinks_the_tile_below_a_kernel_switch() -> None:
     switch = {m: 1e-3 for m in range(9, 40)}  # rows change from M = 9 on
     assert calibrate_tiling(Recorder(switch), 8, torch.float32, "cpu") == RowTiling(8, 2)

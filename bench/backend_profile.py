@@ -1,0 +1,95 @@
+"""Where a backend step spends its time: `torch.profiler` over batch-1 decode, 8 concurrent decodes and a
+250-token prefill of SmolLM2 through the engine (quantized default, batch-invariant), plus CPU time per step.
+
+CPU time (`time.process_time`) rather than wall time: on a shared machine it moves far less with other jobs
+than wall time does, so two builds compared by it, alternately, give a usable ratio (at 1 thread: with more,
+the waiting threads' spinning is counted too). The README's "where the time goes" comes from this.
+
+    python -m bench backend_profile --threads 1 --steps 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from backend.engine.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
+from backend.loader import load_model
+from backend.model.llama import LlamaModel
+from backend.model.quant import quantize_model
+from bench.backend_vs_hf import prefill_prompts, prompts
+
+
+def decode_steps(engine: LLMEngine, batch: list[list[int]], steps: int) -> Callable[[], list[float]]:
+    """A scenario: admit `batch`, prefill it, then time `steps` decode steps (CPU ms each); aborts after."""
+    params = SamplingParams(temperature=0.0, max_tokens=100_000, ignore_eos=True)
+
+    def run() -> list[float]:
+        ids = [f"profile-{time.monotonic_ns()}-{i}" for i in range(len(batch))]
+        for rid, prompt in zip(ids, batch, strict=True):
+            engine.add_request(rid, prompt, params)
+        while engine.scheduler.waiting:
+            engine.step()
+        engine.step()  # every sequence decoding from here on
+        times = []
+        for _ in range(steps):
+            start = time.process_time()
+            engine.step()
+            times.append((time.process_time() - start) * 1e3)
+        for rid in ids:
+            engine.abort_request(rid)
+        return times
+
+    return run
+
+
+def prefill(engine: LLMEngine, fresh: list[list[int]]) -> Callable[[], list[float]]:
+    """A scenario: one prompt of `fresh` per call (a new one each time: no prefix cache hit)."""
+
+    def run() -> list[float]:
+        ids = fresh.pop()
+        start = time.process_time()
+        engine.generate([ids], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+        return [(time.process_time() - start) * 1e3]
+
+    return run
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rows", type=int, default=12, help="profiler table rows per scenario")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    loaded = load_model()
+    model = LlamaModel(loaded.config, dtype=torch.bfloat16)
+    model.load_weights(loaded.weights)
+    quantize_model(model, loaded.weights, loaded.quantized)
+    config = EngineConfig(num_blocks=512, max_num_seqs=8, max_num_batched_tokens=1024, max_model_len=1024)
+    engine = LLMEngine(model, config, loaded.tokenizer.eos_token_ids)
+    batch = prompts(loaded)
+    scenarios = {
+        "batch-1 decode": decode_steps(engine, batch[:1], args.steps),
+        "8 concurrent decode": decode_steps(engine, batch, args.steps),
+        "prefill 250": prefill(engine, prefill_prompts(loaded, 1)),
+    }
+    for name, run in scenarios.items():
+        run()  # warm-up
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            times = run()
+        print(f"\n{name}: {statistics.median(times):.1f} CPU ms per step ({args.threads} threads)")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
+
+
+if __name__ == "__main__":
+    main()
