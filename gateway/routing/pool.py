@@ -122,6 +122,25 @@ class UpstreamPool:
         if revision and model is not None:
             self.book.saw(backend.index, model, revision)
 
+    def _after_error(self, current: Backend, exc: UpstreamError, facts: Facts, tried: set[int]) -> Backend:
+        """The backend for the retry after `exc`; re-raises `exc` when it is not retried."""
+        again = self._second(facts, tried) if retriable(exc) else None
+        current.failed(exc.message, retried=again is not None)
+        if again is None:
+            raise exc
+        return again
+
+    def _after_head(
+        self, current: Backend, status: int, headers: Mapping[str, str], facts: Facts, tried: set[int]
+    ) -> Backend | None:
+        """None: this answer stands (settled on `current`); else the backend for the retry of a 502/503/504."""
+        again = self._second(facts, tried) if status in RETRY_STATUSES else None
+        if again is None:
+            self._settle(current, status, headers, facts.model)
+        else:
+            current.failed(f"HTTP {status}", retried=True)
+        return again
+
     async def request(
         self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None = None
     ) -> UpstreamResponse:
@@ -136,20 +155,13 @@ class UpstreamPool:
             try:
                 resp = await current.upstream.request(method, path_qs, headers, body)
             except UpstreamError as exc:
-                again = self._second(facts, tried) if retriable(exc) else None
-                current.failed(exc.message, retried=again is not None)
-                if again is None:
-                    raise
-                backend = again
+                backend = self._after_error(current, exc, facts, tried)
                 continue
             finally:
                 current.end()
-            again = self._second(facts, tried) if resp.status in RETRY_STATUSES else None
-            if again is None:
-                self._settle(current, resp.status, resp.headers, facts.model)
+            backend = self._after_head(current, resp.status, resp.headers, facts, tried)
+            if backend is None:
                 return resp
-            current.failed(f"HTTP {resp.status}", retried=True)
-            backend = again
         raise UpstreamUnavailable("upstream unavailable: no backend")
 
     @asynccontextmanager
@@ -169,18 +181,11 @@ class UpstreamPool:
                             current.upstream.open_stream(method, path_qs, headers, body)
                         )
                     except UpstreamError as exc:
-                        again = self._second(facts, tried) if retriable(exc) else None
-                        current.failed(exc.message, retried=again is not None)
-                        if again is None:
-                            raise
-                        backend = again
+                        backend = self._after_error(current, exc, facts, tried)
                         continue
-                    again = self._second(facts, tried) if resp.status in RETRY_STATUSES else None
-                    if again is not None:
-                        current.failed(f"HTTP {resp.status}", retried=True)
-                        backend = again
+                    backend = self._after_head(current, resp.status, resp.headers, facts, tried)
+                    if backend is not None:
                         continue
-                    self._settle(current, resp.status, resp.headers, facts.model)
                     yield resp  # from here on bytes may reach the client: never retried
                     return
             finally:

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestServer
 
 from tests.support.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
+from tests.support.services import serving
 from tests.support.token_backend import EchoEngine, backend_app, chatml_byte_tokenizer
 
 TOKENIZER = chatml_byte_tokenizer()
@@ -37,12 +37,8 @@ async def backend_url(engine: EchoEngine, paths: list[str]) -> AsyncIterator[str
         paths.append(request.path)
 
     app.on_response_prepare.append(record)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield str(server.make_url("")).rstrip("/")
-    finally:
-        await server.close()
+    async with serving(app) as url:
+        yield url
 
 
 @pytest.fixture
