@@ -135,3 +135,22 @@ class Breaker:
             type(exc).__name__,
             exc,
         )
+
+
+def settle_batch(
+    batch: dict[str, list[asyncio.Future[_T]]],
+    results: Iterable[_T] | None,
+    error: BaseException | None = None,
+) -> None:
+    """Hand each waiter of a batched read its key's result (in `batch` order), or `error` to all of them; a
+    waiter that gave up (cancelled) is skipped."""
+    if results is None:
+        for futures in batch.values():
+            for future in futures:
+                if not future.done():
+                    future.set_exception(L2Unavailable(str(error)))
+        return
+    for futures, result in zip(batch.values(), results, strict=True):
+        for future in futures:
+            if not future.done():
+                future.set_result(result)

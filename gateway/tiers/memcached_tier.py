@@ -30,7 +30,7 @@ from aiocache import MemcachedCache
 from aiomcache.exceptions import ClientException
 
 from gateway.entry import Entry, encode
-from gateway.tiers.base import Breaker, L2Unavailable
+from gateway.tiers.base import Breaker, L2Unavailable, settle_batch
 from gateway.tiers.mc_record import (
     RecordSerializer,
     Stored,
@@ -154,15 +154,9 @@ class MemcachedTier:
             try:
                 entries = await self._read(shard, list(batch))
             except L2Unavailable as exc:
-                for futures in batch.values():
-                    for future in futures:
-                        if not future.done():
-                            future.set_exception(L2Unavailable(str(exc)))
+                settle_batch(batch, None, exc)
                 continue
-            for key, entry in zip(batch, entries, strict=True):
-                for future in batch[key]:
-                    if not future.done():
-                        future.set_result(entry)
+            settle_batch(batch, entries)
 
     async def _read(self, shard: _Shard, keys: list[str]) -> list[Entry | None]:
         """One `get` for the entries and the counters of their tags; a second only for tags never seen."""

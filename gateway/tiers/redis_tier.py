@@ -21,7 +21,7 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from gateway.entry import Entry, decode, encode
-from gateway.tiers.base import Breaker, L2Unavailable
+from gateway.tiers.base import Breaker, L2Unavailable, settle_batch
 
 log = logging.getLogger("tokenedge.l2")
 TAG_PREFIX = "te1:tag:"
@@ -121,15 +121,9 @@ class RedisTier:
             try:
                 values = await self._call("get", lambda keys=keys: self._mget(keys))  # type: ignore[misc]
             except L2Unavailable as exc:
-                for futures in batch.values():
-                    for future in futures:
-                        if not future.done():
-                            future.set_exception(L2Unavailable(str(exc)))
+                settle_batch(batch, None, exc)
                 continue
-            for key, value in zip(keys, values, strict=True):
-                for future in batch[key]:
-                    if not future.done():
-                        future.set_result(value if isinstance(value, bytes | None) else str(value).encode())
+            settle_batch(batch, (v if isinstance(v, bytes | None) else str(v).encode() for v in values))
 
     async def _mget(self, keys: list[str]) -> list[bytes | str | None]:
         return list(await self._client.mget(keys))
