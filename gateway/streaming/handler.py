@@ -229,9 +229,9 @@ async def serve_stale(
 ) -> Answered:
     headers = answer.stale_headers(state, entry, decision.detail)
     response = await replay(request, state, entry, headers, include_usage=include_usage)
-    # The streamed path's reason label has always been the Cache-Status detail (`status-502` where the JSON path
-    # says `status`); kept as it was, since metric labels are a contract.
-    return Answered(response, Result.STALE, decision.detail)
+    return Answered(
+        response, Result.STALE, decision.reason
+    )  # the JSON path's label (`status`, not `status-502`)
 
 
 def miss_headers(head: Head, req: FillRequest, *, collapsed: bool) -> dict[str, str]:

@@ -299,6 +299,21 @@ async def test_streamed_results_are_counted(gw: RunningGateway) -> None:
     assert gw.state.metrics.ttft.labels("chat/completions", "hit")._sum.get() > 0
 
 
+async def test_a_stale_stream_after_a_5xx_is_labelled_as_the_json_path_labels_it(
+    make_gateway: GatewayFactory, fake: FakeUpstream, clock: FakeClock
+) -> None:
+    gw = await make_gateway(cache={"stale_if_error_s": 600})
+    first = await collect(await post(gw, STREAM))
+    clock.advance(3600 + 100)
+    fake.status = 503
+    stale = await post(gw, STREAM)
+    assert await collect(stale) == first
+    assert "detail=stale-if-error" in stale.headers["Cache-Status"]
+    gw.state.metrics.tally.flush()
+    requests = gw.state.metrics.requests
+    assert requests.labels("chat/completions", "stale", "status")._value.get() == 1
+
+
 async def test_public_route_stream_follower_is_not_refused_with_the_leaders_credential(
     make_gateway: GatewayFactory, fake: FakeUpstream
 ) -> None:
