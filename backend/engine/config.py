@@ -4,8 +4,9 @@ speculation. The one home of these fields and their defaults: the served backend
 
 `batch_invariant` (default on, DESIGN.md §8): a sequence's logits have the same bits whatever else is batched,
 however its prefill is chunked and whether its prefix came from the cache; off trades that for throughput.
-`speculative_tokens` (default 4): prompt-lookup drafts per verify forward for greedy requests
-(backend/engine/speculative.py). Speculation is exact only on batch-invariant kernels (a k-token verify equals k
+`speculative_tokens` (default 3): prompt-lookup drafts per verify forward for greedy requests
+(backend/engine/speculative.py); 3 because a verify of 4 rows is one pass of the CPU int4 kernel (it re-reads the
+weights every 4 rows), so a fourth draft costs a second pass (`bench speculative`: k=3 1.49x copy-heavy, k=4 1.17x). Speculation is exact only on batch-invariant kernels (a k-token verify equals k
 single steps bitwise), so it is off whenever `batch_invariant` is: `draft_tokens` is what the engine uses.
 """
 
@@ -28,7 +29,7 @@ class EngineConfig:
     device: str = "cpu"
     max_waiting: int = 256
     enable_prefix_caching: bool = True
-    speculative_tokens: int = 4  # drafts per verify for greedy requests, 0 = off (see draft_tokens)
+    speculative_tokens: int = 3  # drafts per verify for greedy requests, 0 = off (see draft_tokens)
     batch_invariant: bool = True
 
     def __post_init__(self) -> None:
