@@ -46,7 +46,8 @@ JSON_TYPES = frozenset({"application/json"})
 
 def _json_body(request: web.Request) -> bool:
     """The request declares a JSON body (or none), as `validate.check_content_type` accepts."""
-    if "Content-Type" not in request.headers:
+    declared = request.headers.get("Content-Type")
+    if declared is None or declared == "application/json":  # the common case, without parsing parameters
         return True
     ctype = request.content_type
     return ctype in JSON_TYPES or ctype.endswith("+json")

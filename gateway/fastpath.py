@@ -33,6 +33,7 @@ from gateway.keys import PUBLIC_SCOPE
 from gateway.memo import ParsedRequest
 from gateway.policy import Freshness, Lookup, decide, freshness
 from gateway.state import GatewayState
+from gateway.tenancy import MEMO_ENTRIES, Tenancy
 from gateway.timing import StageTimer, timer_of
 from gateway.warm import count_hit
 
@@ -175,12 +176,54 @@ def eligible(request: web.Request) -> bool:
 
     One pass over the raw header names: a conditional, directive or debug header sends it the normal way.
     """
-    if request.version != HttpVersion11:
-        return False
-    for name, _value in request.raw_headers:
-        if name.lower() in _SLOW_HEADERS:
-            return False
-    return len(request.app.on_response_prepare) <= 1
+    return scan(request, _NO_CREDENTIALS) is not None
+
+
+Credentials = tuple[
+    tuple[bytes, bytes], ...
+]  # (lower-case name, raw value) of each credential header, in order
+_NO_CREDENTIALS: dict[bytes, bool] = {name: True for name in _SLOW_HEADERS}
+
+
+@functools.lru_cache(maxsize=16)
+def _header_kinds(credential_names: tuple[str, ...]) -> dict[bytes, bool]:
+    """Lower-case raw name -> True (a slow header) or False (a credential header), for one dict probe a header."""
+    kinds = {name.lower().encode("ascii"): False for name in credential_names}
+    kinds.update(_NO_CREDENTIALS)
+    return kinds
+
+
+def scan(request: web.Request, kinds: dict[bytes, bool]) -> Credentials | None:
+    """`eligible` and the credential headers' raw values in one pass: None when the request must go the normal
+    way, else the (name, value) pairs of the headers `kinds` marks False."""
+    if request.version != HttpVersion11 or len(request.app.on_response_prepare) > 1:
+        return None
+    found: list[tuple[bytes, bytes]] = []
+    for name, value in request.raw_headers:
+        lower = name.lower()
+        kind = kinds.get(lower)
+        if kind is not None:
+            if kind:
+                return None
+            found.append((lower, value))
+    return tuple(found)
+
+
+# Raw credential values -> (the Tenancy that scoped them, scope). The same raw credential headers in the same
+# order are the same `getall` values for every name, so `Tenancy.scope` gives them the same scope; a miss (or
+# another Tenancy) asks `scope_of` itself, which also raises as it would. In memory only, bounded like its memo.
+_SCOPES: dict[Credentials, tuple[Tenancy, str]] = {}
+
+
+def _credential_scope(request: web.Request, tenancy: Tenancy, credentials: Credentials) -> str:
+    cached = _SCOPES.get(credentials)
+    if cached is not None and cached[0] is tenancy:
+        return cached[1]
+    scope = scope_of(request)
+    if len(_SCOPES) >= MEMO_ENTRIES:
+        _SCOPES.clear()
+    _SCOPES[credentials] = (tenancy, scope)
+    return scope
 
 
 def hit_response(
@@ -230,7 +273,11 @@ def known_key(request: web.Request, state: GatewayState, endpoint: str, raw: byt
     Every step that is not a plain dict lookup (parse, validate, canonicalize, derive, a catalog refresh,
     directives) returns None, and the normal path then does the whole request.
     """
-    if not eligible(request):
+    tenancy = state.tenancy
+    if tenancy is None:
+        return None
+    credentials = scan(request, _header_kinds(tenancy.credential_headers))
+    if credentials is None:
         return None
     parsed = state.memo.get(endpoint, raw)
     if parsed is None or _lookup(parsed, state, endpoint) is None:
@@ -238,7 +285,12 @@ def known_key(request: web.Request, state: GatewayState, endpoint: str, raw: byt
     revision = state.catalog.fresh_revision(parsed.body["model"])
     if revision is None:
         return None
-    scope = request_scope(request, state, state.config.routes[endpoint].scope == "public")
+    if state.config.routes[endpoint].scope == "public":
+        scope = PUBLIC_SCOPE
+    elif tenancy.tenant_header:  # a trusted proxy's tenant header: the peer decides, so no raw-value memo
+        scope = scope_of(request)
+    else:
+        scope = _credential_scope(request, tenancy, credentials)
     key, context = parsed.key, parsed.key_context
     if key is None or context is None or context[0] != scope or context[1] != revision:
         return None  # keyed for another caller or revision: the normal path derives it

@@ -372,3 +372,25 @@ async def test_known_bytes_from_a_refused_or_other_caller_get_the_normal_paths_a
     other = await gw.client.post(PATH, data=RAW, headers={**other_caller, "Content-Type": "application/json"})
     assert other.headers["Cache-Status"].startswith("tokenedge; fwd=miss")
     assert fake.calls["chat"] == 2
+
+
+async def test_the_lanes_credential_memo_keeps_every_caller_in_its_own_scope(
+    gw: RunningGateway, fake: FakeUpstream
+) -> None:
+    """Callers interleaved on known bytes: each is served its own entry; a name's case is the same caller, one more
+    credential header another caller (the lane's raw-value scope memo agrees with `Tenancy.scope`)."""
+    json_type = {"Content-Type": "application/json"}
+    b = {**json_type, "Authorization": "Bearer tenant-b"}
+    keys = {}
+    for name, headers, status in [
+        ("a", HEADERS, "fwd=miss"),
+        ("b", b, "fwd=miss"),
+        ("a", {**json_type, "authorization": AUTH_A["Authorization"]}, "hit"),
+        ("b", b, "hit"),
+        ("a2", {**HEADERS, "api-key": "k"}, "fwd=miss"),
+        ("a", HEADERS, "hit"),
+    ]:
+        reply = await gw.client.post(PATH, data=RAW, headers=headers)
+        assert reply.headers["Cache-Status"].startswith(f"tokenedge; {status}"), (name, reply.headers)
+        assert keys.setdefault(name, reply.headers["X-Cache-Key"]) == reply.headers["X-Cache-Key"]
+    assert len(set(keys.values())) == 3 and fake.calls["chat"] == 3
