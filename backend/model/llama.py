@@ -171,11 +171,12 @@ class LlamaModel(nn.Module):
         assert token_ids.dim() == 1 and token_ids.shape == positions.shape
         if invariant:
             self.calibrate_invariance()
-        cos, sin = self.rope.lookup(positions)  # [T, 1, D/2] each
+        cos, sin = self.rope.lookup(positions, self.config.rope_interleaved)  # [T, 1, D/2 or D] each
         x = self.embed_tokens(token_ids).float()  # x: [T, hidden] fp32 residual
         for index, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, _bind_layer(attend, index), invariant)
-        return self.norm(x)  # [T, hidden] fp32
+            assert isinstance(layer, LlamaDecoderLayer)
+            x = layer.forward(x, cos, sin, _bind_layer(attend, index), invariant)  # no hooks: skip __call__
+        return self.norm.forward(x)  # [T, hidden] fp32
 
     @torch.inference_mode()
     def compute_logits(

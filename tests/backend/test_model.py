@@ -9,7 +9,7 @@ import torch
 
 from backend.model.config import Llama3RopeScaling, LlamaConfig
 from backend.model.llama import LlamaModel
-from backend.model.rope import inv_frequencies
+from backend.model.rope import RopeTable, apply_rope, inv_frequencies
 from tests.backend.tiny import tiny_config, tiny_model, tiny_weights
 
 TOKENS = torch.tensor([3, 141, 59, 26, 5, 35, 89, 79, 32, 38])
@@ -135,3 +135,16 @@ def test_rms_norm_follows_reloaded_weights() -> None:
     model.load_weights({**tiny_weights(model.config), "model.norm.weight": torch.full((hidden,), 2.0)})
     expected = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * 2.0
     torch.testing.assert_close(model.norm(x), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_widened_rope_tables_give_the_written_out_rotation_bitwise(dtype: torch.dtype) -> None:
+    # x * [cos | cos] + [x2 | x1] * [-sin | sin] must be x1 cos - x2 sin, x2 cos + x1 sin to the bit
+    table = RopeTable(4096, inv_frequencies(64, 100_000.0, None))
+    positions = torch.randint(0, 4096, (300,), generator=torch.Generator().manual_seed(0))
+    x = torch.randn(300, 12, 64, generator=torch.Generator().manual_seed(1)).to(dtype)
+    cos, sin = table.cos[positions], table.sin[positions]  # [T, 1, 32] each
+    x1, x2 = x.float()[..., :32], x.float()[..., 32:]
+    expected = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(dtype)
+    wide_cos, wide_sin = table.lookup(positions, interleaved=False)  # [T, 1, 64] each
+    assert torch.equal(apply_rope(x, wide_cos, wide_sin, interleaved=False), expected)
