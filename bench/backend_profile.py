@@ -34,7 +34,7 @@ def decode_steps(engine: LLMEngine, batch: list[list[int]], steps: int) -> Calla
     def run() -> list[float]:
         ids = [f"profile-{time.monotonic_ns()}-{i}" for i in range(len(batch))]
         for rid, prompt in zip(ids, batch, strict=True):
-            engine.add_request(rid, prompt, params)
+            engine.add_request(rid, engine.prompt(prompt), params)
         while engine.scheduler.waiting:
             engine.step()
         engine.step()  # every sequence decoding from here on
