@@ -11,7 +11,6 @@ off so every round really prefills. The cost is 1 - on/off; targets: <= 10% at b
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
@@ -25,7 +24,8 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
 from backend.loader import LoadedModel, load_model
 from backend.model.llama import LlamaModel
-from bench.backend_vs_hf import DTYPES, RESULTS, prompts
+from bench.backend_vs_hf import DTYPES, prompts
+from bench.harness import write_results
 
 PREFILL_TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps on the warm windowsill. "
 TARGETS = {"batch1_decode_tok_s": 0.10, "concurrent8_tok_s": 0.25}
@@ -138,10 +138,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "calibration_s": result["calibration_s"],
         "tilings": {n: [t.tile_rows, t.min_rows] for n, t in result["tilings"].items()},
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"backend_invariance-{args.dtype}-{int(time.time())}.json"
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {out}")
+    print(f"wrote {write_results(f'backend_invariance-{args.dtype}-{int(time.time())}', record)}")
 
 
 if __name__ == "__main__":

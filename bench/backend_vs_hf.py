@@ -28,9 +28,9 @@ from typing import Any
 import torch
 
 from backend.loader import LoadedModel, default_model_path, load_model
+from bench.harness import write_results
 from bench.llamacpp import LlamaCpp
 
-RESULTS = Path(__file__).resolve().parent / "results"
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "backend" / "data" / "agreement_corpus.json"
 PREFILL_TOKENS = 250
 METRICS = ("batch1_decode_tok_s", "concurrent8_tok_s", "prefill250_tok_s")
@@ -274,10 +274,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "medians": medians,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"backend-{args.weights}-{int(time.time())}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    print(f"wrote {write_results(f'backend-{args.weights}-{int(time.time())}', result)}")
 
 
 if __name__ == "__main__":

@@ -243,7 +243,7 @@ def print_table(title: str, rows: Sequence[tuple[str, LoadResult]], baseline: st
 def write_results(name: str, payload: Mapping[str, object]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(payload, indent=2, default=lambda o: asdict(o)))
+    path.write_text(json.dumps(payload, indent=2, default=lambda o: asdict(o)) + "\n")
     return path
 
 

@@ -25,9 +25,9 @@ from backend.engine.sampling_params import SamplingParams
 from backend.loader import LoadedModel, load_model
 from backend.model.llama import LlamaModel
 from backend.model.quant import quantize_model
+from bench.harness import write_results
 
 WORKLOAD = Path(__file__).resolve().parent / "data" / "copy_workload.json"
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def engine(model: LlamaModel, loaded: LoadedModel, k: int) -> LLMEngine:
@@ -102,10 +102,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"{name:<10}{r['off_tok_s']:>11.1f}{r['on_tok_s']:>10.1f}{r['ratio']:>7.2f}x"
             f"{r['acceptance']:>8.2f}{r['tokens_per_verify']:>12.2f}"
         )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"speculative-{int(time.time())}.json"
-    out.write_text(json.dumps({"benchmark": "speculative", "k": args.k, **result}, indent=2) + "\n")
-    print(f"wrote {out}")
+    record = {"benchmark": "speculative", "k": args.k, **result}
+    print(f"wrote {write_results(f'speculative-{int(time.time())}', record)}")
 
 
 if __name__ == "__main__":

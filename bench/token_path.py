@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from bench.harness import RESULTS
+from bench.harness import RESULTS, write_results
 from gateway.tokens.cache import TokenCache
 from gateway.tokens.encoder import ModelEncoder
 from gateway.tokens.registry import TokenizerRegistry, spec_from_export
@@ -312,10 +312,8 @@ def main(argv: list[str]) -> None:
             f"{r['json_response_us']:>13.1f} {r['binary_response_us']:>12.1f} {r['saving_vs_json']:>9.2f} "
             f"{r['saving_vs_json_counted']:>12.2f}"
         )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "token_path.json"
-    out.write_text(
-        json.dumps({"tokenizer": label, "encode": encode_rows, "transport": transport_rows}, indent=2)
+    out = write_results(
+        "token_path", {"tokenizer": label, "encode": encode_rows, "transport": transport_rows}
     )
     print(f"\nwrote {out}")
 
