@@ -33,7 +33,6 @@ from gateway.keys import PUBLIC_SCOPE
 from gateway.memo import ParsedRequest
 from gateway.policy import Freshness, Lookup, decide, freshness
 from gateway.state import GatewayState
-from gateway.tenancy import MEMO_ENTRIES, Tenancy
 from gateway.timing import StageTimer, timer_of
 from gateway.warm import count_hit
 
@@ -209,23 +208,6 @@ def scan(request: web.Request, kinds: dict[bytes, bool]) -> Credentials | None:
     return tuple(found)
 
 
-# Raw credential values -> (the Tenancy that scoped them, scope). The same raw credential headers in the same
-# order are the same `getall` values for every name, so `Tenancy.scope` gives them the same scope; a miss (or
-# another Tenancy) asks `scope_of` itself, which also raises as it would. In memory only, bounded like its memo.
-_SCOPES: dict[Credentials, tuple[Tenancy, str]] = {}
-
-
-def _credential_scope(request: web.Request, tenancy: Tenancy, credentials: Credentials) -> str:
-    cached = _SCOPES.get(credentials)
-    if cached is not None and cached[0] is tenancy:
-        return cached[1]
-    scope = scope_of(request)
-    if len(_SCOPES) >= MEMO_ENTRIES:
-        _SCOPES.clear()
-    _SCOPES[credentials] = (tenancy, scope)
-    return scope
-
-
 def hit_response(
     request: web.Request, state: GatewayState, entry: Entry, now: float, tier: str, *, checked: bool = False
 ) -> HitResponse | None:
@@ -290,7 +272,7 @@ def known_key(request: web.Request, state: GatewayState, endpoint: str, raw: byt
     elif tenancy.tenant_header:  # a trusted proxy's tenant header: the peer decides, so no raw-value memo
         scope = scope_of(request)
     else:
-        scope = _credential_scope(request, tenancy, credentials)
+        scope = tenancy.scope_of_raw(credentials, lambda: scope_of(request))
     key, context = parsed.key, parsed.key_context
     if key is None or context is None or context[0] != scope or context[1] != revision:
         return None  # keyed for another caller or revision: the normal path derives it

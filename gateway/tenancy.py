@@ -21,9 +21,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeVar
 
 from gateway.config import ServerConfig
 from gateway.errors import Unauthorized
@@ -34,6 +34,7 @@ PROXY_SECRET_HEADER: Final = "X-Tokenedge-Proxy-Secret"
 _PERSON: Final = b"te-scope"
 MEMO_ENTRIES: Final = 4096  # distinct credential sets remembered per process (cleared when full)
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+_K = TypeVar("_K", bound=Hashable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,10 @@ class Tenancy:
     proxy_secret: str
     refuse_anonymous: bool
     _memo: dict[tuple[tuple[str, ...], ...], str] = field(default_factory=dict, compare=False, repr=False)
+    # The fast lane's key: each credential header's (lower-case name, raw value), in request order.
+    _raw_memo: dict[tuple[tuple[bytes, bytes], ...], str] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @classmethod
     def from_config(cls, server: ServerConfig, secret: bytes) -> Tenancy:
@@ -82,17 +87,18 @@ class Tenancy:
         getall = getattr(headers, "getall", None)
         if getall is not None:  # the hot path: a memo keyed by the raw values (same hash, no re-encoding)
             raw = tuple(tuple(getall(name, ())) for name in self.credential_headers)
-            scope = self._memo.get(raw)
-            if scope is None:
-                scope = self._credential_scope(headers)
-                if len(self._memo) >= MEMO_ENTRIES:
-                    self._memo.clear()
-                self._memo[raw] = scope
+            scope = _remembered(self._memo, raw, lambda: self._credential_scope(headers))
         else:
             scope = self._credential_scope(headers)
         if scope == ANONYMOUS_SCOPE and self.refuse_anonymous:
             raise Unauthorized("a credential is required (Authorization, api-key or x-api-key)")
         return scope
+
+    def scope_of_raw(self, raw: tuple[tuple[bytes, bytes], ...], compute: Callable[[], str]) -> str:
+        """The scope of a request whose credential headers are `raw` ((lower-case name, value) in request order;
+        no trusted tenant header configured): the same raw headers are the same `getall` values for every name, so
+        the same scope. `compute` (the request's `scope`) runs on a miss and may raise; a refusal is not kept."""
+        return _remembered(self._raw_memo, raw, compute)
 
     def _credential_scope(self, headers: Mapping[str, str]) -> str:
         parts = tuple(credential_parts(headers, self.credential_headers))
@@ -113,3 +119,14 @@ def credential_parts(headers: Mapping[str, str], names: Iterable[str]) -> Iterab
         for value in values:
             if value.strip():
                 yield name.encode(), value.encode("utf-8", "surrogateescape")
+
+
+def _remembered(memo: dict[_K, str], key: _K, compute: Callable[[], str]) -> str:
+    """`memo[key]`, computed on a miss; the memo is cleared when it holds MEMO_ENTRIES (a hot set re-fills it)."""
+    scope = memo.get(key)
+    if scope is None:
+        scope = compute()
+        if len(memo) >= MEMO_ENTRIES:
+            memo.clear()
+        memo[key] = scope
+    return scope
