@@ -129,7 +129,7 @@ class FastLane:
         if response is not None:  # else the middleware marks the end, on the normal path
             if marks is not None:
                 marks.request_finished()
-            done(state, timer, endpoint, "hit", tier)
+            handler_done(state, timer, endpoint, "hit", tier)
         return response
 
     async def _shared_hit(
@@ -147,10 +147,12 @@ class FastLane:
         try:
             found = await state.cache.get(key)
         except (ConnectionResetError, asyncio.CancelledError):
-            done(state, timer, endpoint, "client_gone", "client_gone")  # as the handler counts a client gone
+            handler_done(
+                state, timer, endpoint, "client_gone", "client_gone"
+            )  # as the handler counts a client gone
             raise
         except Exception:  # a gateway bug: counted as the handler counts it, answered by the edge as JSON 500
-            done(state, timer, endpoint, "error", "error")
+            handler_done(state, timer, endpoint, "error", "error")
             raise
         now = state.clock()  # after the (remote) read: the age is the entry's age as served
         if found is not None and fastpath.is_fresh(found.entry, now):
@@ -160,11 +162,3 @@ class FastLane:
         request[PRE_READ] = (key, found)
         timer.lap_to("l2", perf_counter())
         return None, "l2"
-
-
-def done(state: GatewayState, timer: StageTimer, endpoint: str, result: str, reason: str) -> None:
-    """What the handler's `finally` tallies for a request (`completions.make_handler`)."""
-    tally = state.metrics.tally
-    tally.inc(state.metrics.requests, (endpoint, result, reason))
-    tally.observe(state.metrics.request_duration, (endpoint, result), perf_counter() - timer.started)
-    handler_done(state, timer, result, reason)

@@ -7,7 +7,6 @@ The upstream always receives the client's own bytes; only the key is built from 
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 from typing import Any, assert_never
 
@@ -128,7 +127,6 @@ def make_handler(endpoint: str):
         state = request.app[STATE]
         lane = timer_of(request)  # set when the fast lane tried this request first (gateway.fastlane)
         timer = lane if lane is not None else start_timer(request, endpoint)
-        started = timer.started
         result: str = Result.ERROR
         reason: str = Outcome.FAILED
         try:
@@ -167,10 +165,7 @@ def make_handler(endpoint: str):
             result, reason = Result.CLIENT_GONE, Outcome.CLIENT_GONE  # counted, never an error
             raise
         finally:
-            tally = state.metrics.tally
-            tally.inc(state.metrics.requests, (endpoint, result, reason))
-            tally.observe(state.metrics.request_duration, (endpoint, result), time.perf_counter() - started)
-            handler_done(state, timer, result, reason)
+            handler_done(state, timer, endpoint, result, reason)
 
     return handler
 

@@ -126,8 +126,12 @@ def finish_request(state: GatewayState, timer: StageTimer) -> None:
     accesslog.write(timer, state.config.server.access_log_sample_rate)
 
 
-def handler_done(state: GatewayState, timer: StageTimer, result: str, reason: str) -> None:
-    """Called from the cacheable handler's `finally`: the outcome is known; finish now if the status is too."""
+def handler_done(state: GatewayState, timer: StageTimer, endpoint: str, result: str, reason: str) -> None:
+    """Called once per cacheable request when its outcome is known (the handler's `finally`, or the fast lane):
+    counted and timed, then finished now if the status is known too."""
+    tally = state.metrics.tally
+    tally.inc(state.metrics.requests, (endpoint, result, reason))
+    tally.observe(state.metrics.request_duration, (endpoint, result), perf_counter() - timer.started)
     timer.result, timer.reason, timer.done = result, reason, True
     if result == "bypass" and "upstream" not in timer.stages:
         timer.lap("upstream")  # a bypass is parse, then the relay: everything after parse is the upstream
