@@ -15,7 +15,6 @@ from typing import Any
 from gateway.canonical import AUTO, Level, canonicalize, tokens_form
 from gateway.state import GatewayState
 from gateway.tokens.encoder import ModelEncoder, Unrenderable
-from gateway.tokens.path import token_path
 
 TOKEN_LEVELS = frozenset({AUTO, Level.TOKENS.value})
 
@@ -25,7 +24,7 @@ async def key_encoder(
 ) -> ModelEncoder | None:
     """The encoder whose ids are exactly the backend's for `model`, or None. No await once it is loaded, and
     `headers` (for the one `GET /v1/tokenizer`) is only built when the tokenizer must be fetched."""
-    path = token_path(state)
+    path = state.tokens
     if path is None or not isinstance(model, str):
         return None
     info = path.catalog.known.get(model)

@@ -23,7 +23,7 @@ from gateway.tokens.transport import BINARY_ENDPOINTS, BinaryCall
 from gateway.transport import UpstreamTransport
 from gateway.upstream import UpstreamResponse
 
-__all__ = ["Plan", "TokenPath", "TokenUpstream", "check_bypass", "token_path", "tokens_ctx", "upstream_for"]
+__all__ = ["Plan", "TokenPath", "TokenUpstream", "check_bypass", "tokens_ctx", "upstream_for"]
 
 
 class TokenUpstream:
@@ -100,11 +100,6 @@ class _Local:
         return self._body
 
 
-def token_path(state: GatewayState) -> TokenPath | None:
-    """The process's token path (None when `[tokens] enabled = false`)."""
-    return state.tokens
-
-
 async def tokens_ctx(app: web.Application) -> AsyncIterator[None]:
     """cleanup_ctx: the token path, built once at startup after the cache ctx (it needs the upstream and catalog)."""
     state = app[STATE]
@@ -122,7 +117,7 @@ def upstream_for(
     state: GatewayState, endpoint: str, body: Mapping[str, Any], tenant: str
 ) -> TokenUpstream | None:
     """The seam for a fill (None: the plain upstream); nothing is counted until the fill goes upstream."""
-    path = token_path(state)
+    path = state.tokens
     if path is None or endpoint not in BINARY_ENDPOINTS:
         return None
     return TokenUpstream(path, state.upstream, endpoint, body, tenant)
@@ -136,6 +131,6 @@ async def check_bypass(
     upstream_headers: Mapping[str, str],
 ) -> None:
     """Budgets for a bypassed request (relayed as JSON): raises ContextTooLong or RateLimited."""
-    path = token_path(state)
+    path = state.tokens
     if path is not None:
         await path.plan(endpoint, body, upstream_headers, tenant)
