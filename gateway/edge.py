@@ -27,6 +27,8 @@ import logging
 from typing import Any, Final
 
 from aiohttp import web
+from aiohttp.http import RawRequestMessage
+from aiohttp.streams import StreamReader
 from aiohttp.test_utils import TestServer
 from aiohttp.web_protocol import RequestHandler
 
@@ -35,6 +37,7 @@ from gateway.errors import GatewayError, PayloadTooLarge, error_body, error_resp
 from gateway.fastlane import FastLane
 from gateway.metrics import GatewayMetrics
 from gateway.state import STATE
+from gateway.wirelane import WireLane
 
 log = logging.getLogger("tokenedge.edge")
 IDLE, HEAD, HANDLING = 0, 1, 2
@@ -63,6 +66,10 @@ class EdgeRequestHandler(RequestHandler):
         self.phase = HEAD
         self.head_started = self.last_rx = 0.0
         self.rx_while_handling = False
+        # Every byte the parser has been fed formed whole requests, one per read (so it holds no partial one), and
+        # the last such read with its message: what `WireLane` may learn and answer (see data_received).
+        self.clean = True
+        self.whole: tuple[object, bytes] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -92,7 +99,46 @@ class EdgeRequestHandler(RequestHandler):
             current = self._current_request
             self.rx_while_handling = current is None or current.content.is_eof()
         self.last_rx = now
+        if not self.clean:
+            super().data_received(data)
+            return
+        wire = self.edge.wire
+        if wire is not None and self._idle() and wire.serve(data, self.transport):  # type: ignore[arg-type]
+            self._served_on_wire(now)
+            return
+        before = self._request_count
         super().data_received(data)
+        messages = self._messages
+        if self._request_count == before + 1 and len(messages) == 1 and _whole_request(data, *messages[0]):
+            self.whole = (messages[0][0], data)
+        else:  # a partial, pipelined or framed-otherwise read: learned bytes are never answered here again
+            self.clean, self.whole = False, None
+
+    def _idle(self) -> bool:
+        """No request queued, being handled or still being written, nothing half-parsed: a response written now is
+        in order."""
+        transport = self.transport
+        return not (
+            self._messages
+            or self._request_in_progress
+            or self._paused
+            or self._upgraded
+            or self._payload_parser is not None
+            or self._close
+            or self._force_close
+            or transport is None
+            or transport.is_closing()
+        )
+
+    def _served_on_wire(self, now: float) -> None:
+        """aiohttp's per-request bookkeeping for a request it never saw: counted, and keep-alive restarted."""
+        self._request_count += 1
+        self.edge.requests_count += 1
+        self.phase = IDLE
+        self._keepalive = True
+        close_time = self._next_keepalive_close_time = now + self._keepalive_timeout
+        if self._keepalive_handle is None and self._keepalive_timeout > 0:
+            self._keepalive_handle = self._loop.call_at(close_time, self._process_keepalive)
 
     def request_started(self) -> None:
         if self.phase != HANDLING:  # once per request: the fast lane may mark it before the middleware does
@@ -149,13 +195,32 @@ class EdgeRequestHandler(RequestHandler):
         return response
 
 
+def _whole_request(data: bytes, message: object, payload: object) -> bool:
+    """`data` is exactly `message`: its head, then a Content-Length body received in full, nothing after."""
+    if not isinstance(message, RawRequestMessage) or message.chunked or message.upgrade:
+        return False
+    if not isinstance(payload, StreamReader) or not payload.is_eof():
+        return False
+    end = data.find(b"\r\n\r\n")
+    declared = message.headers.get("Content-Length", "0")
+    return end >= 0 and declared.isdigit() and len(data) == end + 4 + int(declared)
+
+
 class EdgeServer(web.Server):
     """aiohttp's low-level server, making `EdgeRequestHandler`s and sweeping them for expired heads."""
 
-    def __init__(self, *args: Any, config: ServerConfig, metrics: GatewayMetrics, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        config: ServerConfig,
+        metrics: GatewayMetrics,
+        wire: WireLane | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.config = config
         self.metrics = metrics
+        self.wire = wire
         self.live: set[EdgeRequestHandler] = set()
         self._sweeper: asyncio.TimerHandle | None = None
         self._due = 0.0
@@ -214,12 +279,16 @@ class EdgeRunner(web.AppRunner):
         kwargs.setdefault("keepalive_timeout", 75.0)
         kwargs["debug"] = app._debug
         kwargs.update(app._handler_args or {})
+        wire = WireLane(state) if state.config.server.wire_lane else None
         return EdgeServer(
-            FastLane(app),  # known hits before the router and middleware, else app._handle (gateway.fastlane)
+            FastLane(
+                app, wire
+            ),  # known hits before the router and middleware, else app._handle (gateway.fastlane)
             request_factory=app._make_request,
             loop=asyncio.get_running_loop(),
             config=state.config.server,
             metrics=state.metrics,
+            wire=wire,
             **kwargs,
         )
 

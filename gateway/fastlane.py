@@ -27,6 +27,7 @@ from gateway.lookup import PRE_READ
 from gateway.memo import MAX_MEMO_BODY_BYTES
 from gateway.state import STATE, GatewayState
 from gateway.timing import StageTimer, start_timer
+from gateway.wirelane import WireLane
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -71,8 +72,9 @@ def buffered_body(request: web.Request, limit: int) -> bytes | None:
 class FastLane:
     """The low-level handler the edge serves: the fast lane, else `app._handle` (router, middleware, handler)."""
 
-    def __init__(self, app: web.Application) -> None:
+    def __init__(self, app: web.Application, wire: WireLane | None = None) -> None:
         self._app = app
+        self._wire = wire  # learns the bytes of the L1 hits served here (gateway.wirelane)
         self._handle: Handler = app._handle
         self._matches: dict[str, UrlMappingMatchInfo] = {}
 
@@ -129,6 +131,8 @@ class FastLane:
         if response is not None:  # else the middleware marks the end, on the normal path
             if marks is not None:
                 marks.request_finished()
+            if tier == "l1" and self._wire is not None:
+                self._wire.learn(request, endpoint, raw, known)
             handler_done(state, timer, endpoint, "hit", tier)
         return response
 

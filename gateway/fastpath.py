@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from email.utils import formatdate
 from time import perf_counter
 
@@ -261,20 +262,28 @@ def known_key(request: web.Request, state: GatewayState, endpoint: str, raw: byt
     credentials = scan(request, _header_kinds(tenancy.credential_headers))
     if credentials is None:
         return None
+
+    def scope() -> str:
+        if state.config.routes[endpoint].scope == "public":
+            return PUBLIC_SCOPE
+        if tenancy.tenant_header:  # a trusted proxy's tenant header: the peer decides, so no raw-value memo
+            return scope_of(request)
+        return tenancy.scope_of_raw(credentials, lambda: scope_of(request))
+
+    return keyed(state, endpoint, raw, scope)
+
+
+def keyed(state: GatewayState, endpoint: str, raw: bytes, scope: Callable[[], str]) -> Known | None:
+    """The memoized request for these body bytes and the key the normal path last derived for it, when that key
+    is for this caller (`scope`, asked only once the rest holds) and the model's current revision; else None."""
     parsed = state.memo.get(endpoint, raw)
     if parsed is None or _lookup(parsed, state, endpoint) is None:
         return None
     revision = state.catalog.fresh_revision(parsed.body["model"])
     if revision is None:
         return None
-    if state.config.routes[endpoint].scope == "public":
-        scope = PUBLIC_SCOPE
-    elif tenancy.tenant_header:  # a trusted proxy's tenant header: the peer decides, so no raw-value memo
-        scope = scope_of(request)
-    else:
-        scope = tenancy.scope_of_raw(credentials, lambda: scope_of(request))
     key, context = parsed.key, parsed.key_context
-    if key is None or context is None or context[0] != scope or context[1] != revision:
+    if key is None or context is None or context[1] != revision or context[0] != scope():
         return None  # keyed for another caller or revision: the normal path derives it
     return parsed, key.key
 
@@ -317,16 +326,30 @@ def serve_hit(
     looked_up = perf_counter()
     response = hit_response(request, state, entry, now, tier, checked=True)
     if response is not None:
-        parsed, key_str = known
-        state.metrics.served_from_cache(entry.usage, len(entry.body), entry.model)
-        prompt = (prompt_text(parsed.body) or "") if state.config.dashboard.show_prompts else None
-        state.dashboard.hot_keys.hit(entry, now, prompt)  # as lookup.read_cache counts every hit
-        count_hit(state, key_str)
-        timer.key = key_str
-        timer.lap_to("parse", keyed)
-        timer.lap_to(tier, looked_up)
-        timer.lap("serialize")
+        count_served(state, known, entry, now, tier, timer, (keyed, looked_up))
     return response
+
+
+def count_served(
+    state: GatewayState,
+    known: Known,
+    entry: Entry,
+    now: float,
+    tier: str,
+    timer: StageTimer,
+    marks: tuple[float, float],
+) -> None:
+    """What `lookup.read_cache` and the handler count for a hit, and its laps: parse up to `marks[0]` (the key
+    known), the tier up to `marks[1]` (the entry read), serialize until now."""
+    parsed, key_str = known
+    state.metrics.served_from_cache(entry.usage, len(entry.body), entry.model)
+    prompt = (prompt_text(parsed.body) or "") if state.config.dashboard.show_prompts else None
+    state.dashboard.hot_keys.hit(entry, now, prompt)  # as lookup.read_cache counts every hit
+    count_hit(state, key_str)
+    timer.key = key_str
+    timer.lap_to("parse", marks[0])
+    timer.lap_to(tier, marks[1])
+    timer.lap("serialize")
 
 
 def try_hit(

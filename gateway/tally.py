@@ -18,6 +18,7 @@ from functools import partial
 from prometheus_client import Counter, Histogram
 
 Labels = tuple[str, ...]
+FOLD_EVERY = 512  # samples of one histogram child bucketed at once (about 0.1 ms of work)
 
 
 class Tally:
@@ -32,28 +33,35 @@ class Tally:
         self._counts[key] = self._counts.get(key, 0.0) + amount
 
     def observe(self, histogram: Histogram, labels: Labels, value: float) -> None:
-        """A dict lookup and a list append; the buckets are counted at `flush` (a hit observes five histograms)."""
+        """A dict lookup and a list append; the buckets are counted at `flush`, or once FOLD_EVERY samples wait (so
+        a busy second is folded in small steps, never in one pause that would stall every request behind it)."""
         key = (histogram, labels)
         values = self._samples.get(key)
         if values is None:
             values = self._samples[key] = []
         values.append(value)
+        if len(values) >= FOLD_EVERY:
+            del self._samples[key]
+            self._fold(key, values)
 
     def _fold_samples(self) -> None:
         samples, self._samples = self._samples, {}
         for key, values in samples.items():
-            histogram = key[0]
-            bounds = self._bounds.get(histogram)
-            if bounds is None:
-                bounds = self._bounds[histogram] = histogram._upper_bounds  # incl. +Inf (prometheus_client)
-            slots = self._hists.get(key)
-            if slots is None:
-                slots = self._hists[key] = [0.0] * (len(bounds) + 1)
-            # A sample lands in the first bucket whose upper bound is >= it (Prometheus `le` semantics); the
-            # search and the counting run in C (map, Counter), not once per sample in Python.
-            for bucket, n in Occurrences(map(partial(bisect_left, bounds), values)).items():
-                slots[bucket] += n
-            slots[-1] += sum(values)
+            self._fold(key, values)
+
+    def _fold(self, key: tuple[Histogram, Labels], values: list[float]) -> None:
+        histogram = key[0]
+        bounds = self._bounds.get(histogram)
+        if bounds is None:
+            bounds = self._bounds[histogram] = histogram._upper_bounds  # incl. +Inf (prometheus_client)
+        slots = self._hists.get(key)
+        if slots is None:
+            slots = self._hists[key] = [0.0] * (len(bounds) + 1)
+        # A sample lands in the first bucket whose upper bound is >= it (Prometheus `le` semantics); the
+        # search and the counting run in C (map, Counter), not once per sample in Python.
+        for bucket, n in Occurrences(map(partial(bisect_left, bounds), values)).items():
+            slots[bucket] += n
+        slots[-1] += sum(values)
 
     def flush(self) -> None:
         self._fold_samples()

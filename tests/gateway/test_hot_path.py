@@ -144,7 +144,7 @@ SKIPPED_ON_THE_FAST_PATH = (
 async def test_l1_hit_takes_the_fast_path_and_skips_the_response_layer(
     make_gateway: GatewayFactory, fake: FakeUpstream, redis_server: RedisServer, redis_url: str
 ) -> None:
-    gw = await make_gateway(cache={"redis_url": redis_url})
+    gw = await make_gateway(cache={"redis_url": redis_url}, server={"wire_lane": False})
     work = await warm_hit_work(gw, fake, redis_server)
     # Served by the fast lane, before aiohttp's router and the middleware chain (gateway/fastlane.py).
     assert work.calls["gateway.fastpath:known_key"] == 1
@@ -157,6 +157,30 @@ async def test_l1_hit_takes_the_fast_path_and_skips_the_response_layer(
         SKIPPED_ON_THE_FAST_PATH, 0
     )
     # Still one L1 read and one policy freshness check: the fast path does not skip the cache itself.
+    assert work.calls["gateway.tiers.memory:MemoryTier.get"] == 1
+    assert work.calls["gateway.policy:freshness"] == 1
+
+
+async def test_repeated_hit_bytes_take_the_wire_lane_before_any_parsing(
+    make_gateway: GatewayFactory, fake: FakeUpstream, redis_server: RedisServer, redis_url: str
+) -> None:
+    """The third identical request (the second hit) is answered from the read callback (gateway/wirelane.py): no
+    HTTP parse, no request object, no fast lane, no JSON; still one L1 read and one freshness check."""
+    gw = await make_gateway(cache={"redis_url": redis_url})
+    work = await warm_hit_work(gw, fake, redis_server)
+    assert work.cache_status.endswith("detail=l1")
+    assert (work.upstream_calls, work.redis_commands, work.json_calls) == (0, 0, Counter())
+    assert work.calls["gateway.wirelane:WireLane.serve"] == 1
+    assert work.calls["gateway.fastpath:count_served"] == 1
+    never = (
+        "aiohttp.web_app:Application._make_request",
+        "aiohttp.web_request:BaseRequest.__init__",
+        "gateway.fastlane:FastLane.__call__",
+        "gateway.fastpath:known_key",
+        "gateway.fastpath:HitResponse.__init__",
+        *SKIPPED_ON_THE_FAST_PATH,
+    )
+    assert {name: work.calls[name] for name in never} == dict.fromkeys(never, 0)
     assert work.calls["gateway.tiers.memory:MemoryTier.get"] == 1
     assert work.calls["gateway.policy:freshness"] == 1
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from gateway.tally import Tally
+from gateway.tally import FOLD_EVERY, Tally
 
 BUCKETS = (0.001, 0.01, 0.1, 1.0)
 VALUES = [0.0005, 0.001, 0.0011, 0.05, 0.1, 0.5, 1.0, 3.0, 0.0]
@@ -53,3 +54,21 @@ def test_flush_moves_everything_once() -> None:
     assert registry.get_sample_value("h_count", {"a": "z"}) == 1
     assert registry.get_sample_value("h_bucket", {"a": "z", "le": "1.0"}) == 1
     assert registry.get_sample_value("h_bucket", {"a": "z", "le": "0.1"}) == 0
+
+
+def test_a_busy_child_is_bucketed_in_small_steps_and_still_exactly() -> None:
+    """Past FOLD_EVERY waiting samples a child is bucketed at once (no one-second pile to fold in one pause);
+    the flush still records exactly what direct recording does."""
+    direct_registry, _, direct_hist = metrics()
+    tally_registry, _, tally_hist = metrics()
+    tally = Tally()
+    values = [VALUES[i % len(VALUES)] for i in range(2 * FOLD_EVERY + 7)]
+    for value in values:
+        direct_hist.labels("x").observe(value)
+        tally.observe(tally_hist, ("x",), value)
+    assert len(tally._samples[(tally_hist, ("x",))]) == 7  # two steps bucketed already, 7 waiting
+    assert samples(tally_registry) != samples(direct_registry)  # bucketed, but not recorded before the flush
+    tally.flush()
+    got, want = samples(tally_registry), samples(direct_registry)
+    assert [s for s in got if s[0] != "h_sum"] == [s for s in want if s[0] != "h_sum"]  # every count exact
+    assert [s[2] for s in got if s[0] == "h_sum"] == pytest.approx([s[2] for s in want if s[0] == "h_sum"])
