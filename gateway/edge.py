@@ -27,8 +27,6 @@ import logging
 from typing import Any, Final
 
 from aiohttp import web
-from aiohttp.http import RawRequestMessage
-from aiohttp.streams import StreamReader
 from aiohttp.test_utils import TestServer
 from aiohttp.web_protocol import RequestHandler
 
@@ -37,6 +35,7 @@ from gateway.errors import GatewayError, PayloadTooLarge, error_body, error_resp
 from gateway.fastlane import FastLane
 from gateway.metrics import GatewayMetrics
 from gateway.state import STATE
+from gateway.wireconn import WireConnection
 from gateway.wirelane import WireLane
 
 log = logging.getLogger("tokenedge.edge")
@@ -57,19 +56,16 @@ class SlowClient(GatewayError):
     code = "request_timeout"
 
 
-class EdgeRequestHandler(RequestHandler):
-    """aiohttp's protocol plus the head deadline and the connection cap (state read by `EdgeServer.sweep`)."""
+class EdgeRequestHandler(WireConnection):
+    """aiohttp's protocol plus the head deadline and the connection cap (state read by `EdgeServer.sweep`), with
+    the wire lane in front of its parser (`WireConnection`)."""
 
     def __init__(self, manager: EdgeServer, **kwargs: Any) -> None:
-        super().__init__(manager, **kwargs)
+        super().__init__(manager, wire=manager.wire, **kwargs)
         self.edge = manager
         self.phase = HEAD
         self.head_started = self.last_rx = 0.0
         self.rx_while_handling = False
-        # Every byte the parser has been fed formed whole requests, one per read (so it holds no partial one), and
-        # the last such read with its message: what `WireLane` may learn and answer (see data_received).
-        self.clean = True
-        self.whole: tuple[object, bytes] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -99,46 +95,7 @@ class EdgeRequestHandler(RequestHandler):
             current = self._current_request
             self.rx_while_handling = current is None or current.content.is_eof()
         self.last_rx = now
-        if not self.clean:
-            super().data_received(data)
-            return
-        wire = self.edge.wire
-        if wire is not None and self._idle() and wire.serve(data, self.transport):  # type: ignore[arg-type]
-            self._served_on_wire(now)
-            return
-        before = self._request_count
-        super().data_received(data)
-        messages = self._messages
-        if self._request_count == before + 1 and len(messages) == 1 and _whole_request(data, *messages[0]):
-            self.whole = (messages[0][0], data)
-        else:  # a partial, pipelined or framed-otherwise read: learned bytes are never answered here again
-            self.clean, self.whole = False, None
-
-    def _idle(self) -> bool:
-        """No request queued, being handled or still being written, nothing half-parsed: a response written now is
-        in order."""
-        transport = self.transport
-        return not (
-            self._messages
-            or self._request_in_progress
-            or self._paused
-            or self._upgraded
-            or self._payload_parser is not None
-            or self._close
-            or self._force_close
-            or transport is None
-            or transport.is_closing()
-        )
-
-    def _served_on_wire(self, now: float) -> None:
-        """aiohttp's per-request bookkeeping for a request it never saw: counted, and keep-alive restarted."""
-        self._request_count += 1
-        self.edge.requests_count += 1
-        self.phase = IDLE
-        self._keepalive = True
-        close_time = self._next_keepalive_close_time = now + self._keepalive_timeout
-        if self._keepalive_handle is None and self._keepalive_timeout > 0:
-            self._keepalive_handle = self._loop.call_at(close_time, self._process_keepalive)
+        self.take(data, now)  # the wire lane, else aiohttp's parser (gateway.wireconn)
 
     def request_started(self) -> None:
         if self.phase != HANDLING:  # once per request: the fast lane may mark it before the middleware does
@@ -193,17 +150,6 @@ class EdgeRequestHandler(RequestHandler):
             )
         response.force_close()
         return response
-
-
-def _whole_request(data: bytes, message: object, payload: object) -> bool:
-    """`data` is exactly `message`: its head, then a Content-Length body received in full, nothing after."""
-    if not isinstance(message, RawRequestMessage) or message.chunked or message.upgrade:
-        return False
-    if not isinstance(payload, StreamReader) or not payload.is_eof():
-        return False
-    end = data.find(b"\r\n\r\n")
-    declared = message.headers.get("Content-Length", "0")
-    return end >= 0 and declared.isdigit() and len(data) == end + 4 + int(declared)
 
 
 class EdgeServer(web.Server):

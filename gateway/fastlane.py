@@ -26,7 +26,8 @@ from gateway.handlers.ops import handler_done
 from gateway.lookup import PRE_READ
 from gateway.memo import MAX_MEMO_BODY_BYTES
 from gateway.state import STATE, GatewayState
-from gateway.timing import StageTimer, start_timer
+from gateway.timing import TIMER, StageTimer, start_timer
+from gateway.wireconn import WireConnection
 from gateway.wirelane import WireLane
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -69,6 +70,22 @@ def buffered_body(request: web.Request, limit: int) -> bytes | None:
     return raw
 
 
+def _handed_over(request: web.Request) -> bool:
+    """The wire lane read the tiers for this request and did not serve it: the normal path goes on with that read
+    and its timer (`WireConnection.handover`), so nothing is read or counted twice."""
+    protocol = request.protocol
+    if not isinstance(protocol, WireConnection):
+        return False
+    handover = protocol.handover
+    if handover is None or handover[0] is not request._message:
+        return False
+    protocol.handover = None
+    _, key, found, timer = handover
+    request[TIMER] = timer
+    request[PRE_READ] = (key, found)
+    return True
+
+
 class FastLane:
     """The low-level handler the edge serves: the fast lane, else `app._handle` (router, middleware, handler)."""
 
@@ -105,6 +122,8 @@ class FastLane:
         """A fresh hit (L1, else L2) written by `fastpath`, tallied as `completions.make_handler` tallies it; else
         None, with the body (and any tier read made) handed to the normal path."""
         state = self._app[STATE]
+        if _handed_over(request):
+            return None
         if not _json_body(request):
             return None
         raw = buffered_body(request, min(MAX_MEMO_BODY_BYTES, state.config.server.max_body_bytes))
@@ -131,7 +150,7 @@ class FastLane:
         if response is not None:  # else the middleware marks the end, on the normal path
             if marks is not None:
                 marks.request_finished()
-            if tier == "l1" and self._wire is not None:
+            if self._wire is not None:
                 self._wire.learn(request, endpoint, raw, known)
             handler_done(state, timer, endpoint, "hit", tier)
         return response

@@ -21,15 +21,23 @@ whose parser holds no partial request, keep-alive bookkeeping) is in `gateway.ed
 
 from __future__ import annotations
 
-from asyncio import Transport
+import asyncio
+import logging
+from functools import partial
 from time import perf_counter
+from typing import Any, cast
 
 from aiohttp import HttpVersion11, web
 
 from gateway import fastpath
+from gateway.entry import Entry
 from gateway.handlers.ops import handler_done
 from gateway.state import GatewayState
+from gateway.tiers.base import L2Unavailable
 from gateway.timing import StageTimer
+from gateway.wireconn import NOT_SERVED, PENDING, SERVED, WireConnection
+
+log = logging.getLogger("tokenedge.wire")
 
 MAX_REQUEST_BYTES = 16 * 1024  # a learned request (head and body), at most
 MAX_LEARNED_BYTES = 4 * 1024 * 1024  # all learned requests' bytes; the table is cleared when full
@@ -73,35 +81,99 @@ class WireLane:
         self._learned[chunk] = (endpoint, len(chunk) - len(body), context[0])
         self._bytes += len(chunk)
 
-    def serve(self, chunk: bytes, transport: Transport) -> bool:
-        """Write the fresh L1 hit for learned request bytes and count it; False (nothing counted) otherwise."""
+    def serve(self, chunk: bytes, conn: WireConnection) -> int:
+        """A learned request's fresh L1 hit written and counted (SERVED); an L2 read started, settled later by
+        `_l2_read` (PENDING); else NOT_SERVED, nothing counted."""
         learned = self._learned.get(chunk)
         if learned is None:
-            return False
+            return NOT_SERVED
         endpoint, body_at, scope = learned
         state = self._state
         timer = StageTimer(endpoint)
         known = fastpath.keyed(state, endpoint, chunk[body_at:], lambda: scope)
         if known is None:
-            return False
+            return NOT_SERVED
         keyed = perf_counter()
-        l1 = state.cache.l1
-        entry = l1.get(known[1]) if l1.enabled else None
-        if entry is None:
-            return False
+        cache = state.cache
+        entry = cache.l1.get(known[1]) if cache.l1.enabled else None
+        if entry is not None:
+            now = state.clock()
+            if not fastpath.is_fresh(entry, now) or not self._write(
+                conn, known, entry, now, "l1", timer, keyed
+            ):
+                return NOT_SERVED
+            cache.count_l1_hit()
+            return SERVED
+        l2 = cache.l2
+        read = getattr(l2, "read", None)  # Redis (and Redis Cluster): a read a callback can wait on
+        if read is None or l2 is None or not l2.available:
+            return NOT_SERVED
+        if cache.l1.enabled:
+            cache.count_l1_miss()
+        generation = cache.l1.generation
+        pending = read(known[1])
+        pending.add_done_callback(partial(self._l2_read, conn, chunk, known, timer, keyed, generation))
+        return PENDING
+
+    def _l2_read(
+        self,
+        conn: WireConnection,
+        chunk: bytes,
+        known: fastpath.Known,
+        timer: StageTimer,
+        keyed: float,
+        generation: int,
+        pending: asyncio.Future[bytes | None],
+    ) -> None:
+        """The L2 read is over: a fresh entry is written at once; anything else goes to the parser with the read."""
+        state = self._state
+        try:
+            exc = pending.exception()
+            if exc is not None and not isinstance(exc, L2Unavailable):
+                raise exc
+            l2 = cast(Any, state.cache.l2)  # the tier `serve` read from
+            value = exc if exc is not None else l2.entry_of(pending.result())
+            found = state.cache.settle(known[1], value, generation)
+        except (
+            Exception,
+            asyncio.CancelledError,
+        ):  # a gateway bug: the normal path reads and answers instead
+            log.exception("wire lane: L2 read failed")
+            conn.settled(chunk, False, None)
+            return
+        if conn.transport is None or conn.transport.is_closing():
+            conn.held = None  # nobody left to answer, held reads included
+            handler_done(state, timer, timer.route, "client_gone", "client_gone")
+            return
         now = state.clock()
-        if not fastpath.is_fresh(entry, now):
-            return False
+        fresh = found is not None and fastpath.is_fresh(found.entry, now)
+        if fresh and found is not None and self._write(conn, known, found.entry, now, "l2", timer, keyed):
+            conn.settled(chunk, True, None)
+            return
+        timer.lap_to("l2", perf_counter())
+        conn.settled(chunk, False, (known[1], found, timer))
+
+    def _write(
+        self,
+        conn: WireConnection,
+        known: fastpath.Known,
+        entry: Entry,
+        now: float,
+        tier: str,
+        timer: StageTimer,
+        keyed: float,
+    ) -> bool:
+        """Write a fresh entry's response and count the hit as the fast lane does; False if it must not be fast."""
+        state = self._state
         looked_up = perf_counter()
-        built = fastpath.wire(entry, now, "l1", state.config.cache.cdn_tag_headers)
-        if built is None:
+        built = fastpath.wire(entry, now, tier, state.config.cache.cdn_tag_headers)
+        if built is None or conn.transport is None:
             return False
-        transport.write(built[0])
+        conn.transport.write(built[0])
         if built[1]:
             state.metrics.tag_truncations.inc(built[1])
-        state.cache.count_l1_hit()
-        fastpath.count_served(state, known, entry, now, "l1", timer, (keyed, looked_up))
+        fastpath.count_served(state, known, entry, now, tier, timer, (keyed, looked_up))
         timer.status, timer.prepared_at = 200, perf_counter()
-        handler_done(state, timer, endpoint, "hit", "l1")
+        handler_done(state, timer, timer.route, "hit", tier)
         self.served += 1
         return True

@@ -88,14 +88,22 @@ class RedisTier:
 
         Under load this turns N round trips into one; alone, a lookup costs exactly one command.
         """
+        raw = await self.read(key)
+        return self.entry_of(raw)
+
+    def read(self, key: str) -> asyncio.Future[bytes | None]:
+        """`get` without the coroutine (the wire lane waits on it with a callback): the raw value, batched; raises
+        L2Unavailable at once while the breaker is open."""
         if not self.available:
             raise L2Unavailable("l2 skipped for get: breaker open")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[bytes | None] = loop.create_future()
+        future: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
         self._pending.setdefault(key, []).append(future)
         if self._reader is None or self._reader.done():
             self._reader = asyncio.ensure_future(self._read_batches())
-        raw = await future
+        return future
+
+    def entry_of(self, raw: bytes | None) -> Entry | None:
+        """The entry a raw value holds (decoded once per distinct value), or None."""
         return self._decode(raw) if raw is not None else None
 
     def _decode(self, raw: bytes) -> Entry | None:

@@ -41,9 +41,17 @@ class TieredCache:
         generation = (
             self.l1.generation
         )  # a purge applied while L2 answers must not be undone by the back-fill
+        read: Entry | L2Unavailable | None
         try:
-            entry = await self.l2.get(key)
-        except L2Unavailable:
+            read = await self.l2.get(key)
+        except L2Unavailable as exc:
+            read = exc
+        return self.settle(key, read, generation)
+
+    def settle(self, key: str, entry: Entry | L2Unavailable | None, generation: int) -> Found | None:
+        """What an L2 read returned (or its failure), counted, and back-filled into L1 unless a purge came after
+        `generation` (L1's generation when the read began). `get` and the wire lane's callback share it."""
+        if isinstance(entry, L2Unavailable):
             self._lookups.labels("l2", "error").inc()
             return None
         if entry is None or entry.key != key:
@@ -52,6 +60,10 @@ class TieredCache:
         self._lookups.labels("l2", "hit").inc()
         self.l1.set(entry, generation=generation)
         return Found(entry, "l2")
+
+    def count_l1_miss(self) -> None:
+        """The wire lane reads `l1` itself and counts a miss it goes on to L2 with, as `get` would have."""
+        self._tally.inc(self._lookups, ("l1", "miss"))
 
     def count_l1_hit(self) -> None:
         """The hit fast path reads `l1` itself and counts a hit it serves exactly as `get` would have."""

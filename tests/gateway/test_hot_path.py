@@ -19,6 +19,7 @@ from types import FrameType
 from typing import Any
 
 import orjson
+import pytest
 import redis
 
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
@@ -199,16 +200,29 @@ def test_the_json_guard_sees_stdlib_and_aliased_imports() -> None:
     assert work["json.loads"] == 1 and work["json.decode"] >= 2
 
 
+@pytest.mark.parametrize("wire_lane", [True, False])
 async def test_l2_hit_costs_exactly_one_redis_command(
-    make_gateway: GatewayFactory, fake: FakeUpstream, redis_server: RedisServer, redis_url: str
+    make_gateway: GatewayFactory,
+    fake: FakeUpstream,
+    redis_server: RedisServer,
+    redis_url: str,
+    wire_lane: bool,
 ) -> None:
-    gw = await make_gateway(cache={"redis_url": redis_url, "l1_max_bytes": 0})
+    gw = await make_gateway(
+        cache={"redis_url": redis_url, "l1_max_bytes": 0}, server={"wire_lane": wire_lane}
+    )
     work = await warm_hit_work(gw, fake, redis_server)
     assert work.cache_status.endswith("detail=l2")
     assert work.upstream_calls == 0
     assert work.redis_commands == 1  # the (batched) GET
-    # Served by the fast lane too: the known key read from L2 and written pre-serialized, nothing re-derived.
-    assert work.calls["gateway.fastpath:serve_hit"] == 1
+    # Served fast: by the wire lane (repeated bytes: no parse, no request object) or else by the fast lane; the
+    # known key read from L2 and written pre-serialized, nothing re-derived.
+    if wire_lane:
+        assert work.calls["gateway.wirelane:WireLane._l2_read"] == 1
+        assert work.calls["gateway.fastlane:FastLane.__call__"] == 0
+        assert work.calls["aiohttp.web_request:BaseRequest.__init__"] == 0
+    else:
+        assert work.calls["gateway.fastpath:serve_hit"] == 1
     assert {name: work.calls[name] for name in SKIPPED_ON_THE_FAST_PATH} == dict.fromkeys(
         SKIPPED_ON_THE_FAST_PATH, 0
     )
