@@ -16,7 +16,7 @@ state as if aiohttp had served the request:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp.http import RawRequestMessage
 from aiohttp.streams import StreamReader
@@ -25,11 +25,16 @@ from aiohttp.web_protocol import RequestHandler
 if TYPE_CHECKING:
     from gateway.lookup import Found
     from gateway.timing import StageTimer
-    from gateway.wirelane import WireLane
 
 # The wire lane's verdicts on a read (`WireLane.serve`).
 NOT_SERVED, SERVED, PENDING = 0, 1, 2
 HOLD_MAX_BYTES = 256 * 1024  # reads held behind an L2 read in flight before reading pauses
+
+
+class Lane(Protocol):
+    """What a connection needs of `gateway.wirelane.WireLane` (named structurally: that module imports this one)."""
+
+    def serve(self, chunk: bytes, conn: WireConnection) -> int: ...
 
 
 def whole_request(data: bytes, message: object, payload: object) -> bool:
@@ -46,7 +51,7 @@ def whole_request(data: bytes, message: object, payload: object) -> bool:
 class WireConnection(RequestHandler):
     """aiohttp's protocol with the wire lane in front of its parser (`take` is called for every read)."""
 
-    def __init__(self, manager: Any, *, wire: WireLane | None, **kwargs: Any) -> None:
+    def __init__(self, manager: Any, *, wire: Lane | None, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self.wire = wire
         self.clean = True

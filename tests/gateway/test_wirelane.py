@@ -14,8 +14,7 @@ from types import SimpleNamespace
 import h11
 from aiohttp import HttpVersion11
 
-from gateway.edge import HEAD, EdgeRequestHandler, EdgeServer
-from gateway.tiers.redis_tier import RedisTier
+from gateway.edge import EdgeRequestHandler, EdgeServer
 from gateway.wirelane import MAX_LEARNED_BYTES, MAX_REQUEST_BYTES, WireLane
 from tests.gateway.conftest import AUTH_A, GatewayFactory
 from tests.gateway.test_fastpath import PATH, RAW, Reply, request_bytes, warm, without_date
@@ -36,6 +35,18 @@ def lane(gw: RunningGateway) -> WireLane:
     wire = edge_of(gw).wire
     assert wire is not None
     return wire
+
+
+def their_connection(gw: RunningGateway, conn: Conn) -> EdgeRequestHandler:
+    mine = conn.writer.get_extra_info("sockname")
+    (proto,) = [
+        p
+        for p in edge_of(gw).live
+        if isinstance(p, EdgeRequestHandler)
+        and p.transport is not None
+        and p.transport.get_extra_info("peername") == mine
+    ]
+    return proto
 
 
 async def until(condition: Callable[[], bool]) -> None:
@@ -264,141 +275,3 @@ def test_learned_bytes_are_bounded_and_only_whole_keep_alive_requests_are_learne
     trusted = WireLane(SimpleNamespace(tenancy=SimpleNamespace(tenant_header="X-Tenant")))  # type: ignore[arg-type]
     _learn(trusted, b"HEAD" + body, body)  # the scope depends on the peer: never learned
     assert len(trusted) == 0
-
-
-async def l2_gateway(make_gateway: GatewayFactory, redis_url: str, **server: object) -> RunningGateway:
-    """L1 off: every hit is an L2 read (the wire lane waits on it with a callback)."""
-    return await make_gateway(cache={"redis_url": redis_url, "l1_max_bytes": 0}, server=server)
-
-
-def their_connection(gw: RunningGateway, conn: Conn) -> EdgeRequestHandler:
-    mine = conn.writer.get_extra_info("sockname")
-    (proto,) = [
-        p
-        for p in edge_of(gw).live
-        if isinstance(p, EdgeRequestHandler)
-        and p.transport is not None
-        and p.transport.get_extra_info("peername") == mine
-    ]
-    return proto
-
-
-class Gate:
-    """Holds the L2 tier's reads until opened (the real Redis read runs; only its answer waits)."""
-
-    def __init__(self, gw: RunningGateway) -> None:
-        self.open = asyncio.Event()
-        self.tasks: set[asyncio.Task[None]] = set()
-        l2 = gw.state.cache.l2
-        assert isinstance(l2, RedisTier)
-        self._read = l2.read
-        l2.read = self.read  # type: ignore[method-assign]
-
-    def read(self, key: str) -> asyncio.Future[bytes | None]:
-        inner, outer = self._read(key), asyncio.get_running_loop().create_future()
-
-        async def later() -> None:
-            await self.open.wait()
-            outer.set_result(await inner)
-
-        task = asyncio.ensure_future(later())
-        self.tasks.add(task)
-        return outer
-
-
-async def test_l2_hits_are_answered_on_the_wire_and_counted_once(
-    make_gateway: GatewayFactory, redis_url: str
-) -> None:
-    gw = await l2_gateway(make_gateway, redis_url)
-    (stored,) = await warm(gw, RAW)
-    conn = await Conn.open(gw)
-    fast = await conn.ask()  # the fast lane's L2 hit: learned
-    before = await scrape(gw)
-    wired = [await conn.ask() for _ in range(3)]
-    after = await scrape(gw)
-    assert lane(gw).served == 3
-    for reply in wired:
-        assert reply.body == stored and reply.headers["cache-status"].endswith("detail=l2")
-        assert without_date(reply.headers) == without_date(fast.headers) and reply.names == fast.names
-    for name, labels in [
-        ("tokenedge_requests_total", {"result": "hit", "reason": "l2"}),
-        ("tokenedge_cache_lookups_total", {"tier": "l2", "outcome": "hit"}),
-        ("tokenedge_cache_lookups_total", {"tier": "l2"}),
-    ]:
-        assert value(after, name, **labels) - value(before, name, **labels) == 3, name
-    conn.close()
-
-
-async def test_an_l2_miss_on_the_wire_is_handed_to_the_normal_path_and_read_once(
-    make_gateway: GatewayFactory, fake: FakeUpstream, redis_url: str
-) -> None:
-    gw = await l2_gateway(make_gateway, redis_url, admin_token="admin-secret")
-    await warm(gw, RAW)
-    conn = await Conn.open(gw)
-    key = (await conn.ask()).headers["x-cache-key"]
-    purge = await gw.client.post(
-        "/admin/purge", json={"keys": [key]}, headers={"Authorization": "Bearer admin-secret"}
-    )
-    assert purge.status == 200
-    before, calls = await scrape(gw), fake.calls["chat"]
-    again = await conn.ask()
-    after = await scrape(gw)
-    assert again.headers["cache-status"].startswith("tokenedge; fwd=miss; stored")
-    assert fake.calls["chat"] == calls + 1 and lane(gw).served == 0
-    lookups = "tokenedge_cache_lookups_total"
-    assert (
-        value(after, lookups, tier="l2") - value(before, lookups, tier="l2") == 1
-    )  # the wire lane's read only
-    assert (
-        value(after, lookups, tier="l2", outcome="miss") - value(before, lookups, tier="l2", outcome="miss")
-        == 1
-    )
-    stages = "tokenedge_stage_duration_seconds_count"
-    assert value(after, stages, stage="l2") - value(before, stages, stage="l2") == 1  # one timer, handed over
-    conn.close()
-
-
-async def test_reads_behind_an_l2_read_in_flight_wait_and_are_answered_in_order(
-    make_gateway: GatewayFactory, redis_url: str
-) -> None:
-    gw = await l2_gateway(make_gateway, redis_url)
-    (stored,) = await warm(gw, RAW)
-    conn = await Conn.open(gw)
-    await conn.ask()
-    gate = Gate(gw)
-    proto = their_connection(gw, conn)
-    await conn.send(ONE)
-    await until(lambda: proto.held is not None)  # the read is in flight: the connection holds
-    await conn.send(ONE)
-    await until(lambda: bool(proto.held))  # the second read arrived and waits behind it
-    gate.open.set()
-    replies = [await conn.reply(), await conn.reply()]
-    assert [r.body for r in replies] == [stored, stored] and lane(gw).served == 2
-    assert proto.held is None and proto.clean and proto.phase != HEAD
-    conn.close()
-
-
-async def test_a_client_gone_during_the_l2_read_is_counted_and_nothing_is_written(
-    make_gateway: GatewayFactory, redis_url: str
-) -> None:
-    gw = await l2_gateway(make_gateway, redis_url)
-    await warm(gw, RAW)
-    conn = await Conn.open(gw)
-    await conn.ask()
-    gate = Gate(gw)
-    proto = their_connection(gw, conn)
-    before = await scrape(gw)
-    await conn.send(ONE)
-    await until(lambda: proto.held is not None)
-    conn.close()
-    await until(lambda: proto.transport is None)
-    gate.open.set()
-    await asyncio.gather(*gate.tasks)
-    await until(lambda: proto.held is None)  # the read settled with nobody to answer
-    after = await scrape(gw)
-    gone = {"route": "chat/completions", "result": "client_gone"}
-    assert (
-        value(after, "tokenedge_requests_total", **gone) - value(before, "tokenedge_requests_total", **gone)
-        == 1
-    )
-    assert lane(gw).served == 0
