@@ -25,7 +25,7 @@ class TieredCache:
     def __init__(self, l1: LocalTier, l2: Tier | None, metrics: GatewayMetrics) -> None:
         self.l1 = l1
         self.l2 = l2
-        self._lookups = metrics.lookups  # L1 through the tally (the hot path), L2 directly (one await anyway)
+        self._lookups = metrics.lookups  # hits via the tally (the hot path); L2 misses, errors direct
         self._stores = metrics.cache_stores
         self._tally = metrics.tally
 
@@ -57,7 +57,7 @@ class TieredCache:
         if entry is None or entry.key != key:
             self._lookups.labels("l2", "miss").inc()
             return None
-        self._lookups.labels("l2", "hit").inc()
+        self._tally.inc(self._lookups, ("l2", "hit"))
         self.l1.set(entry, generation=generation)
         return Found(entry, "l2")
 
