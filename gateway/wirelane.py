@@ -105,13 +105,16 @@ class WireLane:
             cache.count_l1_hit()
             return SERVED
         l2 = cache.l2
-        read = getattr(l2, "read", None)  # Redis (and Redis Cluster): a read a callback can wait on
-        if read is None or l2 is None or not l2.available:
+        read = getattr(l2, "read", None)  # Redis, Redis Cluster, Memcached: a read a callback can wait on
+        if read is None:
+            return NOT_SERVED
+        generation = cache.l1.generation
+        try:
+            pending = read(known[1])
+        except L2Unavailable:  # breaker open: the normal path reads (and counts the error) as it always does
             return NOT_SERVED
         if cache.l1.enabled:
             cache.count_l1_miss()
-        generation = cache.l1.generation
-        pending = read(known[1])
         pending.add_done_callback(partial(self._l2_read, conn, chunk, known, timer, keyed, generation))
         return PENDING
 

@@ -135,6 +135,11 @@ class MemcachedTier:
         )
 
     async def get(self, key: str) -> Entry | None:
+        return await self.read(key)
+
+    def read(self, key: str) -> asyncio.Future[Entry | None]:
+        """`get` without the coroutine (the wire lane waits on it with a callback), batched per server; raises
+        L2Unavailable at once while the key's server is breaker-open."""
         shard = self._shard(key)
         if not shard.breaker.available:
             raise L2Unavailable("l2 skipped for get: breaker open")
@@ -142,7 +147,12 @@ class MemcachedTier:
         shard.pending.setdefault(key, []).append(future)
         if shard.reader is None or shard.reader.done():
             shard.reader = asyncio.ensure_future(self._read_batches(shard))
-        return await future
+        return future
+
+    @staticmethod
+    def entry_of(value: Entry | None) -> Entry | None:
+        """`read` already yields the checked entry (its tags' counters were read with it)."""
+        return value
 
     async def get_many(self, keys: Sequence[str]) -> list[Entry | None]:
         """Concurrent gets: they leave as one batched read per server."""

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from gateway.edge import HEAD
+from gateway.tiers.base import L2Unavailable
 from gateway.tiers.redis_tier import RedisTier
 from tests.gateway.conftest import GatewayFactory
 from tests.gateway.test_fastpath import RAW, warm, without_date
@@ -17,6 +20,7 @@ from tests.gateway.test_metrics import scrape, value
 from tests.gateway.test_wirelane import ONE, Conn, lane, their_connection, until
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import RunningGateway
+from tests.support.services import MemcachedServer
 
 
 async def l2_gateway(make_gateway: GatewayFactory, redis_url: str, **server: object) -> RunningGateway:
@@ -47,10 +51,17 @@ class Gate:
         return outer
 
 
+@pytest.mark.parametrize("tier", ["redis", "memcached"])
 async def test_l2_hits_are_answered_on_the_wire_and_counted_once(
-    make_gateway: GatewayFactory, redis_url: str
+    make_gateway: GatewayFactory, request: pytest.FixtureRequest, tier: str
 ) -> None:
-    gw = await l2_gateway(make_gateway, redis_url)
+    if tier == "redis":
+        gw = await l2_gateway(make_gateway, request.getfixturevalue("redis_url"))
+    else:
+        server: MemcachedServer = request.getfixturevalue("memcached")
+        gw = await make_gateway(
+            cache={"l2": "memcached", "memcached_servers": [server.server], "l1_max_bytes": 0}
+        )
     (stored,) = await warm(gw, RAW)
     conn = await Conn.open(gw)
     fast = await conn.ask()  # the fast lane's L2 hit: learned
@@ -143,3 +154,30 @@ async def test_a_client_gone_during_the_l2_read_is_counted_and_nothing_is_writte
         == 1
     )
     assert lane(gw).served == 0
+
+
+async def test_with_the_l2_breaker_open_the_wire_lane_steps_aside(
+    make_gateway: GatewayFactory, fake: FakeUpstream, redis_url: str
+) -> None:
+    gw = await l2_gateway(make_gateway, redis_url)
+    await warm(gw, RAW)
+    conn = await Conn.open(gw)
+    await conn.ask()
+    l2 = gw.state.cache.l2
+    assert isinstance(l2, RedisTier)
+
+    def refused(key: str) -> asyncio.Future[bytes | None]:
+        raise L2Unavailable("l2 skipped for get: breaker open")
+
+    l2.read = refused  # type: ignore[method-assign]
+    before, calls = await scrape(gw), fake.calls["chat"]
+    reply = await conn.ask()
+    after = await scrape(gw)
+    assert reply.status == 200 and "fwd=miss" in reply.headers["cache-status"]  # degraded, answered upstream
+    assert fake.calls["chat"] == calls + 1 and lane(gw).served == 0
+    errors = {"tier": "l2", "outcome": "error"}
+    lookups = "tokenedge_cache_lookups_total"
+    assert (
+        value(after, lookups, **errors) - value(before, lookups, **errors) == 1
+    )  # counted once, by the normal path
+    conn.close()
