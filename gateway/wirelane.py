@@ -176,6 +176,7 @@ class WireLane:
         if built[1]:
             state.metrics.tag_truncations.inc(built[1])
         fastpath.count_served(state, known, entry, now, tier, timer, (keyed, looked_up))
+        state.metrics.tally.inc(state.metrics.wire_answers, (tier,))
         timer.status, timer.prepared_at = 200, perf_counter()
         handler_done(state, timer, timer.route, "hit", tier)
         self.served += 1

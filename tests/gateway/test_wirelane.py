@@ -8,19 +8,24 @@ request: split or pipelined reads, a purged entry, a new model revision, another
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 
+import aiohttp
 import h11
 from aiohttp import HttpVersion11
 
 from gateway.edge import EdgeRequestHandler, EdgeServer
 from gateway.wirelane import MAX_LEARNED_BYTES, MAX_REQUEST_BYTES, WireLane
 from tests.gateway.conftest import AUTH_A, GatewayFactory
-from tests.gateway.test_fastpath import PATH, RAW, Reply, request_bytes, warm, without_date
+from tests.gateway.test_fastpath import PATH, RAW, Reply, request_bytes, run, warm, without_date
+from tests.gateway.test_metrics import parse as parse_metrics
 from tests.gateway.test_metrics import scrape, value
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import FakeClock, RunningGateway
+from tests.support.workers import gateway_workers
 
 ONE = request_bytes("POST", PATH, RAW)  # one whole request, sent in one write
 
@@ -64,8 +69,9 @@ class Conn:
         self.h11 = h11.Connection(h11.CLIENT)
 
     @classmethod
-    async def open(cls, gw: RunningGateway) -> Conn:
-        return cls(*await asyncio.open_connection(gw.server.host, gw.server.port))
+    async def open(cls, gw: RunningGateway | tuple[str, int]) -> Conn:
+        host, port = gw if isinstance(gw, tuple) else (gw.server.host, gw.server.port)
+        return cls(*await asyncio.open_connection(host, port))
 
     async def send(self, data: bytes) -> None:
         self.writer.write(data)
@@ -113,6 +119,8 @@ async def test_repeated_bytes_are_answered_on_the_wire_exactly_as_the_fast_lane_
     wired = [await conn.ask() for _ in range(3)]
     after = await scrape(gw)
     assert lane(gw).served == 3
+    answers = "tokenedge_wire_lane_answers_total"
+    assert value(after, answers, tier="l1") - value(before, answers, tier="l1") == 3
     for reply in wired:
         assert reply.status == 200 and reply.body == fast.body == stored
         assert reply.headers["cache-status"] == "tokenedge; hit; ttl=3600; detail=l1"
@@ -275,3 +283,47 @@ def test_learned_bytes_are_bounded_and_only_whole_keep_alive_requests_are_learne
     trusted = WireLane(SimpleNamespace(tenancy=SimpleNamespace(tenant_header="X-Tenant")))  # type: ignore[arg-type]
     _learn(trusted, b"HEAD" + body, body)  # the scope depends on the peer: never learned
     assert len(trusted) == 0
+
+
+async def test_a_gateway_process_on_uvloop_answers_wrk_and_raw_clients_through_the_wire_lane(
+    upstream_url: str, tmp_path: Path
+) -> None:
+    """`python -m gateway` (uvloop on, as deployed): wrk on keep-alive connections sees only well-formed hits, each
+    counted once; raw connections get byte-identical bodies and headers (but `Date`/`Age`) on every repeat."""
+    async with gateway_workers(upstream_url, 1) as url:
+        host, port = url.removeprefix("http://").split(":")
+        conn = await Conn.open((host, int(port)))
+        first, *repeats = [await conn.ask() for _ in range(4)]  # miss, fast lane (learns), then the wire lane
+        assert first.headers["cache-status"].startswith("tokenedge; fwd=miss; stored")
+        for reply in repeats:
+            assert reply.body == first.body and reply.headers["cache-status"].endswith("detail=l1")
+            assert without_date(reply.headers) == without_date(repeats[0].headers)
+        script = tmp_path / "post.lua"
+        script.write_text(
+            f'wrk.method = "POST"\nwrk.body = [[{RAW.decode()}]]\n'
+            f'wrk.headers["Content-Type"] = "application/json"\n'
+            f'wrk.headers["Authorization"] = "{AUTH_A["Authorization"]}"\n'
+        )
+        before = parse_metrics(await get_text(url + "/metrics"))
+        code, out = await run("wrk", "-t1", "-c8", "-d1s", "-s", str(script), url + PATH)
+        after = parse_metrics(await get_text(url + "/metrics"))
+        conn.close()
+    assert code == 0 and "Socket errors" not in out and "Non-2xx" not in out, out
+    done = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    counted = {
+        name: value(after, name, **labels) - value(before, name, **labels)
+        for name, labels in [
+            ("tokenedge_requests_total", {"result": "hit", "reason": "l1"}),
+            ("tokenedge_wire_lane_answers_total", {"tier": "l1"}),
+        ]
+    }
+    # Every request counted once (at most one per connection still in flight at the end); all but each
+    # connection's first (the fast lane serves and learns it) answered on the wire.
+    assert done > 100 and done <= counted["tokenedge_requests_total"] <= done + 8
+    assert counted["tokenedge_wire_lane_answers_total"] >= done - 8
+
+
+async def get_text(url: str) -> str:
+    async with aiohttp.ClientSession() as session, session.get(url) as resp:
+        assert resp.status == 200
+        return await resp.text()
