@@ -1,22 +1,23 @@
-"""The wire lane: request bytes already served as an L1 hit are answered from the connection's read callback.
+"""The wire lane: request bytes already served as a hit are answered from the connection's read callback.
 
 A client that repeats a question repeats it byte for byte: request line, headers (its credentials included) and
-body. Once such bytes have been served as a fresh L1 hit by the fast lane, and they arrived as exactly one whole
+body. Once such bytes have been served as a fresh hit by the fast lane, and they arrived as exactly one whole
 request in one read, the same bytes arriving again are the same request: same method, path, headers, credential
-scope and body. So `EdgeRequestHandler.data_received` hands them here before aiohttp's parser; a fresh L1 entry
+scope and body. So the connection (`gateway.wireconn`) hands them here before aiohttp's parser, and a fresh entry
 is written to the transport at once: no parse, no request object, no task, no response object.
 
 What can differ between two arrivals of the same bytes is re-checked each time, exactly as the fast lane does:
 the memo's key for the body must be for this scope and the model's current revision (`fastpath.keyed`), and the
-L1 entry must be there and fresh (a purge or an eviction removes it: the bytes go to the parser). The scope is
-a pure function of the bytes (the credential headers and the scope secret), so it is learned with them; with a
-trusted tenant header (which depends on the peer) nothing is learned. The hit is counted, lapped and
-access-logged as the fast lane counts it. Anything else (an L1 miss, a stale entry, an L2 hit) is not served
-here and nothing is counted: the bytes take the parser and the fast lane.
+entry must be there and fresh (a purge or an eviction removes it). L1 is read at once; on an L1 miss the L2 read
+(Redis, Redis Cluster, Memcached: batched with the other reads in flight) is waited on with a callback while the
+connection holds later reads. The scope is a pure function of the bytes (the credential headers and the scope
+secret), so it is learned with them; with a trusted tenant header (which depends on the peer) nothing is learned.
+A hit is counted, lapped and access-logged as the fast lane counts it. Anything else (a miss, a stale entry, an
+open L2 breaker) is not served here: the bytes take the parser and the fast lane, with any L2 read handed over so
+nothing is read or counted twice.
 
 Only a request that keeps the connection alive over HTTP/1.1 without conditional, directive or debug headers can
-be learned (the fast lane's own conditions, `fastpath.scan`). The protocol side (only on an idle connection
-whose parser holds no partial request, keep-alive bookkeeping) is in `gateway.edge`.
+be learned (the fast lane's own conditions, `fastpath.scan`).
 """
 
 from __future__ import annotations
@@ -50,14 +51,14 @@ class WireLane:
         self._state = state
         self._learned: dict[bytes, tuple[str, int, str]] = {}
         self._bytes = 0
-        self.served = 0  # hits answered here (they are counted as L1 hits like any other; this is for tests)
+        self.served = 0  # hits answered here (counted as hits like any other, and in wire_lane_answers_total)
 
     def __len__(self) -> int:
         return len(self._learned)
 
     def learn(self, request: web.Request, endpoint: str, body: bytes, known: fastpath.Known) -> None:
-        """Remember the bytes that carried `request` (an L1 hit the fast lane just served), when they were exactly
-        this one request in one read (`EdgeRequestHandler.whole`) and the request can be answered by bytes alone."""
+        """Remember the bytes that carried `request` (a hit the fast lane just served), when they were exactly this
+        one request in one read (`WireConnection.whole`) and the request can be answered by its bytes alone."""
         whole = getattr(request.protocol, "whole", None)
         if whole is None or whole[0] is not request._message or len(whole[1]) > MAX_REQUEST_BYTES:
             return
