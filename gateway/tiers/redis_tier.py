@@ -22,6 +22,7 @@ from redis.retry import Retry
 
 from gateway.entry import Entry, decode, encode
 from gateway.tiers.base import Breaker, L2Unavailable, settle_batch
+from gateway.tiers.redis_reads import batch_reads_for
 
 log = logging.getLogger("tokenedge.l2")
 TAG_PREFIX = "te1:tag:"
@@ -57,6 +58,8 @@ class RedisTier:
                 health_check_interval=0,
             )
         )
+        # Batched reads on their own lean connection where Redis is plain TCP (gateway.tiers.redis_reads).
+        self._reads = batch_reads_for(self._client, timeout_s) if client is None else None
         self._clock = clock
         self._breaker = Breaker(
             label="redis",
@@ -73,6 +76,8 @@ class RedisTier:
         self._reader: asyncio.Task[None] | None = None
 
     async def close(self) -> None:
+        if self._reads is not None:
+            await self._reads.close()
         await self._client.aclose()
 
     @property
@@ -134,6 +139,8 @@ class RedisTier:
             settle_batch(batch, (v if isinstance(v, bytes | None) else str(v).encode() for v in values))
 
     async def _mget(self, keys: list[str]) -> list[bytes | str | None]:
+        if self._reads is not None:
+            return list(await self._reads.mget(keys))
         return list(await self._client.mget(keys))
 
     async def set(self, entry: Entry) -> bool:
