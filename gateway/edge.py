@@ -226,10 +226,10 @@ class EdgeRunner(web.AppRunner):
         kwargs["debug"] = app._debug
         kwargs.update(app._handler_args or {})
         wire = WireLane(state) if state.config.server.wire_lane else None
+        # Known hits before the router and middleware, else app._handle (gateway.fastlane); the wire lane learns
+        # from the fast lane's hits and answers repeats before the parser (gateway.wirelane).
         return EdgeServer(
-            FastLane(
-                app, wire
-            ),  # known hits before the router and middleware, else app._handle (gateway.fastlane)
+            FastLane(app, wire),
             request_factory=app._make_request,
             loop=asyncio.get_running_loop(),
             config=state.config.server,

@@ -55,9 +55,8 @@ class WireConnection(RequestHandler):
         super().__init__(manager, **kwargs)
         self.wire = wire
         self.clean = True
-        self.whole: tuple[object, bytes] | None = (
-            None  # the last read that was one whole request, and its message
-        )
+        # The last read that was one whole request, and its message (what `WireLane.learn` remembers).
+        self.whole: tuple[object, bytes] | None = None
         self.held: list[bytes] | None = None  # reads that arrived while an L2 read was in flight
         self.held_bytes = 0
         # (message, key, what the read found, timer): an L2 read made here and not served, for that message
