@@ -23,9 +23,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from backend.attention.invariant import StepAttention
 from backend.model.config import LlamaConfig
 from backend.model.layers import AttendFn, LlamaDecoderLayer, RMSNorm
 from backend.model.rope import RopeTable, inv_frequencies
+from backend.model.scripted import ScriptedStack, build_stack, stack_key
 from backend.model.tiling import RowTiling, TilingMemo, calibrate_tiling, tiled_rows
 
 
@@ -71,6 +73,8 @@ class LlamaModel(nn.Module):
         # fp32 logits: an fp32 copy of the output matrix when the weights are half precision.
         self._logits_weight_fp32: torch.Tensor | None = None
         self.head: GreedyHead | None = None  # set by quantize_model
+        # invariant -> (stack_key, the scripted layers or None where they cannot run), see scripted.py
+        self._stacks: dict[bool, tuple[tuple[int, ...], ScriptedStack | None]] = {}
 
     # ---- weights -------------------------------------------------------------------------------------
 
@@ -164,19 +168,40 @@ class LlamaModel(nn.Module):
 
     @torch.inference_mode()
     def forward(
-        self, token_ids: torch.Tensor, positions: torch.Tensor, attend: LayerAttendFn, invariant: bool = False
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attend: LayerAttendFn,
+        invariant: bool = False,
+        step: StepAttention | None = None,
     ) -> torch.Tensor:
-        """Hidden states after the final norm, fp32 [T, hidden], for the flattened new tokens of a step."""
+        """Hidden states after the final norm, fp32 [T, hidden], for the flattened new tokens of a step.
+        With `step` (the batch-invariant attention's calls) the layers run as one TorchScript call of the same
+        ops (backend/model/scripted.py), `attend` otherwise."""
         # token_ids, positions: [T] int64
         assert token_ids.dim() == 1 and token_ids.shape == positions.shape
         if invariant:
             self.calibrate_invariance()
         cos, sin = self.rope.lookup(positions, self.config.rope_interleaved)  # [T, 1, D/2 or D] each
         x = self.embed_tokens(token_ids).float()  # x: [T, hidden] fp32 residual
-        for index, layer in enumerate(self.layers):
-            assert isinstance(layer, LlamaDecoderLayer)
-            x = layer.forward(x, cos, sin, _bind_layer(attend, index), invariant)  # no hooks: skip __call__
+        stack = self.scripted_stack(invariant) if step is not None else None
+        if stack is not None and step is not None:
+            x = stack.run(x, cos, sin, step)
+        else:
+            for index, layer in enumerate(self.layers):
+                assert isinstance(layer, LlamaDecoderLayer)
+                x = layer.forward(
+                    x, cos, sin, _bind_layer(attend, index), invariant
+                )  # no hooks: skip __call__
         return self.norm.forward(x)  # [T, hidden] fp32
+
+    def scripted_stack(self, invariant: bool) -> ScriptedStack | None:
+        """The layers flattened for TorchScript, rebuilt when a projection, tiling or norm weight changed."""
+        key = stack_key(self)
+        found = self._stacks.get(invariant)
+        if found is None or found[0] != key:
+            found = self._stacks[invariant] = (key, build_stack(self, invariant))
+        return found[1]
 
     @torch.inference_mode()
     def compute_logits(
