@@ -27,7 +27,7 @@ from backend.attention.invariant import StepAttention
 from backend.model.config import LlamaConfig
 from backend.model.layers import AttendFn, LlamaDecoderLayer, RMSNorm
 from backend.model.rope import RopeTable, inv_frequencies
-from backend.model.scripted import ScriptedStack, build_stack, stack_key
+from backend.model.scripted import ScriptedStack, build_stack
 from backend.model.tiling import RowTiling, TilingMemo, calibrate_tiling, tiled_rows
 
 
@@ -73,8 +73,11 @@ class LlamaModel(nn.Module):
         # fp32 logits: an fp32 copy of the output matrix when the weights are half precision.
         self._logits_weight_fp32: torch.Tensor | None = None
         self.head: GreedyHead | None = None  # set by quantize_model
-        # invariant -> (stack_key, the scripted layers or None where they cannot run), see scripted.py
+        # invariant -> (stack key, the scripted layers or None where they cannot run), see scripted.py; the key:
+        # `_revision` (moved by every change of projections, tilings or weights) and the norm weights' versions
         self._stacks: dict[bool, tuple[tuple[int, ...], ScriptedStack | None]] = {}
+        self._revision = 0
+        self._norm_weights = [n.weight for layer in self.layers for n in _norms(layer)]
 
     # ---- weights -------------------------------------------------------------------------------------
 
@@ -129,7 +132,12 @@ class LlamaModel(nn.Module):
         self._logits_weight_fp32 = None
         if self.dtype != torch.float32:
             self._logits_weight_fp32 = self._output_weight().float()
+        self.projections_changed()
+
+    def projections_changed(self) -> None:
+        """Weights or projection modules changed (load_weights, quantize_model): re-calibrate, re-script."""
         self._head_tiling = None
+        self._revision += 1
 
     def calibrate_invariance(self) -> None:
         """Measure the row tiling of every linear shape and the LM head (once; backend/model/tiling.py)."""
@@ -144,6 +152,7 @@ class LlamaModel(nn.Module):
         self._head_tiling = calibrate_tiling(
             self._head_matmul, self.config.hidden_size, torch.float32, self.device
         )
+        self._revision += 1
         _LOG.info(
             "batch-invariant row tilings measured in %.1f s: %s", time.perf_counter() - start, self.tilings
         )
@@ -197,7 +206,7 @@ class LlamaModel(nn.Module):
 
     def scripted_stack(self, invariant: bool) -> ScriptedStack | None:
         """The layers flattened for TorchScript, rebuilt when a projection, tiling or norm weight changed."""
-        key = stack_key(self)
+        key = (self._revision, *(w._version for w in self._norm_weights))
         found = self._stacks.get(invariant)
         if found is None or found[0] != key:
             found = self._stacks[invariant] = (key, build_stack(self, invariant))
@@ -237,6 +246,11 @@ class LlamaModel(nn.Module):
         positions = torch.arange(token_ids.shape[0], device=self.device)
         hidden = self.forward(token_ids, positions, lambda _layer, q, k, v: _causal_attention(q, k, v))
         return self.compute_logits(hidden)
+
+
+def _norms(layer: nn.Module) -> tuple[RMSNorm, RMSNorm]:
+    assert isinstance(layer, LlamaDecoderLayer)
+    return layer.input_layernorm, layer.post_attention_layernorm
 
 
 def _bind_layer(attend: LayerAttendFn, index: int) -> AttendFn:

@@ -200,4 +200,4 @@ def quantize_model(
         )
     quantize_layers(model, dense, blocks)
     model.head = RescoredHead(model.output_weight_fp32())
-    model._head_tiling = None  # re-calibrate: the linears changed
+    model.projections_changed()  # re-calibrate and re-script: the linears changed

@@ -221,7 +221,7 @@ def _linear_parts(linear: object) -> tuple[int, Tensor, Tensor] | None:
 
 @dataclass(frozen=True, slots=True)
 class ScriptedStack:
-    """The model's decoder layers flattened for `_stack` (valid while `stack_key` gives the same key)."""
+    """The model's decoder layers flattened for `_stack` (`LlamaModel.scripted_stack` keeps it current)."""
 
     weights: list[list[Tensor]]  # per layer [norm_in, norm_post, qkv a, b, o a, b, gate_up a, b, down a, b]
     kinds: list[list[int]]
@@ -244,17 +244,6 @@ class ScriptedStack:
             )  # fmt: skip
         assert isinstance(out, Tensor)
         return out
-
-
-def stack_key(model: LlamaModel) -> tuple[int, ...]:
-    """What a built stack depends on: the projection modules (quantize_model swaps them), their tilings and the
-    norm weights' versions (load_weights copies in place)."""
-    key: list[int] = []
-    for layer in model.layers:
-        assert isinstance(layer, LlamaDecoderLayer)
-        key += (layer.input_layernorm.weight._version, layer.post_attention_layernorm.weight._version)
-        key += (id(linear) ^ id(linear.tiling) for linear in layer.linears())
-    return tuple(key)
 
 
 def build_stack(model: LlamaModel, invariant: bool) -> ScriptedStack | None:
