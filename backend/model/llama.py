@@ -209,7 +209,10 @@ class LlamaModel(nn.Module):
         key = (self._revision, *(w._version for w in self._norm_weights))
         found = self._stacks.get(invariant)
         if found is None or found[0] != key:
-            found = self._stacks[invariant] = (key, build_stack(self, invariant))
+            stack = None
+            if self.device.type == "cpu":
+                stack = build_stack(list(self.layers), self.config, self.dtype, invariant)
+            found = self._stacks[invariant] = (key, stack)
         return found[1]
 
     @torch.inference_mode()

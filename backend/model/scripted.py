@@ -16,27 +16,23 @@ from __future__ import annotations
 import functools
 import logging
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, List  # noqa: UP035 (TorchScript reads List)
+from typing import List  # noqa: UP035 (TorchScript reads List)
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
 from backend.attention.invariant import StepAttention
-from backend.model.layers import LlamaDecoderLayer, TiledLinear
-from backend.model.quant import Int4Linear, Int8Linear
+from backend.model.config import LlamaConfig
+from backend.model.layers import MATMUL_DENSE, LlamaDecoderLayer
 
-if TYPE_CHECKING:
-    from backend.model.llama import LlamaModel
-
-# linear kinds (TorchScript has no enums): the matmul `_matmul` runs for each
-_INT4, _INT8, _DENSE = 0, 1, 2
 _LOG = logging.getLogger(__name__)
 
 
 def _matmul(kind: int, a: Tensor, b: Tensor, rows: Tensor) -> Tensor:
-    # rows: [M, in] -> [M, out]: Int4Linear / Int8Linear / TiledLinear `matmul`
+    # rows: [M, in] -> [M, out]: Int4Linear / Int8Linear / TiledLinear `matmul` (kinds: layers.MATMUL_*)
     if kind == 0:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16), a, 32, b)
     if kind == 1:
@@ -207,18 +203,6 @@ def _scripted() -> torch.jit.ScriptFunction | None:
         return None
 
 
-def _linear_parts(linear: object) -> tuple[int, Tensor, Tensor] | None:
-    """(kind, a, b) of a projection as `_matmul` takes them; None for a linear it does not know."""
-    if isinstance(linear, Int4Linear | Int8Linear):
-        kind = _INT4 if isinstance(linear, Int4Linear) else _INT8
-        a, b = (linear.packed, linear.scales_and_zeros) if kind == _INT4 else (linear.codes, linear.scales)
-        assert isinstance(a, Tensor) and isinstance(b, Tensor)
-        return kind, a, b
-    if type(linear) is TiledLinear:
-        return _DENSE, linear.weight, linear.weight.new_empty(0)
-    return None
-
-
 @dataclass(frozen=True, slots=True)
 class ScriptedStack:
     """The model's decoder layers flattened for `_stack` (`LlamaModel.scripted_stack` keeps it current)."""
@@ -246,28 +230,32 @@ class ScriptedStack:
         return out
 
 
-def build_stack(model: LlamaModel, invariant: bool) -> ScriptedStack | None:
-    """The scripted stack of a CPU model whose projections `_matmul` knows (else None: run eagerly)."""
+def build_stack(
+    layers: Sequence[torch.nn.Module], config: LlamaConfig, dtype: torch.dtype, invariant: bool
+) -> ScriptedStack | None:
+    """The scripted stack of a CPU model's layers if `_matmul` knows every projection (else None: run eagerly)."""
     fn = _scripted()
-    if fn is None or model.device.type != "cpu":
-        return None
     weights, kinds, tiles = [], [], []
-    for layer in model.layers:
+    for layer in layers:
         assert isinstance(layer, LlamaDecoderLayer)
-        parts = [_linear_parts(linear) for linear in layer.linears()]
-        if any(p is None for p in parts) or (
-            invariant and any(lin.tiling is None for lin in layer.linears())
+        linears = layer.linears()
+        parts = [linear.script_parts() for linear in linears]
+        if (
+            fn is None
+            or any(p is None for p in parts)
+            or (invariant and any(lin.tiling is None for lin in linears))
         ):
             return None
         norms = [layer.input_layernorm.weight_f32(), layer.post_attention_layernorm.weight_f32()]
         weights.append(norms + [t for p in parts if p is not None for t in p[1:]])
         kinds.append([p[0] for p in parts if p is not None])
-        tilings = [lin.tiling for lin in layer.linears()]
+        tilings = [lin.tiling for lin in linears]
         tiles.append([n for t in tilings for n in ((t.tile_rows, t.min_rows) if invariant and t else (0, 0))])
-    c = model.config
-    first = kinds[0][0] if kinds else _DENSE
-    attention_dtype = torch.bfloat16 if first in (_INT4, _INT8) else model.dtype
+    if fn is None or not kinds:
+        return None
+    # q's dtype is the QKV projection's output dtype: the quantized kernels give bf16
+    attention_dtype = dtype if kinds[0][0] == MATMUL_DENSE else torch.bfloat16
+    dims = [config.num_heads, config.num_kv_heads, config.head_dim]
     return ScriptedStack(
-        weights, kinds, tiles, [c.num_heads, c.num_kv_heads, c.head_dim], c.rms_norm_eps,
-        c.rope_interleaved, model.dtype, attention_dtype, fn,
-    )  # fmt: skip
+        weights, kinds, tiles, dims, config.rms_norm_eps, config.rope_interleaved, dtype, attention_dtype, fn
+    )
