@@ -6,6 +6,11 @@ than wall time does, so two builds compared by it, alternately, give a usable ra
 the waiting threads' spinning is counted too). The README's "where the time goes" comes from this.
 
     python -m bench backend_profile --threads 1 --steps 20
+    python -m bench backend_profile --ab 5     # scripted decoder stack vs the eager layers, alternating rounds
+
+`--ab N` skips the profiler and measures the scripted decoder stack (backend/model/scripted.py) against the
+same model's eager layers (the path main took before it), N alternating rounds in one process: the same
+weights, caches and machine state, so the median of the per-round ratios is a fair same-run A/B.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -62,6 +68,43 @@ def prefill(engine: LLMEngine, fresh: list[list[int]]) -> Callable[[], list[floa
     return run
 
 
+def eager_layers(model: LlamaModel) -> Callable[[bool], None]:
+    """A switch between the scripted stack (True) and the eager layers (False) for the engine's forwards."""
+    scripted = model.forward
+
+    def eager(
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attend: Any,
+        invariant: bool = False,
+        step: Any = None,
+    ) -> torch.Tensor:
+        return scripted(token_ids, positions, attend, invariant)  # no step: the eager layers
+
+    def use(on: bool) -> None:
+        model.forward = scripted if on else eager  # type: ignore[method-assign]
+
+    return use
+
+
+def ab_rounds(engine: LLMEngine, scenarios: dict[str, Callable[[], list[float]]], rounds: int) -> None:
+    """Alternate eager and scripted rounds per scenario; print medians and the median per-round ratio."""
+    use = eager_layers(engine.model)
+    for name, run in scenarios.items():
+        ratios, eager_ms, scripted_ms = [], [], []
+        for _ in range(rounds):
+            use(False)
+            eager_ms.append(statistics.median(run()))
+            use(True)
+            scripted_ms.append(statistics.median(run()))
+            ratios.append(eager_ms[-1] / scripted_ms[-1])
+        print(
+            f"{name}: eager {statistics.median(eager_ms):.1f}, scripted {statistics.median(scripted_ms):.1f} "
+            f"CPU ms per step; speedup {statistics.median(ratios):.3f}x (median of {rounds} paired rounds)"
+        )
+    use(True)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -69,6 +112,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rows", type=int, default=12, help="profiler table rows per scenario")
+    parser.add_argument("--ab", type=int, default=0, help="rounds of scripted vs eager layers (no profiler)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     loaded = load_model()
@@ -83,6 +127,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "8 concurrent decode": decode_steps(engine, batch, args.steps),
         "prefill 250": prefill(engine, prefill_prompts(loaded, 1)),
     }
+    if args.ab:
+        del scenarios["prefill 250"]  # one fresh prompt per call: not enough of them for paired rounds
+        ab_rounds(engine, scenarios, args.ab)
+        return
     for name, run in scenarios.items():
         run()  # warm-up
         with profile(activities=[ProfilerActivity.CPU]) as prof:

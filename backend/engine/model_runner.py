@@ -16,6 +16,7 @@ import torch
 
 from backend.attention.backend import AttentionBackend
 from backend.attention.context import AttentionContext
+from backend.attention.invariant import InvariantPlan, InvariantSdpaBackend
 from backend.engine.block_pool import BlockPool
 from backend.engine.embedding import EmbeddingSequence
 from backend.engine.sampling import sample
@@ -82,7 +83,11 @@ class ModelRunner:
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             return backend.forward(q, k, v, k_caches[layer], v_caches[layer], plan)
 
-        hidden = self.model(token_ids, positions, attend, self.invariant)  # [T, hidden] fp32
+        step = None
+        if isinstance(backend, InvariantSdpaBackend):  # the layers then run as one scripted call
+            assert isinstance(plan, InvariantPlan)
+            step = backend.step_attention(plan, k_caches, v_caches)
+        hidden = self.model(token_ids, positions, attend, self.invariant, step)  # [T, hidden] fp32
         ends = ctx.query_start_host[1:]
         last: list[int] = []
         greedy: list[bool] = []

@@ -23,9 +23,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from backend.attention.invariant import StepAttention
 from backend.model.config import LlamaConfig
 from backend.model.layers import AttendFn, LlamaDecoderLayer, RMSNorm
 from backend.model.rope import RopeTable, inv_frequencies
+from backend.model.scripted import ScriptedStack, build_stack
 from backend.model.tiling import RowTiling, TilingMemo, calibrate_tiling, tiled_rows
 
 
@@ -71,6 +73,11 @@ class LlamaModel(nn.Module):
         # fp32 logits: an fp32 copy of the output matrix when the weights are half precision.
         self._logits_weight_fp32: torch.Tensor | None = None
         self.head: GreedyHead | None = None  # set by quantize_model
+        # invariant -> (stack key, the scripted layers or None where they cannot run), see scripted.py; the key:
+        # `_revision` (moved by every change of projections, tilings or weights) and the norm weights' versions
+        self._stacks: dict[bool, tuple[tuple[int, ...], ScriptedStack | None]] = {}
+        self._revision = 0
+        self._norm_weights = [n.weight for layer in self.layers for n in _norms(layer)]
 
     # ---- weights -------------------------------------------------------------------------------------
 
@@ -125,7 +132,12 @@ class LlamaModel(nn.Module):
         self._logits_weight_fp32 = None
         if self.dtype != torch.float32:
             self._logits_weight_fp32 = self._output_weight().float()
+        self.projections_changed()
+
+    def projections_changed(self) -> None:
+        """Weights or projection modules changed (load_weights, quantize_model): re-calibrate, re-script."""
         self._head_tiling = None
+        self._revision += 1
 
     def calibrate_invariance(self) -> None:
         """Measure the row tiling of every linear shape and the LM head (once; backend/model/tiling.py)."""
@@ -140,6 +152,7 @@ class LlamaModel(nn.Module):
         self._head_tiling = calibrate_tiling(
             self._head_matmul, self.config.hidden_size, torch.float32, self.device
         )
+        self._revision += 1
         _LOG.info(
             "batch-invariant row tilings measured in %.1f s: %s", time.perf_counter() - start, self.tilings
         )
@@ -164,19 +177,43 @@ class LlamaModel(nn.Module):
 
     @torch.inference_mode()
     def forward(
-        self, token_ids: torch.Tensor, positions: torch.Tensor, attend: LayerAttendFn, invariant: bool = False
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attend: LayerAttendFn,
+        invariant: bool = False,
+        step: StepAttention | None = None,
     ) -> torch.Tensor:
-        """Hidden states after the final norm, fp32 [T, hidden], for the flattened new tokens of a step."""
+        """Hidden states after the final norm, fp32 [T, hidden], for the flattened new tokens of a step.
+        With `step` (the batch-invariant attention's calls) the layers run as one TorchScript call of the same
+        ops (backend/model/scripted.py), `attend` otherwise."""
         # token_ids, positions: [T] int64
         assert token_ids.dim() == 1 and token_ids.shape == positions.shape
         if invariant:
             self.calibrate_invariance()
         cos, sin = self.rope.lookup(positions, self.config.rope_interleaved)  # [T, 1, D/2 or D] each
         x = self.embed_tokens(token_ids).float()  # x: [T, hidden] fp32 residual
-        for index, layer in enumerate(self.layers):
-            assert isinstance(layer, LlamaDecoderLayer)
-            x = layer.forward(x, cos, sin, _bind_layer(attend, index), invariant)  # no hooks: skip __call__
+        stack = self.scripted_stack(invariant) if step is not None else None
+        if stack is not None and step is not None:
+            x = stack.run(x, cos, sin, step)
+        else:
+            for index, layer in enumerate(self.layers):
+                assert isinstance(layer, LlamaDecoderLayer)
+                x = layer.forward(
+                    x, cos, sin, _bind_layer(attend, index), invariant
+                )  # no hooks: skip __call__
         return self.norm.forward(x)  # [T, hidden] fp32
+
+    def scripted_stack(self, invariant: bool) -> ScriptedStack | None:
+        """The layers flattened for TorchScript, rebuilt when a projection, tiling or norm weight changed."""
+        key = (self._revision, *(w._version for w in self._norm_weights))
+        found = self._stacks.get(invariant)
+        if found is None or found[0] != key:
+            stack = None
+            if self.device.type == "cpu":
+                stack = build_stack(list(self.layers), self.config, self.dtype, invariant)
+            found = self._stacks[invariant] = (key, stack)
+        return found[1]
 
     @torch.inference_mode()
     def compute_logits(
@@ -212,6 +249,11 @@ class LlamaModel(nn.Module):
         positions = torch.arange(token_ids.shape[0], device=self.device)
         hidden = self.forward(token_ids, positions, lambda _layer, q, k, v: _causal_attention(q, k, v))
         return self.compute_logits(hidden)
+
+
+def _norms(layer: nn.Module) -> tuple[RMSNorm, RMSNorm]:
+    assert isinstance(layer, LlamaDecoderLayer)
+    return layer.input_layernorm, layer.post_attention_layernorm
 
 
 def _bind_layer(attend: LayerAttendFn, index: int) -> AttendFn:

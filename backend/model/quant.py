@@ -29,7 +29,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from backend.loader.quantized import GROUP_SIZE, Int4Blocks
-from backend.model.layers import LlamaDecoderLayer
+from backend.model.layers import MATMUL_INT4, MATMUL_INT8, LlamaDecoderLayer, ScriptParts
 from backend.model.tiling import RowTiling, TilingMemo, calibrate_tiling, tiled_rows
 
 if TYPE_CHECKING:
@@ -50,6 +50,10 @@ class QuantizedLinear(nn.Module):
 
     def matmul(self, rows: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def script_parts(self) -> ScriptParts | None:
+        """This matmul for the scripted decoder stack (backend/model/scripted.py), None if it has none."""
+        return None
 
     def forward(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
         if not invariant:
@@ -85,6 +89,10 @@ class Int4Linear(QuantizedLinear):
             rows.to(torch.bfloat16), self.packed, GROUP_SIZE, self.scales_and_zeros
         )
 
+    def script_parts(self) -> ScriptParts:
+        assert isinstance(self.packed, torch.Tensor) and isinstance(self.scales_and_zeros, torch.Tensor)
+        return MATMUL_INT4, self.packed, self.scales_and_zeros
+
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 per output row: (codes [N, K] int8, scales [N] fp32), w ~= codes * scale."""
@@ -106,6 +114,10 @@ class Int8Linear(QuantizedLinear):
     def matmul(self, rows: torch.Tensor) -> torch.Tensor:
         # rows: [M, K] -> [M, N] bf16
         return torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16), self.codes, self.scales)
+
+    def script_parts(self) -> ScriptParts:
+        assert isinstance(self.codes, torch.Tensor) and isinstance(self.scales, torch.Tensor)
+        return MATMUL_INT8, self.codes, self.scales
 
 
 def quantized_linear(dense: list[torch.Tensor], parts: list[Int4Blocks | None]) -> QuantizedLinear:
@@ -200,4 +212,4 @@ def quantize_model(
         )
     quantize_layers(model, dense, blocks)
     model.head = RescoredHead(model.output_weight_fp32())
-    model._head_tiling = None  # re-calibrate: the linears changed
+    model.projections_changed()  # re-calibrate and re-script: the linears changed
