@@ -84,7 +84,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--k", type=int, default=3, help="drafts per verify (the served default)")
+    parser.add_argument(
+        "--k",
+        type=int,
+        default=EngineConfig().speculative_tokens,
+        help="drafts per verify (the served default)",
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
