@@ -89,9 +89,10 @@ class EdgeRequestHandler(WireConnection):
         now = self._loop.time()
         if self.phase == IDLE:
             self.phase, self.head_started = HEAD, now
-        elif self.phase == HANDLING and not self.rx_while_handling:
+        elif self.phase == HANDLING and not self.rx_while_handling and self.partial is None:
             # Bytes after this request's body is complete are a pipelined head: its clock starts when this request
-            # ends. (Bytes that complete the body and start a head in one read go unnoticed: keepalive caps them.)
+            # ends. (Bytes that complete the body and start a head in one read go unnoticed: keepalive caps them.
+            # Bytes for a head the wire lane holds, `partial`, are its body.)
             current = self._current_request
             self.rx_while_handling = current is None or current.content.is_eof()
         self.last_rx = now

@@ -36,11 +36,11 @@ from gateway.handlers.ops import handler_done
 from gateway.state import GatewayState
 from gateway.tiers.base import L2Unavailable
 from gateway.timing import StageTimer
-from gateway.wireconn import NOT_SERVED, PENDING, SERVED, WireConnection
+from gateway.wireconn import MAX_WHOLE_BYTES, NOT_SERVED, PENDING, SERVED, WireConnection
 
 log = logging.getLogger("tokenedge.wire")
 
-MAX_REQUEST_BYTES = 16 * 1024  # a learned request (head and body), at most
+MAX_REQUEST_BYTES = MAX_WHOLE_BYTES  # a learned request (head and body), at most
 MAX_LEARNED_BYTES = 4 * 1024 * 1024  # all learned requests' bytes; the table is cleared when full
 
 

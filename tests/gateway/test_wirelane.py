@@ -8,24 +8,20 @@ request: split or pipelined reads, a purged entry, a new model revision, another
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Callable
-from pathlib import Path
 from types import SimpleNamespace
 
-import aiohttp
 import h11
 from aiohttp import HttpVersion11
 
-from gateway.edge import EdgeRequestHandler, EdgeServer
+from gateway.edge import IDLE, EdgeRequestHandler, EdgeServer
+from gateway.wireconn import awaited_length
 from gateway.wirelane import MAX_LEARNED_BYTES, MAX_REQUEST_BYTES, WireLane
 from tests.gateway.conftest import AUTH_A, GatewayFactory
-from tests.gateway.test_fastpath import PATH, RAW, Reply, request_bytes, run, warm, without_date
-from tests.gateway.test_metrics import parse as parse_metrics
+from tests.gateway.test_fastpath import PATH, RAW, Reply, request_bytes, warm, without_date
 from tests.gateway.test_metrics import scrape, value
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import FakeClock, RunningGateway
-from tests.support.workers import gateway_workers
 
 ONE = request_bytes("POST", PATH, RAW)  # one whole request, sent in one write
 
@@ -154,24 +150,97 @@ async def test_keep_alive_is_restarted_by_each_answer_on_the_wire(gw: RunningGat
     conn.close()
 
 
-async def test_a_request_split_across_reads_is_never_answered_on_the_wire(gw: RunningGateway) -> None:
+async def test_a_body_written_apart_from_its_head_is_waited_for_and_answered_on_the_wire(
+    gw: RunningGateway,
+) -> None:
+    (stored,) = await warm(gw, RAW)
+    conn = await Conn.open(gw)
+    await conn.ask()  # learned
+    proto = their_connection(gw, conn)
+    for _ in range(2):
+        await conn.send(ONE[: -len(RAW)])  # the head alone, then the body (httpx's sync transport writes so)
+        await until(lambda: proto.partial is not None)
+        await conn.send(RAW)
+        reply = await conn.reply()
+        assert reply.body == stored and reply.headers["cache-status"].endswith("detail=l1")
+    assert lane(gw).served == 2 and proto.clean and proto.partial is None
+    assert (
+        proto.phase == IDLE
+    )  # the body was not taken for a new head: no head deadline on an idle connection
+    conn.close()
+
+
+async def test_a_body_slower_than_the_hold_goes_to_the_parser_as_it_comes(gw: RunningGateway) -> None:
+    (stored,) = await warm(gw, RAW)
+    conn = await Conn.open(gw)
+    await conn.ask()
+    proto = their_connection(gw, conn)
+    await conn.send(ONE[: -len(RAW)])
+    await until(lambda: proto.partial is not None)
+    await until(
+        lambda: proto.partial is None
+    )  # HOLD_BODY_S passed: the parser has the head, the body is awaited
+    assert not proto.clean
+    await conn.send(RAW)
+    reply = await conn.reply()
+    assert (
+        reply.body == stored and reply.headers["cache-status"].endswith("detail=l1") and lane(gw).served == 0
+    )
+    conn.close()
+
+
+async def test_a_head_split_across_reads_goes_to_the_parser_and_never_to_the_wire_again(
+    gw: RunningGateway,
+) -> None:
     await warm(gw, RAW)
     learner = await Conn.open(gw)
     await learner.ask()
     conn = await Conn.open(gw)
-    head, body = ONE[: -len(RAW)], RAW
-    await conn.send(head)
-    await until(lambda: any(not p.clean for p in edge_of(gw).live if isinstance(p, EdgeRequestHandler)))
-    await conn.send(body)
+    await conn.send(ONE[:20])  # part of the request line: the parser takes it, the connection turns unclean
+    await until(lambda: not their_connection(gw, conn).clean)
+    await conn.send(ONE[20:])
     first = await conn.reply()
     again = await conn.ask()  # whole learned bytes, but this connection's parser was once mid-request
-    assert first.headers["cache-status"].endswith("detail=l1") and again.headers["cache-status"].endswith(
-        "l1"
-    )
-    assert lane(gw).served == 0
+    assert first.headers["cache-status"].endswith("detail=l1")
+    assert again.headers["cache-status"].endswith("detail=l1") and lane(gw).served == 0
     assert (await learner.ask()).body == again.body and lane(gw).served == 1  # a clean connection still is
     learner.close()
     conn.close()
+
+
+async def test_a_head_with_expect_is_never_held_for_its_body(gw: RunningGateway) -> None:
+    """`Expect: 100-continue` clients wait for the server before sending the body: the head goes to the parser."""
+    await warm(gw, RAW)
+    conn = await Conn.open(gw)
+    await conn.ask()
+    proto = their_connection(gw, conn)
+    await conn.send(
+        request_bytes("POST", PATH, b"", {"Expect": "100-continue"}).replace(
+            b"Content-Length: 0", b"Content-Length: %d" % len(RAW)
+        )
+    )
+    await until(lambda: not proto.clean)  # fed to the parser at once, not held
+    assert proto.partial is None
+    conn.close()
+
+
+def test_awaited_length_waits_only_for_the_body_of_one_plain_small_post() -> None:
+    whole = ONE
+    head = whole[: -len(RAW)]
+    assert awaited_length(head) == len(whole)
+    assert awaited_length(head + RAW[:5]) == len(whole)
+    assert awaited_length(whole) == 0  # complete
+    assert awaited_length(whole + b"POST") == 0  # more than one request
+    assert awaited_length(head[:-4]) == 0  # the head is not complete
+    assert awaited_length(b"GET" + head[4:]) == 0
+    assert (
+        awaited_length(head.replace(b"Content-Length", b"Transfer-Encoding: chunked\r\nContent-Length")) == 0
+    )
+    assert awaited_length(head.replace(b"\r\n\r\n", b"\r\nContent-Length: 9\r\n\r\n")) == 0  # two
+    for odd in (b"9x", b"", b"9" * 5000):
+        assert awaited_length(head.replace(b"Content-Length: %d" % len(RAW), b"Content-Length: " + odd)) == 0
+    big = head.replace(b"Content-Length: %d" % len(RAW), b"Content-Length: 20000")
+    assert awaited_length(big) == 0  # over MAX_WHOLE_BYTES: the parser reads it
 
 
 async def test_pipelined_copies_in_one_read_are_answered_in_order_by_the_parser(gw: RunningGateway) -> None:
@@ -283,47 +352,3 @@ def test_learned_bytes_are_bounded_and_only_whole_keep_alive_requests_are_learne
     trusted = WireLane(SimpleNamespace(tenancy=SimpleNamespace(tenant_header="X-Tenant")))  # type: ignore[arg-type]
     _learn(trusted, b"HEAD" + body, body)  # the scope depends on the peer: never learned
     assert len(trusted) == 0
-
-
-async def test_a_gateway_process_on_uvloop_answers_wrk_and_raw_clients_through_the_wire_lane(
-    upstream_url: str, tmp_path: Path
-) -> None:
-    """`python -m gateway` (uvloop on, as deployed): wrk on keep-alive connections sees only well-formed hits, each
-    counted once; raw connections get byte-identical bodies and headers (but `Date`/`Age`) on every repeat."""
-    async with gateway_workers(upstream_url, 1) as url:
-        host, port = url.removeprefix("http://").split(":")
-        conn = await Conn.open((host, int(port)))
-        first, *repeats = [await conn.ask() for _ in range(4)]  # miss, fast lane (learns), then the wire lane
-        assert first.headers["cache-status"].startswith("tokenedge; fwd=miss; stored")
-        for reply in repeats:
-            assert reply.body == first.body and reply.headers["cache-status"].endswith("detail=l1")
-            assert without_date(reply.headers) == without_date(repeats[0].headers)
-        script = tmp_path / "post.lua"
-        script.write_text(
-            f'wrk.method = "POST"\nwrk.body = [[{RAW.decode()}]]\n'
-            f'wrk.headers["Content-Type"] = "application/json"\n'
-            f'wrk.headers["Authorization"] = "{AUTH_A["Authorization"]}"\n'
-        )
-        before = parse_metrics(await get_text(url + "/metrics"))
-        code, out = await run("wrk", "-t1", "-c8", "-d1s", "-s", str(script), url + PATH)
-        after = parse_metrics(await get_text(url + "/metrics"))
-        conn.close()
-    assert code == 0 and "Socket errors" not in out and "Non-2xx" not in out, out
-    done = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
-    counted = {
-        name: value(after, name, **labels) - value(before, name, **labels)
-        for name, labels in [
-            ("tokenedge_requests_total", {"result": "hit", "reason": "l1"}),
-            ("tokenedge_wire_lane_answers_total", {"tier": "l1"}),
-        ]
-    }
-    # Every request counted once (at most one per connection still in flight at the end); all but each
-    # connection's first (the fast lane serves and learns it) answered on the wire.
-    assert done > 100 and done <= counted["tokenedge_requests_total"] <= done + 8
-    assert counted["tokenedge_wire_lane_answers_total"] >= done - 8
-
-
-async def get_text(url: str) -> str:
-    async with aiohttp.ClientSession() as session, session.get(url) as resp:
-        assert resp.status == 200
-        return await resp.text()
