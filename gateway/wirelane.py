@@ -26,7 +26,7 @@ import asyncio
 import logging
 from functools import partial
 from time import perf_counter
-from typing import Any, cast
+from typing import Any
 
 from aiohttp import HttpVersion11, web
 
@@ -105,13 +105,11 @@ class WireLane:
                 return NOT_SERVED
             cache.count_l1_hit()
             return SERVED
-        l2 = cache.l2
-        read = getattr(l2, "read", None)  # Redis, Redis Cluster, Memcached: a read a callback can wait on
-        if read is None:
+        if cache.l2 is None:
             return NOT_SERVED
         generation = cache.l1.generation
         try:
-            pending = read(known[1])
+            pending = cache.l2.read(known[1])
         except L2Unavailable:  # breaker open: the normal path reads (and counts the error) as it always does
             return NOT_SERVED
         if cache.l1.enabled:
@@ -127,7 +125,7 @@ class WireLane:
         timer: StageTimer,
         keyed: float,
         generation: int,
-        pending: asyncio.Future[bytes | None],
+        pending: asyncio.Future[Any],
     ) -> None:
         """The L2 read is over: a fresh entry is written at once; anything else goes to the parser with the read."""
         state = self._state
@@ -135,7 +133,8 @@ class WireLane:
             exc = pending.exception()
             if exc is not None and not isinstance(exc, L2Unavailable):
                 raise exc
-            l2 = cast(Any, state.cache.l2)  # the tier `serve` read from
+            l2 = state.cache.l2
+            assert l2 is not None  # the tier `serve` read from
             value = exc if exc is not None else l2.entry_of(pending.result())
             found = state.cache.settle(known[1], value, generation)
         except (

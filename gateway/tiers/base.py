@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from gateway.entry import Entry
 from gateway.ratelog import RateLimitedLog
@@ -67,6 +67,13 @@ class Tier(Protocol):
     def available(self) -> bool: ...
 
     async def get(self, key: str) -> Entry | None: ...
+
+    def read(self, key: str) -> asyncio.Future[Any]:
+        """`get` without the coroutine, for a callback to wait on: the tier's raw value (`entry_of` makes it an
+        entry); raises L2Unavailable at once while the breaker is open."""
+        ...
+
+    def entry_of(self, value: Any) -> Entry | None: ...
 
     async def get_many(self, keys: Sequence[str]) -> list[Entry | None]: ...
 

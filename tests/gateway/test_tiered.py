@@ -3,6 +3,7 @@ store is counted exactly once per tier."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 
 import pytest
@@ -35,8 +36,17 @@ class DictTier:
             raise L2Unavailable("down")
 
     async def get(self, key: str) -> Entry | None:
+        return self.entry_of(await self.read(key))
+
+    def read(self, key: str) -> asyncio.Future[Entry | None]:
         self._check()
-        return self.data.get(key)
+        future: asyncio.Future[Entry | None] = asyncio.get_running_loop().create_future()
+        future.set_result(self.data.get(key))
+        return future
+
+    @staticmethod
+    def entry_of(value: Entry | None) -> Entry | None:
+        return value
 
     async def get_many(self, keys: Sequence[str]) -> list[Entry | None]:
         return [await self.get(k) for k in keys]
