@@ -215,20 +215,23 @@ def hit_response(
     """The fast response for a fresh hit, or None when the normal path must serve it."""
     if not checked and not eligible(request):
         return None
-    built = wire(
-        entry,
-        now,
-        tier,
-        state.config.cache.cdn_tag_headers,
-        head_only=request.method == "HEAD",
-        close=not request.keep_alive,
+    data = counted_wire(
+        state, entry, now, tier, head_only=request.method == "HEAD", close=not request.keep_alive
     )
+    return HitResponse(state, data, timer_of(request)) if data is not None else None
+
+
+def counted_wire(
+    state: GatewayState, entry: Entry, now: float, tier: str, *, head_only: bool = False, close: bool = False
+) -> bytes | None:
+    """`wire` with the configured CDN tag headers, the tags it had to drop counted; None when it cannot be fast."""
+    built = wire(entry, now, tier, state.config.cache.cdn_tag_headers, head_only=head_only, close=close)
     if built is None:
         return None
     data, truncated = built
     if truncated:
         state.metrics.tag_truncations.inc(truncated)
-    return HitResponse(state, data, timer_of(request))
+    return data
 
 
 def request_scope(request: web.Request, state: GatewayState, public: bool) -> str:

@@ -169,12 +169,11 @@ class WireLane:
         """Write a fresh entry's response and count the hit as the fast lane does; False if it must not be fast."""
         state = self._state
         looked_up = perf_counter()
-        built = fastpath.wire(entry, now, tier, state.config.cache.cdn_tag_headers)
-        if built is None or conn.transport is None:
+        transport = conn.transport
+        data = fastpath.counted_wire(state, entry, now, tier) if transport is not None else None
+        if transport is None or data is None:
             return False
-        conn.transport.write(built[0])
-        if built[1]:
-            state.metrics.tag_truncations.inc(built[1])
+        transport.write(data)
         fastpath.count_served(state, known, entry, now, tier, timer, (keyed, looked_up))
         state.metrics.tally.inc(state.metrics.wire_answers, (tier,))
         timer.status, timer.prepared_at = 200, perf_counter()
