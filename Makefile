@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv system lint bench clean
+.PHONY: run test venv system lint bench clean kernels
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,14 +19,19 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The backend's AMX kernel, built for this machine once (cached under ~/.cache/tokenedge/kernels); prints the
+# int4 kernel in use and never fails: where it cannot run, torch's kernel serves.
+kernels: venv
+	$(PY) -m backend.kernels
+
 system:
 	bash scripts/install-system.sh
 
-run: venv
+run: venv kernels
 	bash scripts/run.sh
 
 # Lint first: a lint, format or type finding fails `make test` (and so CI) before any test runs.
-test: venv system lint
+test: venv system lint kernels
 	$(PY) -m pytest -q -p no:cacheprovider
 
 LINTED := gateway backend cdn tokenedge_wire bench tests

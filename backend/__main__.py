@@ -14,6 +14,7 @@ from backend.attention.selector import resolve_attention
 from backend.config import BackendConfig
 from backend.engine.config import EngineConfig
 from backend.loader import LoadedModel, load_model
+from backend.loader.revision import served_revision
 from backend.runtime import describe_runtime, log_runtime
 from backend.server import ServedModel, ServerLimits, create_app
 from backend.server.state import EngineFactory
@@ -36,6 +37,17 @@ def engine_factory(loaded: LoadedModel, config: BackendConfig, engine_config: En
     return lambda: AsyncEngine(model, engine_config, eos_token_ids)
 
 
+def numerics(config: BackendConfig, device: str) -> str:
+    """How the served model computes beyond its file and config: answers differ in their last bits between any
+    two of these, so it is folded into the served revision (`served_revision`) and shown in the runtime."""
+    dev = torch.device(device)
+    if config.weights == "quantized" and dev.type == "cpu":
+        from backend.kernels import int4_kernel
+
+        return f"{dev.type} {config.dtype} quantized int4-{int4_kernel()}"
+    return f"{dev.type} {config.dtype} dequantized"
+
+
 def build_app(config: BackendConfig) -> web.Application:
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -52,10 +64,11 @@ def build_app(config: BackendConfig) -> web.Application:
     )
     attention = resolve_attention(engine.attention, engine.device, config.torch_dtype, engine.block_size)
     runtime = describe_runtime(engine.device, config.torch_dtype, attention)
+    runtime["numerics"] = numerics(config, engine.device)
     log_runtime(runtime)
     served = ServedModel(
         id=config.served_model_name or loaded.name,
-        revision=loaded.revision,
+        revision=served_revision(loaded.revision, runtime["numerics"]),
         tokenizer=loaded.tokenizer,
         max_model_len=engine.max_model_len,
         created=int(time.time()),

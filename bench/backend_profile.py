@@ -7,6 +7,7 @@ the waiting threads' spinning is counted too). The README's "where the time goes
 
     python -m bench backend_profile --threads 1 --steps 20
     python -m bench backend_profile --ab 5     # scripted decoder stack vs the eager layers, alternating rounds
+    python -m bench backend_profile --kernel-ab 5 --threads 2   # the AMX int4 kernel vs torch's (wall time)
 
 `--ab N` skips the profiler and measures the scripted decoder stack (backend/model/scripted.py) against the
 same model's eager layers (the path main took before it), N alternating rounds in one process: the same
@@ -27,14 +28,17 @@ from torch.profiler import ProfilerActivity, profile
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
-from backend.loader import load_model
+from backend.loader import LoadedModel, load_model
 from backend.model.llama import LlamaModel
 from backend.model.quant import quantize_model
 from bench.backend_vs_hf import prefill_prompts, prompts
 
 
-def decode_steps(engine: LLMEngine, batch: list[list[int]], steps: int) -> Callable[[], list[float]]:
-    """A scenario: admit `batch`, prefill it, then time `steps` decode steps (CPU ms each); aborts after."""
+def decode_steps(
+    engine: LLMEngine, batch: list[list[int]], steps: int, clock: Callable[[], float] = time.process_time
+) -> Callable[[], list[float]]:
+    """A scenario: admit `batch`, prefill it, then time `steps` decode steps (ms of `clock` each: CPU time by
+    default); aborts after."""
     params = SamplingParams(temperature=0.0, max_tokens=100_000, ignore_eos=True)
 
     def run() -> list[float]:
@@ -46,9 +50,9 @@ def decode_steps(engine: LLMEngine, batch: list[list[int]], steps: int) -> Calla
         engine.step()  # every sequence decoding from here on
         times = []
         for _ in range(steps):
-            start = time.process_time()
+            start = clock()
             engine.step()
-            times.append((time.process_time() - start) * 1e3)
+            times.append((clock() - start) * 1e3)
         for rid in ids:
             engine.abort_request(rid)
         return times
@@ -87,22 +91,57 @@ def eager_layers(model: LlamaModel) -> Callable[[bool], None]:
     return use
 
 
-def ab_rounds(engine: LLMEngine, scenarios: dict[str, Callable[[], list[float]]], rounds: int) -> None:
-    """Alternate eager and scripted rounds per scenario; print medians and the median per-round ratio."""
-    use = eager_layers(engine.model)
-    for name, run in scenarios.items():
-        ratios, eager_ms, scripted_ms = [], [], []
+def ab_rounds(
+    scenarios: dict[str, tuple[Callable[[], list[float]], Callable[[], list[float]]]],
+    labels: tuple[str, str],
+    rounds: int,
+    unit: str,
+) -> None:
+    """Alternate the two sides' rounds per scenario; print medians and the median per-round ratio (a / b)."""
+    for name, (run_a, run_b) in scenarios.items():
+        ratios, a_ms, b_ms = [], [], []
         for _ in range(rounds):
-            use(False)
-            eager_ms.append(statistics.median(run()))
-            use(True)
-            scripted_ms.append(statistics.median(run()))
-            ratios.append(eager_ms[-1] / scripted_ms[-1])
+            a_ms.append(statistics.median(run_a()))
+            b_ms.append(statistics.median(run_b()))
+            ratios.append(a_ms[-1] / b_ms[-1])
         print(
-            f"{name}: eager {statistics.median(eager_ms):.1f}, scripted {statistics.median(scripted_ms):.1f} "
-            f"CPU ms per step; speedup {statistics.median(ratios):.3f}x (median of {rounds} paired rounds)"
+            f"{name}: {labels[0]} {statistics.median(a_ms):.2f}, {labels[1]} {statistics.median(b_ms):.2f} "
+            f"{unit} per step; {labels[1]} is {statistics.median(ratios):.3f}x faster (median of {rounds} "
+            "paired rounds)"
         )
+
+
+def scripted_ab(engine: LLMEngine, loaded: LoadedModel, steps: int, rounds: int) -> None:
+    """The scripted decoder stack vs the same model's eager layers, CPU time (`--ab`)."""
+    use = eager_layers(engine.model)
+    batch = prompts(loaded)
+
+    def side(batch: list[list[int]], on: bool) -> Callable[[], list[float]]:
+        run = decode_steps(engine, batch, steps)
+        return lambda: (use(on), run())[1]
+
+    scenarios = {
+        "batch-1 decode": (side(batch[:1], False), side(batch[:1], True)),
+        "8 concurrent decode": (side(batch, False), side(batch, True)),
+    }
+    ab_rounds(scenarios, ("eager", "scripted"), rounds, "CPU ms")
     use(True)
+
+
+def kernel_ab(loaded: LoadedModel, config: EngineConfig, steps: int, rounds: int) -> None:
+    """The AMX int4 kernel vs torch's, one engine each over the same weights, wall time (`--kernel-ab`)."""
+    engines = {}
+    for kernel in ("torch", "amx"):
+        model = LlamaModel(loaded.config, dtype=torch.bfloat16)
+        model.load_weights(loaded.weights)
+        quantize_model(model, loaded.weights, loaded.quantized, kernel)
+        engines[kernel] = LLMEngine(model, config, loaded.tokenizer.eos_token_ids)
+    batch = prompts(loaded)
+    scenarios = {
+        name: tuple(decode_steps(engines[k], rows, steps, time.perf_counter) for k in ("torch", "amx"))
+        for name, rows in (("batch-1 decode", batch[:1]), ("8 concurrent decode", batch))
+    }
+    ab_rounds(scenarios, ("torch int4", "amx int4"), rounds, "wall ms")  # type: ignore[arg-type]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -113,13 +152,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rows", type=int, default=12, help="profiler table rows per scenario")
     parser.add_argument("--ab", type=int, default=0, help="rounds of scripted vs eager layers (no profiler)")
+    parser.add_argument("--kernel-ab", type=int, default=0, help="rounds of the AMX vs torch int4 kernel")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     loaded = load_model()
+    config = EngineConfig(num_blocks=512, max_num_seqs=8, max_num_batched_tokens=1024, max_model_len=1024)
+    if args.kernel_ab:
+        kernel_ab(loaded, config, args.steps, args.kernel_ab)
+        return
     model = LlamaModel(loaded.config, dtype=torch.bfloat16)
     model.load_weights(loaded.weights)
     quantize_model(model, loaded.weights, loaded.quantized)
-    config = EngineConfig(num_blocks=512, max_num_seqs=8, max_num_batched_tokens=1024, max_model_len=1024)
     engine = LLMEngine(model, config, loaded.tokenizer.eos_token_ids)
     batch = prompts(loaded)
     scenarios = {
@@ -128,8 +171,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "prefill 250": prefill(engine, prefill_prompts(loaded, 1)),
     }
     if args.ab:
-        del scenarios["prefill 250"]  # one fresh prompt per call: not enough of them for paired rounds
-        ab_rounds(engine, scenarios, args.ab)
+        scripted_ab(engine, loaded, args.steps, args.ab)
         return
     for name, run in scenarios.items():
         run()  # warm-up

@@ -27,12 +27,15 @@ from typing import Any
 
 import torch
 
+from backend.kernels import int4_kernel
 from backend.loader import LoadedModel, default_model_path, load_model
 from bench.harness import write_results
 from bench.llamacpp import LlamaCpp
 
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "backend" / "data" / "agreement_corpus.json"
 PREFILL_TOKENS = 250
+# a peer: our engine with torch's int4 kernel instead of the AMX one (`--peers ... torch-int4`)
+TORCH_INT4 = "torch-int4"
 METRICS = ("batch1_decode_tok_s", "concurrent8_tok_s", "prefill250_tok_s")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 QUESTIONS = [
@@ -55,7 +58,14 @@ def prompts(loaded: LoadedModel) -> list[list[int]]:
 class Ours:
     """Our engine behind the same two measurements; started once, measured in every round."""
 
-    def __init__(self, loaded: LoadedModel, dtype: torch.dtype, new_tokens: int, weights: str) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        dtype: torch.dtype,
+        new_tokens: int,
+        weights: str,
+        kernel: str | None = None,
+    ) -> None:
         from backend.engine.async_engine import AsyncEngine
         from backend.engine.config import EngineConfig
         from backend.engine.sampling_params import SamplingParams
@@ -65,7 +75,7 @@ class Ours:
         model = LlamaModel(loaded.config, dtype=dtype)
         model.load_weights(loaded.weights)
         if weights == "quantized":
-            quantize_model(model, loaded.weights, loaded.quantized)
+            quantize_model(model, loaded.weights, loaded.quantized, kernel)
         config = EngineConfig(
             speculative_tokens=0,
             num_blocks=512,
@@ -182,6 +192,12 @@ async def measure(loaded: LoadedModel, args: argparse.Namespace) -> dict[str, di
     batch, fills = prompts(loaded), prefill_prompts(loaded, args.rounds)
     new_tokens = args.max_new_tokens
     ours = Ours(loaded, DTYPES[args.dtype], new_tokens, args.weights)
+    # ours again on torch's int4 kernel: the same engine, only the 4-bit matmul differs (the AMX kernel's A/B)
+    torch_int4 = (
+        Ours(loaded, DTYPES[args.dtype], new_tokens, args.weights, "torch")
+        if TORCH_INT4 in args.peers
+        else None
+    )
     theirs = Transformers(DTYPES[args.dtype], new_tokens) if "transformers" in args.peers else None
     cpp = LlamaCpp(default_model_path(), torch.get_num_threads()) if "llamacpp" in args.peers else None
     samples: dict[str, dict[str, list[float]]] = {}
@@ -189,29 +205,36 @@ async def measure(loaded: LoadedModel, args: argparse.Namespace) -> dict[str, di
     def add(side: str, metric: str, value: float) -> None:
         samples.setdefault(side, {}).setdefault(metric, []).append(value)
 
-    await ours.engine.start()
+    sides = [("tokenedge", ours)] + ([(TORCH_INT4, torch_int4)] if torch_int4 is not None else [])
+    for _, side in sides:
+        await side.engine.start()
     try:
-        await ours.batch1(batch[0][:8])  # warmups
-        await ours.prefill(fills[-1])
+        for _, side in sides:
+            await side.batch1(batch[0][:8])  # warmups
+            await side.prefill(fills[-1])
         if theirs is not None:
             theirs.batch1(batch[0][:8])
         for r in range(args.rounds):
             ids = batch[r % len(batch)]
-            add("tokenedge", "batch1_decode_tok_s", await ours.batch1(ids))
+            for name, side in sides:
+                add(name, "batch1_decode_tok_s", await side.batch1(ids))
             if theirs is not None:
                 add("transformers", "batch1_decode_tok_s", theirs.batch1(ids))
             if cpp is not None:
                 add("llama.cpp", "batch1_decode_tok_s", cpp.batch1(ids, new_tokens))
-            add("tokenedge", "concurrent8_tok_s", await ours.concurrent(batch))
+            for name, side in sides:
+                add(name, "concurrent8_tok_s", await side.concurrent(batch))
             if theirs is not None:
                 add("transformers", "concurrent8_tok_s", theirs.concurrent(batch))
-            add("tokenedge", "prefill250_tok_s", await ours.prefill(fills[r]))
+            for name, side in sides:
+                add(name, "prefill250_tok_s", await side.prefill(fills[r]))
             if theirs is not None:
                 add("transformers", "prefill250_tok_s", theirs.prefill(fills[r]))
             if cpp is not None:
                 add("llama.cpp", "prefill250_tok_s", cpp.prefill(fills[r]))
     finally:
-        await ours.engine.stop()
+        for _, side in sides:
+            await side.engine.stop()
         if cpp is not None:
             cpp.close()
     medians = {side: {k: statistics.median(v) for k, v in m.items()} for side, m in samples.items()}
@@ -242,16 +265,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--threads", type=int, default=2, help="torch and llama.cpp threads (0: torch default)"
     )
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; medians are reported")
-    parser.add_argument("--peers", nargs="*", default=["transformers", "llamacpp"])
+    parser.add_argument(
+        "--peers",
+        nargs="*",
+        default=["transformers", "llamacpp"],
+        help=f"any of transformers llamacpp {TORCH_INT4}",
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded = load_model(None, progress=False)
     medians = asyncio.run(measure(loaded, args))
     ours = medians["tokenedge"]
-    peers = [side for side in ("llama.cpp", "transformers") if side in medians]
+    peers = [side for side in ("llama.cpp", "transformers", TORCH_INT4) if side in medians]
     print(
-        f"\nSmolLM2-135M GGUF, ours --weights {args.weights} (bf16 activations), peers {args.dtype} / Q4_1, "
+        f"\nSmolLM2-135M GGUF, ours --weights {args.weights} (bf16 activations, int4 kernel {int4_kernel()}), "
+        f"peers {args.dtype} / Q4_1, "
         f"{args.max_new_tokens} new tokens, {torch.get_num_threads()} threads, {cpu_model()}"
     )
     header = f"{'metric':<22}{'tokenedge':>11}" + "".join(f"{p:>14}{'ratio':>8}" for p in peers)
@@ -272,6 +301,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "threads": torch.get_num_threads(),
         "cpu": cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "int4_kernel": int4_kernel(),
         "medians": medians,
     }
     print(f"wrote {write_results(f'backend-{args.weights}-{int(time.time())}', result)}")

@@ -25,7 +25,7 @@ from backend.model.tiling import RowTiling, TilingMemo, calibrate_tiling, tiled_
 # (q [T, H, D], k [T, KH, D], v [T, KH, D]) -> [T, H, D]; k/v are the new tokens only.
 AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 # How the scripted decoder stack (backend/model/scripted.py) runs a projection's `matmul`: (kind, a, b)
-MATMUL_INT4, MATMUL_INT8, MATMUL_DENSE = 0, 1, 2
+MATMUL_INT4, MATMUL_INT8, MATMUL_DENSE, MATMUL_INT4_AMX = 0, 1, 2, 3
 ScriptParts = tuple[int, torch.Tensor, torch.Tensor]
 
 

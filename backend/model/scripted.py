@@ -25,6 +25,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from backend.attention.invariant import StepAttention
+from backend.kernels import declare_op
 from backend.model.config import LlamaConfig
 from backend.model.layers import MATMUL_DENSE, LlamaDecoderLayer
 
@@ -37,6 +38,8 @@ def _matmul(kind: int, a: Tensor, b: Tensor, rows: Tensor) -> Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16), a, 32, b)
     if kind == 1:
         return torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16), a, b)
+    if kind == 3:
+        return torch.ops.tokenedge.int4_mm(rows.to(torch.bfloat16), a, b)
     return F.linear(rows, a)
 
 
@@ -195,6 +198,7 @@ def _stack(
 def _scripted() -> torch.jit.ScriptFunction | None:
     """The compiled stack (once per process), or None where this torch cannot script it: the eager path serves."""
     try:
+        declare_op()  # `_matmul` names the AMX int4 kernel's op
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.10+: deprecated, still supported
             return torch.jit.script(_stack)

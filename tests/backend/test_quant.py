@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from backend import kernels
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
@@ -88,24 +89,44 @@ def test_quantized_layers_decode_one_row_without_padding() -> None:
         assert layer.tiling is not None and layer.tiling.min_rows == 1, layer.tiling
 
 
-@pytest.mark.parametrize("dense_rows", [10**9, 1], ids=["int8", "bf16"])
+@pytest.mark.parametrize(
+    ("amx", "dense_rows"),
+    [
+        (False, 10**9),
+        (False, 1),
+        pytest.param(
+            True, 10**9, marks=pytest.mark.skipif(kernels.amx_unavailable() is not None, reason="needs AMX")
+        ),
+    ],
+    ids=["int8", "bf16", "amx-int8"],
+)
 def test_quantized_head_picks_the_fp32_heads_token_even_near_ties(
-    dense_rows: int, monkeypatch: pytest.MonkeyPatch
+    amx: bool, dense_rows: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(quant, "DENSE_ROWS", dense_rows)  # which approximation picks the candidates
     gen = torch.Generator().manual_seed(6)
     weight = torch.randn(4096, 64, generator=gen) * 0.3  # [V, H]
     # near-ties: pairs of tokens whose rows differ by far less than int8's or bf16's rounding
     weight[1::2] = weight[0::2] + torch.randn(2048, 64, generator=gen) * 1e-4
-    head = RescoredHead(weight)
+    head = RescoredHead(weight, amx)
     hidden = torch.randn(256, 64, generator=gen) * 3  # [N, H]
     exact = F.linear(hidden.double(), weight.double())
     assert torch.equal(head.greedy_logits(hidden).argmax(dim=1), exact.argmax(dim=1))
-    # and either approximation alone would have got some of them wrong
-    hb = hidden.bfloat16()
-    int8 = torch.ops.aten._weight_int8pack_mm(hb, head.codes, head.scales).float()
-    assert not torch.equal(int8.argmax(dim=1), exact.argmax(dim=1))
-    assert not torch.equal(F.linear(hb, head.dense).float().argmax(dim=1), exact.argmax(dim=1))
+    # and the approximation alone would have got some of them wrong
+    approx, _, _ = head.approximate(hidden.bfloat16())
+    assert not torch.equal(approx.argmax(dim=1), exact.argmax(dim=1))
+
+
+@pytest.mark.skipif(kernels.amx_unavailable() is not None, reason="needs AMX")
+def test_the_amx_head_approximates_within_the_int8_heads_bound() -> None:
+    """The AMX int8 kernel computes the very w_hat of torch's int8 kernel: its logits agree to fp32 sums."""
+    gen = torch.Generator().manual_seed(8)
+    head = RescoredHead(torch.randn(1024, 96, generator=gen) * 0.3, amx=True)
+    hb = (torch.randn(6, 96, generator=gen) * 3).bfloat16()
+    amx, err_norm, _ = head.approximate(hb)
+    assert head.amx is not None and err_norm is head.err_norm
+    ref = hb.double() @ (head.codes.double() * head.scales.double()[:, None]).t()
+    torch.testing.assert_close(amx.double(), ref, rtol=1e-5, atol=1e-4)
 
 
 def _quantized_tiny(with_blocks: bool) -> torch.nn.Module:

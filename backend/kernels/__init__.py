@@ -1,0 +1,198 @@
+"""tokenedge's own CPU kernels on AMX tiles (`int4_amx.cpp`): 4-bit GGUF weights times bf16 activations
+(`int4_mm`, the decoder's projections), and int8 rows for the LM head's approximate logits (`int8_mm`).
+
+Why: torch's `_weight_int4pack_mm_for_cpu` re-dequantizes the weights for every few rows, so its cost grows
+with the rows (1.15x / 1.4x / 1.7x / 3x a one-row call at 2 / 3 / 4 / 8 rows, SmolLM2's shapes): continuous
+batching hardly paid. This kernel unpacks each 16-column block of codes once per call and multiplies it on
+AMX tiles, 16 rows at a time: 8 rows cost about 1.3x one row. Batch-invariant by construction (see the .cpp).
+`int8_mm` replaces the LM head's bf16 GEMM from 4 rows on (an approximation either way: the head rescores
+its candidates exactly, backend.model.quant.RescoredHead).
+
+Built on the machine that runs it, with the machine's g++ against the installed torch (about 8 s, once; the
+.so is cached by a hash of the source, torch's version, the compiler and the flags), used where the CPU has
+AMX-BF16 and AVX512-BF16 and a self-check passes. Anywhere else the model keeps torch's int4 kernel: the two
+differ in their last bits, so the kernel in use is part of the served model revision (`numerics`).
+`TOKENEDGE_INT4_KERNEL=torch` forces torch's kernel, `=amx` makes a failure to use this one an error.
+
+    python -m backend.kernels       # build (if needed), self-check and print the kernel in use
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+_LOG = logging.getLogger(__name__)
+GROUP_SIZE = 32  # inputs per scale: GGUF's 4-bit blocks (backend.loader.quantized)
+_SOURCE = Path(__file__).with_name("int4_amx.cpp")
+_CPU_FLAGS = ("amx_tile", "amx_bf16", "avx512_bf16", "avx512bw", "avx512vl")
+_ISA = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-mfma"]
+ENV = "TOKENEDGE_INT4_KERNEL"
+KERNELS = ("auto", "amx", "torch")
+# columns per block and bytes per (block, group) of the packed layout (int4_amx.cpp: kLanes, kGroupBytes)
+LANES = 16
+_GROUP_BYTES = LANES * GROUP_SIZE // 2
+
+
+class KernelUnavailable(RuntimeError):
+    """`TOKENEDGE_INT4_KERNEL=amx` but the kernel cannot run here (the message says why)."""
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def _torch_dir() -> Path:
+    return Path(torch.__file__).parent
+
+
+def _command(out: Path) -> list[str]:
+    t = _torch_dir()
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    includes = [f"-I{t / 'include'}", f"-I{t / 'include' / 'torch' / 'csrc' / 'api' / 'include'}"]
+    links = [f"-L{t / 'lib'}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{t / 'lib'}"]
+    flags = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-w", abi, *_ISA]
+    return ["g++", *flags, *includes, str(_SOURCE), "-o", str(out), *links]
+
+
+def cache_dir() -> Path:
+    """Where built kernels live: $TOKENEDGE_KERNEL_CACHE, else ~/.cache/tokenedge/kernels."""
+    configured = os.environ.get("TOKENEDGE_KERNEL_CACHE")
+    return Path(configured) if configured else Path.home() / ".cache" / "tokenedge" / "kernels"
+
+
+def _compiler() -> str:
+    done = subprocess.run(["g++", "--version"], capture_output=True, text=True, check=True)
+    return done.stdout.splitlines()[0]
+
+
+def build() -> Path:
+    """The kernel's shared library, compiled now unless a build of this very source and toolchain exists."""
+    key = hashlib.blake2b(digest_size=10)
+    for part in (_SOURCE.read_bytes(), torch.__version__.encode(), _compiler().encode()):
+        key.update(part + b"\0")
+    key.update(" ".join(_command(Path("out"))).encode())
+    target = cache_dir() / f"int4_amx-{key.hexdigest()}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _LOG.info("building the AMX int4 kernel into %s (once, about 10 s)", target)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        partial = Path(tmp) / target.name
+        done = subprocess.run(_command(partial), capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"g++ failed building {_SOURCE.name}: {done.stderr.strip()[-2000:]}")
+        os.replace(partial, target)  # atomic: a concurrent build of the same key wins or loses whole
+    return target
+
+
+def pack_int4(
+    codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's layout of w[n, k] = (codes[n, k] - 8) * scales[n, k // 32] + zeros[n, k // 32] ([N, K]
+    uint8 codes, N a multiple of 16; [N, K/32] fp32 scales and zeros, as `Int4Blocks` holds them): codes
+    [N/16, K/32, 256] uint8, where the 32 bytes of chunk j hold, for each of the 16 columns, k = 4j, 4j+1 in
+    their low nibbles and 4j+2, 4j+3 in their high ones; factors [N/16, K/32, 2, 16] fp32: the scales, then
+    the mins of the 128 + code form."""
+    n, k = codes.shape
+    groups, nb = k // GROUP_SIZE, n // LANES
+    assert n % LANES == 0, f"{n} output columns: the kernel needs a multiple of {LANES}"
+    c = codes.view(nb, LANES, groups, GROUP_SIZE // 4, 2, 2)  # [block, column, g, chunk, nibble, k]
+    packed = c[:, :, :, :, 0, :] | (c[:, :, :, :, 1, :] << 4)  # [block, column, g, chunk, k]
+    layout = packed.permute(0, 2, 3, 1, 4).contiguous().view(nb, groups, _GROUP_BYTES)
+    # w = (code - 8) * scale + zero = (128 + code) * scale + (zero - 136 * scale)
+    mins = zeros.float() - 136.0 * scales.float()  # [N, G]
+    factors = torch.stack([scales.float(), mins]).view(2, nb, LANES, groups).permute(1, 3, 0, 2)
+    return layout, factors.contiguous()
+
+
+def pack_int8(codes: torch.Tensor) -> torch.Tensor:
+    """The `int8_mm` layout of [N, K] int8 codes (N a multiple of 16, K of 32): [N/16, K/32, 512], each group
+    one AMX B tile (16 k-pairs x 16 columns x the pair)."""
+    n, k = codes.shape
+    assert n % LANES == 0 and k % GROUP_SIZE == 0, (n, k)
+    tiles = codes.view(n // LANES, LANES, k // GROUP_SIZE, GROUP_SIZE // 2, 2)  # [block, column, g, kp, pair]
+    return tiles.permute(0, 2, 3, 1, 4).contiguous().view(n // LANES, k // GROUP_SIZE, 2 * _GROUP_BYTES)
+
+
+def int4_mm(x: torch.Tensor, codes: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+    """[M, K] (any float dtype) -> [M, N] bf16 through the kernel (load it first: `int4_kernel()`)."""
+    return torch.ops.tokenedge.int4_mm(x.to(torch.bfloat16).contiguous(), codes, factors)
+
+
+def _self_check() -> None:
+    """One small product against the dequantized reference, and a row alone against the same row in a batch."""
+    gen = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (64, 128), generator=gen, dtype=torch.uint8)
+    scales, zeros = torch.rand(64, 4, generator=gen) * 0.1, torch.rand(64, 4, generator=gen) - 0.5
+    weight = (codes.view(64, 4, 32).double() - 8) * scales[:, :, None] + zeros[:, :, None]  # [64, 4, 32]
+    x = torch.randn(20, 128, generator=gen).to(torch.bfloat16)
+    packed = pack_int4(codes, scales, zeros)
+    y = int4_mm(x, *packed)
+    ref = x.double() @ weight.view(64, 128).t()
+    if not torch.allclose(y.double(), ref, rtol=2**-7, atol=1e-3):
+        raise RuntimeError("the kernel's self-check disagreed with the dequantized reference")
+    if not torch.equal(int4_mm(x[7:8], *packed), y[7:8]):
+        raise RuntimeError("the kernel's self-check found a row that depends on its batch")
+
+
+@functools.cache
+def amx_unavailable() -> str | None:
+    """Why the AMX kernel cannot run here (None: built, loaded and self-checked)."""
+    missing = [f for f in _CPU_FLAGS if f not in _cpu_flags()]
+    if missing:
+        return f"this CPU lacks {', '.join(missing)}"
+    try:
+        torch.ops.load_library(str(build()))
+        _self_check()
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        return str(exc)
+    return None
+
+
+@functools.cache
+def int4_kernel() -> str:
+    """'amx' (this kernel, built and loaded) or 'torch' (torch's int4 kernel), by $TOKENEDGE_INT4_KERNEL."""
+    choice = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if choice not in KERNELS:
+        raise ValueError(f"{ENV}={choice!r}: expected one of {', '.join(KERNELS)}")
+    if choice == "torch":
+        return "torch"
+    why = amx_unavailable()
+    if why is not None and choice == "amx":
+        raise KernelUnavailable(f"{ENV}=amx but the AMX int4 kernel cannot run: {why}")
+    if why is not None:
+        _LOG.warning("the AMX int4 kernel is not used (%s): torch's int4 kernel instead", why)
+    return "torch" if why is not None else "amx"
+
+
+def require_amx() -> None:
+    """Load the kernel for a layer that asks for it by name; KernelUnavailable if it cannot run here."""
+    why = amx_unavailable()
+    if why is not None:
+        raise KernelUnavailable(f"the AMX int4 kernel cannot run here: {why}")
+
+
+_STUB: list[torch.library.Library] = []
+
+
+def declare_op() -> None:
+    """Make `torch.ops.tokenedge.int4_mm` known to TorchScript even where the kernel cannot load (the
+    scripted stack names it; it is only called by layers packed for it)."""
+    if _STUB or amx_unavailable() is None:
+        return
+    lib = torch.library.Library("tokenedge", "DEF")
+    lib.define("int4_mm(Tensor x, Tensor codes, Tensor factors) -> Tensor")
+    _STUB.append(lib)
