@@ -1,12 +1,13 @@
 """tokenedge's own CPU kernels on AMX tiles (`int4_amx.cpp`): 4-bit GGUF weights times bf16 activations
-(`int4_mm`, the decoder's projections), and int8 rows for the LM head's approximate logits (`int8_mm`).
+(`int4_mm`, the decoder's projections), and int8 rows for the LM head's approximate logits (`int8_mm` on AMX
+from 4 rows, `int8_vnni` on AVX512-VNNI below).
 
 Why: torch's `_weight_int4pack_mm_for_cpu` re-dequantizes the weights for every few rows, so its cost grows
 with the rows (1.15x / 1.4x / 1.7x / 3x a one-row call at 2 / 3 / 4 / 8 rows, SmolLM2's shapes): continuous
 batching hardly paid. This kernel unpacks each 16-column block of codes once per call and multiplies it on
 AMX tiles, 16 rows at a time: 8 rows cost about 1.3x one row. Batch-invariant by construction (see the .cpp).
 `int8_mm` replaces the LM head's bf16 GEMM from 4 rows on (an approximation either way: the head rescores
-its candidates exactly, backend.model.quant.RescoredHead).
+its candidates exactly, backend.model.head.RescoredHead); `int8_vnni` its one-row int8 kernel.
 
 Built on the machine that runs it, with the machine's g++ against the installed torch (about 8 s, once; the
 .so is cached by a hash of the source, torch's version, the compiler and the flags), used where the CPU has
@@ -32,8 +33,17 @@ import torch
 _LOG = logging.getLogger(__name__)
 GROUP_SIZE = 32  # inputs per scale: GGUF's 4-bit blocks (backend.loader.quantized)
 _SOURCE = Path(__file__).with_name("int4_amx.cpp")
-_CPU_FLAGS = ("amx_tile", "amx_bf16", "avx512_bf16", "avx512bw", "avx512vl")
-_ISA = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-mfma"]
+_CPU_FLAGS = ("amx_tile", "amx_bf16", "avx512_bf16", "avx512_vnni", "avx512bw", "avx512vl")
+_ISA = [
+    "-mavx512f",
+    "-mavx512bw",
+    "-mavx512vl",
+    "-mavx512bf16",
+    "-mavx512vnni",
+    "-mamx-tile",
+    "-mamx-bf16",
+    "-mfma",
+]
 ENV = "TOKENEDGE_INT4_KERNEL"
 KERNELS = ("auto", "amx", "torch")
 # columns per block and bytes per (block, group) of the packed layout (int4_amx.cpp: kLanes, kGroupBytes)
@@ -125,6 +135,30 @@ def pack_int8(codes: torch.Tensor) -> torch.Tensor:
     assert n % LANES == 0 and k % GROUP_SIZE == 0, (n, k)
     tiles = codes.view(n // LANES, LANES, k // GROUP_SIZE, GROUP_SIZE // 2, 2)  # [block, column, g, kp, pair]
     return tiles.permute(0, 2, 3, 1, 4).contiguous().view(n // LANES, k // GROUP_SIZE, 2 * _GROUP_BYTES)
+
+
+def pack_vnni(codes: torch.Tensor) -> torch.Tensor:
+    """The `int8_vnni` layout of [N, K] int8 codes (N a multiple of 16, K of 4): [N/16, K/4, 64], four
+    consecutive k of each of 16 columns per 64 bytes."""
+    n, k = codes.shape
+    assert n % LANES == 0 and k % 4 == 0, (n, k)
+    return (
+        codes.view(n // LANES, LANES, k // 4, 4).permute(0, 2, 1, 3).contiguous().view(n // LANES, k // 4, 64)
+    )
+
+
+def vnni_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp32 rows [M, K] as `int8_vnni` takes them: u [M, 2, K] uint8 (q1 + 128, q2 + 128), row scales [M, 2]
+    with row ~= s1 * q1 + s2 * q2 (q2 quantizes the residual of q1), and ||row - that|| [M, 1] in fp64."""
+    s1 = rows.abs().amax(dim=1, keepdim=True).clamp(min=1e-30) / 127.0  # [M, 1]
+    q1 = torch.round(rows / s1).clamp(-127, 127)
+    s2 = s1 / 127.0
+    q2 = torch.round((rows - q1 * s1) / s2).clamp(-127, 127)  # |residual| <= s1 / 2: |q2| <= 64
+    u = (torch.stack([q1, q2], dim=1) + 128).to(torch.uint8)  # [M, 2, K]
+    scales = torch.cat([s1, s2], dim=1).contiguous()  # [M, 2]
+    exact = q1.double() * s1.double() + q2.double() * s2.double()
+    residual = (rows.double() - exact).norm(dim=1, keepdim=True).float() * (1 + 2**-20)  # rounded up
+    return u, scales, residual
 
 
 def int4_mm(x: torch.Tensor, codes: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:

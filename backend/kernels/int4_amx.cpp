@@ -270,6 +270,74 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
   return y;
 }
 
+// ---- int8 rows against a few activation rows on AVX512-VNNI, for the LM head's approximate logits at 1..3
+// rows: y[m, n] = scales[n] * sum_p row_scales[m, p] * (sum_k u[m, p, k] * code[n, k] - 128 * colsum[n]),
+// where u[m, p] = q[m, p] + 128 are the two int8 passes of the row (the value, then its residual) offset to
+// unsigned. Integer sums are exact, so the blocking is free. ----
+
+constexpr int64_t kQuad = 4;  // k per VNNI lane step: codes [N/16, K/4, 16 x 4]
+
+void vnni_span(const int8_t* codes, const int32_t* colsum, const float* scales, int64_t quads, int64_t begin,
+               int64_t end, const uint8_t* u, const float* row_scales, int64_t m, float* y, int64_t ldy) {
+  for (int64_t blk = begin; blk < end; ++blk) {
+    const int8_t* w = codes + blk * quads * kLanes * kQuad;
+    const __m512 cs = _mm512_cvtepi32_ps(_mm512_loadu_si512(colsum + blk * kLanes));
+    const __m512 sc = _mm512_loadu_ps(scales + blk * kLanes);
+    for (int64_t r = 0; r < m; ++r) {
+      const int32_t* u0 = reinterpret_cast<const int32_t*>(u + r * 2 * quads * kQuad);
+      const int32_t* u1 = u0 + quads;
+      __m512i a0 = _mm512_setzero_si512(), a1 = a0, b0 = a0, b1 = a0;  // two chains per pass
+      int64_t q = 0;
+      for (; q + 1 < quads; q += 2) {
+        const __m512i w0 = _mm512_loadu_si512(w + q * 64), w1 = _mm512_loadu_si512(w + (q + 1) * 64);
+        a0 = _mm512_dpbusd_epi32(a0, _mm512_set1_epi32(u0[q]), w0);
+        b0 = _mm512_dpbusd_epi32(b0, _mm512_set1_epi32(u1[q]), w0);
+        a1 = _mm512_dpbusd_epi32(a1, _mm512_set1_epi32(u0[q + 1]), w1);
+        b1 = _mm512_dpbusd_epi32(b1, _mm512_set1_epi32(u1[q + 1]), w1);
+      }
+      if (q < quads) {
+        const __m512i w0 = _mm512_loadu_si512(w + q * 64);
+        a0 = _mm512_dpbusd_epi32(a0, _mm512_set1_epi32(u0[q]), w0);
+        b0 = _mm512_dpbusd_epi32(b0, _mm512_set1_epi32(u1[q]), w0);
+      }
+      const __m512 off = _mm512_mul_ps(_mm512_set1_ps(128.0f), cs);
+      const __m512 d0 = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)), off);
+      const __m512 d1 = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(b0, b1)), off);
+      const __m512 v = _mm512_fmadd_ps(_mm512_set1_ps(row_scales[r * 2]), d0,
+                                       _mm512_mul_ps(_mm512_set1_ps(row_scales[r * 2 + 1]), d1));
+      _mm512_storeu_ps(y + r * ldy + blk * kLanes, _mm512_mul_ps(sc, v));
+    }
+  }
+}
+
+at::Tensor int8_vnni(const at::Tensor& u, const at::Tensor& row_scales, const at::Tensor& codes,
+                     const at::Tensor& colsum, const at::Tensor& scales) {
+  TORCH_CHECK(u.dim() == 3 && u.size(1) == 2 && u.scalar_type() == at::kByte && u.is_contiguous(),
+              "u: [M, 2, K] uint8");
+  TORCH_CHECK(row_scales.scalar_type() == at::kFloat && row_scales.is_contiguous() &&
+                  row_scales.numel() == u.size(0) * 2, "row_scales: [M, 2] fp32");
+  TORCH_CHECK(codes.dim() == 3 && codes.scalar_type() == at::kChar && codes.is_contiguous() &&
+                  codes.size(2) == kLanes * kQuad, "codes: [N / 16, K / 4, 64] int8");
+  const int64_t m = u.size(0), k = u.size(2), blocks = codes.size(0), quads = codes.size(1);
+  TORCH_CHECK(k == quads * kQuad, "u has ", k, " columns, the weight ", quads * kQuad);
+  TORCH_CHECK(colsum.scalar_type() == at::kInt && colsum.is_contiguous() && colsum.numel() == blocks * kLanes,
+              "colsum: [N] int32");
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.numel() == blocks * kLanes,
+              "scales: [N] fp32");
+  at::Tensor y = at::empty({m, blocks * kLanes}, u.options().dtype(at::kFloat));
+  if (m == 0) return y;
+  const int8_t* cp = codes.data_ptr<int8_t>();
+  const int32_t* csp = colsum.data_ptr<int32_t>();
+  const float* sp = scales.data_ptr<float>();
+  const uint8_t* up = u.data_ptr<uint8_t>();
+  const float* rs = row_scales.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, blocks, 64, [&](int64_t begin, int64_t end) {
+    vnni_span(cp, csp, sp, quads, begin, end, up, rs, m, yp, blocks * kLanes);
+  });
+  return y;
+}
+
 }  // namespace
 
 #ifndef TE_NAMESPACE
@@ -279,9 +347,11 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
 TORCH_LIBRARY(TE_NAMESPACE, m) {
   m.def("int4_mm(Tensor x, Tensor codes, Tensor factors) -> Tensor");
   m.def("int8_mm(Tensor x, Tensor codes, Tensor scales) -> Tensor");
+  m.def("int8_vnni(Tensor u, Tensor row_scales, Tensor codes, Tensor colsum, Tensor scales) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(TE_NAMESPACE, CPU, m) {
   m.impl("int4_mm", &int4_mm);
   m.impl("int8_mm", &int8_mm);
+  m.impl("int8_vnni", &int8_vnni);
 }

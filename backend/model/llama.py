@@ -32,7 +32,7 @@ from backend.model.tiling import RowTiling, TilingMemo, calibrate_tiling, tiled_
 
 
 class GreedyHead(Protocol):
-    """A quantized LM head whose greedy rows pick the fp32 head's token (`backend.model.quant.RescoredHead`)."""
+    """A quantized LM head whose greedy rows pick the fp32 head's token (`backend.model.head.RescoredHead`)."""
 
     def greedy_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 

@@ -15,11 +15,7 @@ every SmolLM2 layer shape (tests/backend/test_quant.py checks it); in the engine
 through the calibrated row tiling of backend/model/tiling.py like the dense layers, so a kernel that is
 not invariant on some other machine is tiled, not trusted.
 
-The LM head: an int8 copy (from 4 rows on the AMX int8 kernel where it runs, else a bf16 copy from 8 rows)
-gives approximate logits; every token whose approximate logit could still be
-the maximum (by an error bound computed from the row's own quantization error) is rescored exactly in
-fp64 from the fp32 weights. The argmax of the result is the argmax of the exact logits, so greedy decoding
-picks the fp32 head's token. Rows that sample (temperature > 0) get the plain fp32 head instead.
+The LM head is `backend.model.head.RescoredHead`: approximate int8 logits, every candidate rescored exactly.
 """
 
 from __future__ import annotations
@@ -29,10 +25,10 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
-from backend.kernels import LANES, int4_kernel, pack_int4, pack_int8, require_amx
+from backend.kernels import int4_kernel, pack_int4, require_amx
 from backend.loader.quantized import GROUP_SIZE, Int4Blocks
+from backend.model.head import RescoredHead, quantize_int8
 from backend.model.layers import MATMUL_INT4, MATMUL_INT4_AMX, MATMUL_INT8, LlamaDecoderLayer, ScriptParts
 from backend.model.tiling import RowTiling, TilingMemo, calibrate_tiling, tiled_rows
 
@@ -41,10 +37,6 @@ if TYPE_CHECKING:
 
 # inner K tiles of torch's CPU int4 packing (the only layout the CPU kernel reads)
 _INNER_K_TILES = 2
-# greedy rows from which the LM head approximates in bf16 instead of int8 (RescoredHead)
-DENSE_ROWS = 8
-# ... or on the AMX int8 kernel, where it runs: flat in the rows, cheaper than torch's int8 kernel from 4 rows
-AMX_ROWS = 4
 
 
 class QuantizedLinear(nn.Module):
@@ -110,13 +102,6 @@ class Int4Linear(QuantizedLinear):
         return (MATMUL_INT4_AMX if self.kernel == "amx" else MATMUL_INT4), self.packed, self.factors
 
 
-def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 per output row: (codes [N, K] int8, scales [N] fp32), w ~= codes * scale."""
-    scales = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # [N]
-    codes = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
-    return codes, scales
-
-
 class Int8Linear(QuantizedLinear):
     """y = x @ W.T with W as int8 codes and one bf16 scale per output row (`_weight_int8pack_mm`)."""
 
@@ -152,70 +137,6 @@ def quantized_linear(
             kernel,
         )
     return Int8Linear(torch.cat(dense).float())
-
-
-class RescoredHead:
-    """Greedy-exact logits: approximate logits (int8 for a few rows, bf16 from `DENSE_ROWS` rows on), exact
-    fp64 scores for every token that could be the max."""
-
-    def __init__(self, weight: torch.Tensor, amx: bool | None = None) -> None:
-        # weight: [V, H] fp32, the exact output matrix (kept for rescoring; may be shared with the model);
-        # amx: approximate on the AMX int8 kernel from AMX_ROWS rows (None: where `int4_kernel()` is 'amx')
-        assert weight.dtype == torch.float32 and weight.dim() == 2
-        self.exact = weight
-        self.codes, scales = quantize_int8(weight)
-        self.scales = scales.to(torch.bfloat16)  # [V]
-        approx = self.codes.float() * self.scales.float()[:, None]  # [V, H]
-        self.weight_norm = weight.norm(dim=1)  # [V]
-        self.err_norm = (approx - weight).norm(dim=1)  # [V]: ||w_hat - w|| per token
-        self.approx_norm = approx.norm(dim=1)  # [V]
-        # The int8 kernel's cost grows with the rows (it walks the weights once per few rows). From a few rows
-        # on, the AMX int8 kernel (same codes and scales: the same w_hat, so the same bound) where it runs,
-        # else oneDNN's bf16 GEMM (reads the weights once: cheaper from about 8 rows on, 49152 x 576, 2
-        # threads). Either approximation only picks candidates, so the argmax is the exact one whichever ran.
-        v, h = weight.shape
-        self.amx: torch.Tensor | None = None
-        self.dense: torch.Tensor | None = None
-        if amx is None:
-            amx = int4_kernel() == "amx"
-        if amx and v % LANES == 0 and h % GROUP_SIZE == 0:
-            require_amx()
-            self.amx = pack_int8(self.codes)  # [V/16, H/32, 512]
-            self.amx_scales = self.scales.float()  # the bf16 scales, exactly: w_hat as the int8 kernel's
-            return
-        self.dense = weight.to(torch.bfloat16)  # [V, H]
-        dense = self.dense.float()
-        self.dense_err_norm = (dense - weight).norm(dim=1)  # [V]
-        self.dense_norm = dense.norm(dim=1)  # [V]
-
-    def approximate(self, hb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Approximate logits [N, V] fp32 of bf16 rows, with the per-token norms of (w_hat - w) and w_hat."""
-        rows = hb.shape[0]
-        if self.amx is not None and rows >= AMX_ROWS:
-            return torch.ops.tokenedge.int8_mm(hb, self.amx, self.amx_scales), self.err_norm, self.approx_norm
-        if self.dense is not None and rows >= DENSE_ROWS:
-            return F.linear(hb, self.dense).float(), self.dense_err_norm, self.dense_norm
-        approx = torch.ops.aten._weight_int8pack_mm(hb, self.codes, self.scales).float()
-        return approx, self.err_norm, self.approx_norm
-
-    def greedy_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[N, V] fp32 whose row argmax is the exact argmax of hidden @ W.T (ties: the lowest id, as argmax)."""
-        # hidden: [N, H] fp32
-        hb = hidden.to(torch.bfloat16).contiguous()
-        approx, err_norm, approx_norm = self.approximate(hb)  # [N, V]
-        hbf = hb.float()
-        h_norm = hbf.norm(dim=1, keepdim=True)  # [N, 1]
-        delta = (hbf - hidden).norm(dim=1, keepdim=True)  # [N, 1]: the bf16 rounding of the activations
-        # |approx - exact| <= |h_hat.(w_hat - w)| + |(h_hat - h).w| + accumulation + bf16 output rounding;
-        # Cauchy-Schwarz on the first two, doubled for margin.
-        bound = 2.0 * (h_norm * err_norm + delta * self.weight_norm + 1e-4 * h_norm * approx_norm)
-        bound = bound + approx.abs() * 2.0**-7  # [N, V]
-        floor = (approx - bound).amax(dim=1, keepdim=True)  # [N, 1]: a lower bound of each row's max
-        rows, cols = torch.nonzero(approx + bound >= floor, as_tuple=True)  # candidates [C]
-        exact = (self.exact[cols].double() * hidden[rows].double()).sum(dim=-1)  # [C]
-        approx[rows, cols] = exact.float()
-        # a non-candidate's approx < its exact upper bound < floor <= the best candidate's exact score
-        return approx
 
 
 def quantize_layers(
