@@ -42,9 +42,9 @@ def numerics(config: BackendConfig, device: str) -> str:
     two of these, so it is folded into the served revision (`served_revision`) and shown in the runtime."""
     dev = torch.device(device)
     if config.weights == "quantized" and dev.type == "cpu":
-        from backend.kernels import int4_kernel
+        from backend.kernels import kernel_id
 
-        return f"{dev.type} {config.dtype} quantized int4-{int4_kernel()}"
+        return f"{dev.type} {config.dtype} quantized int4-{kernel_id()}"
     return f"{dev.type} {config.dtype} dequantized"
 
 

@@ -1,19 +1,23 @@
-"""tokenedge's own CPU kernels on AMX tiles (`int4_amx.cpp`): 4-bit GGUF weights times bf16 activations
-(`int4_mm`, the decoder's projections), and int8 rows for the LM head's approximate logits (`int8_mm` on AMX
-from 4 rows, `int8_vnni` on AVX512-VNNI below).
+"""tokenedge's own CPU kernels (`int4_amx.cpp`): 4-bit GGUF weights against activations quantized per row
+and group in two int8 passes (`int4_mm`, the decoder's projections: AVX512-VNNI for 1-3 rows, AMX int8 tiles
+from 4, the same integer sums), and int8 rows for the LM head's approximate logits (`int8_vnni` for 1-3 rows,
+`int8_mm` on AMX bf16 tiles from 4).
 
 Why: torch's `_weight_int4pack_mm_for_cpu` re-dequantizes the weights for every few rows, so its cost grows
 with the rows (1.15x / 1.4x / 1.7x / 3x a one-row call at 2 / 3 / 4 / 8 rows, SmolLM2's shapes): continuous
-batching hardly paid. This kernel unpacks each 16-column block of codes once per call and multiplies it on
-AMX tiles, 16 rows at a time: 8 rows cost about 1.3x one row. Batch-invariant by construction (see the .cpp).
-`int8_mm` replaces the LM head's bf16 GEMM from 4 rows on (an approximation either way: the head rescores
-its candidates exactly, backend.model.head.RescoredHead); `int8_vnni` its one-row int8 kernel.
+batching hardly paid, and one row cost 5 ms over the 120 projections. Integer dot products of the codes as
+stored (nibbles unpacked to bytes) with int8 inputs cost 3 ms for one row and 6.5 ms for 8 here. Each group's
+sums are exact integers, so the two paths agree bitwise and every output element is one fixed sequence of
+operations: batch-invariant by construction (see the .cpp). The inputs keep about 15 bits per group (two
+int8 passes), finer than the bf16 they arrive in. The head's kernels only approximate: it rescores its
+candidates exactly (backend.model.head.RescoredHead).
 
 Built on the machine that runs it, with the machine's g++ against the installed torch (about 8 s, once; the
 .so is cached by a hash of the source, torch's version, the compiler and the flags), used where the CPU has
-AMX-BF16 and AVX512-BF16 and a self-check passes. Anywhere else the model keeps torch's int4 kernel: the two
-differ in their last bits, so the kernel in use is part of the served model revision (`numerics`).
-`TOKENEDGE_INT4_KERNEL=torch` forces torch's kernel, `=amx` makes a failure to use this one an error.
+AMX (tile, int8, bf16), AVX512-BF16 and AVX512-VNNI and a self-check passes. Anywhere else the model keeps
+torch's int4 kernel: the two differ in their last bits, so the kernel in use, down to a hash of its source,
+is part of the served model revision (`kernel_id`, `numerics`). `TOKENEDGE_INT4_KERNEL=torch` forces torch's
+kernel, `=amx` makes a failure to use this one an error.
 
     python -m backend.kernels       # build (if needed), self-check and print the kernel in use
 """
@@ -33,7 +37,7 @@ import torch
 _LOG = logging.getLogger(__name__)
 GROUP_SIZE = 32  # inputs per scale: GGUF's 4-bit blocks (backend.loader.quantized)
 _SOURCE = Path(__file__).with_name("int4_amx.cpp")
-_CPU_FLAGS = ("amx_tile", "amx_bf16", "avx512_bf16", "avx512_vnni", "avx512bw", "avx512vl")
+_CPU_FLAGS = ("amx_tile", "amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni", "avx512bw", "avx512vl")
 _ISA = [
     "-mavx512f",
     "-mavx512bw",
@@ -48,7 +52,7 @@ ENV = "TOKENEDGE_INT4_KERNEL"
 KERNELS = ("auto", "amx", "torch")
 # columns per block and bytes per (block, group) of the packed layout (int4_amx.cpp: kLanes, kGroupBytes)
 LANES = 16
-_GROUP_BYTES = LANES * GROUP_SIZE // 2
+_GROUP_BYTES = LANES * GROUP_SIZE // 2  # packed nibbles of one (block, group)
 
 
 class KernelUnavailable(RuntimeError):
@@ -113,19 +117,19 @@ def pack_int4(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's layout of w[n, k] = (codes[n, k] - 8) * scales[n, k // 32] + zeros[n, k // 32] ([N, K]
     uint8 codes, N a multiple of 16; [N, K/32] fp32 scales and zeros, as `Int4Blocks` holds them): codes
-    [N/16, K/32, 256] uint8, where the 32 bytes of chunk j hold, for each of the 16 columns, k = 4j, 4j+1 in
-    their low nibbles and 4j+2, 4j+3 in their high ones; factors [N/16, K/32, 2, 16] fp32: the scales, then
-    the mins of the 128 + code form."""
+    [N/16, K/32, 8, 32] uint8, where the 32 bytes of quad j hold, for each of the 16 columns, k = 4j, 4j+1 in
+    one byte's low and high nibbles and 4j+2, 4j+3 in the next; factors [N/16, K/32, 2, 16] fp16: the scales,
+    then zero - 8 * scale (GGUF's d and m, or d and -8d: fp16 numbers, held exactly; halves the bytes a
+    decode step reads for them, and a one-row step is bound by bytes)."""
     n, k = codes.shape
     groups, nb = k // GROUP_SIZE, n // LANES
     assert n % LANES == 0, f"{n} output columns: the kernel needs a multiple of {LANES}"
-    c = codes.view(nb, LANES, groups, GROUP_SIZE // 4, 2, 2)  # [block, column, g, chunk, nibble, k]
-    packed = c[:, :, :, :, 0, :] | (c[:, :, :, :, 1, :] << 4)  # [block, column, g, chunk, k]
-    layout = packed.permute(0, 2, 3, 1, 4).contiguous().view(nb, groups, _GROUP_BYTES)
-    # w = (code - 8) * scale + zero = (128 + code) * scale + (zero - 136 * scale)
-    mins = zeros.float() - 136.0 * scales.float()  # [N, G]
-    factors = torch.stack([scales.float(), mins]).view(2, nb, LANES, groups).permute(1, 3, 0, 2)
-    return layout, factors.contiguous()
+    c = codes.view(nb, LANES, groups, GROUP_SIZE // 4, 2, 2)  # [block, column, g, quad, byte, nibble]
+    packed = c[..., 0] | (c[..., 1] << 4)  # [block, column, g, quad, byte]
+    layout = packed.permute(0, 2, 3, 1, 4).contiguous().view(nb, groups, GROUP_SIZE // 4, 2 * LANES)
+    zp = zeros.float() - 8.0 * scales.float()  # [N, G]
+    factors = torch.stack([scales.float(), zp]).view(2, nb, LANES, groups).permute(1, 3, 0, 2)
+    return layout, factors.to(torch.float16).contiguous()
 
 
 def pack_int8(codes: torch.Tensor) -> torch.Tensor:
@@ -170,7 +174,8 @@ def _self_check() -> None:
     """One small product against the dequantized reference, and a row alone against the same row in a batch."""
     gen = torch.Generator().manual_seed(0)
     codes = torch.randint(0, 16, (64, 128), generator=gen, dtype=torch.uint8)
-    scales, zeros = torch.rand(64, 4, generator=gen) * 0.1, torch.rand(64, 4, generator=gen) - 0.5
+    scales = (torch.rand(64, 4, generator=gen) * 0.1).half().float()  # Q4_1-like: fp16 d and m
+    zeros = (torch.rand(64, 4, generator=gen) - 0.5).half().float() + 8 * scales
     weight = (codes.view(64, 4, 32).double() - 8) * scales[:, :, None] + zeros[:, :, None]  # [64, 4, 32]
     x = torch.randn(20, 128, generator=gen).to(torch.bfloat16)
     packed = pack_int4(codes, scales, zeros)
@@ -210,6 +215,14 @@ def int4_kernel() -> str:
     if why is not None:
         _LOG.warning("the AMX int4 kernel is not used (%s): torch's int4 kernel instead", why)
     return "torch" if why is not None else "amx"
+
+
+def kernel_id() -> str:
+    """The int4 kernel in use, as the served revision names it: 'torch', or 'amx.' and a hash of this kernel's
+    source (any change to its arithmetic is a new revision)."""
+    if int4_kernel() == "torch":
+        return "torch"
+    return "amx." + hashlib.blake2b(_SOURCE.read_bytes(), digest_size=4).hexdigest()
 
 
 def require_amx() -> None:

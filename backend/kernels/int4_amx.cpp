@@ -1,14 +1,17 @@
-// y = x @ W.T for 4-bit weights in groups of 32 along K, on AMX bf16 tiles (Intel AMX-BF16).
+// tokenedge's CPU kernels: 4-bit GGUF weights against activations quantized per row and group in two int8
+// passes (`int4_mm`), and int8 rows for the LM head's approximate logits (`int8_mm`, `int8_vnni`).
 //
-// Batch invariance by construction: every output element is one fixed sequence of operations over its own
-// row of x and its own column of W. For each group of 32 inputs a tile product gives the row's exact-code
-// dot product (C[r, n] = sum_k x[r, k] * (128 + q[n, k]), the hardware's fixed order per element), then
-// out = fma(scale, C, out) and out = fma(min, xsum, out), group after group. The number of rows in a call,
-// a row's place among them, the column blocking and the thread split only decide which elements are
-// computed side by side, never the arithmetic of one element.
-//
-// Codes enter the product exactly: code q is the bf16 number 128 + q (bits 0x4300 | q), x stays bf16,
-// products are exact in fp32; the mins absorb the offset (`backend.kernels.pack_int4` packs them).
+// int4_mm: y = x @ W.T, w[n, k] = (q[n, k] - 8) * scale[n, g] + zero[n, g] with g = k / 32. Each group of 32
+// inputs of a row is quantized on its own: x ~= s1 * a1 + s2 * a2, a1 = round(x / s1) with s1 = max|x| / 127,
+// a2 = round((x - s1 * a1) / s2) with s2 = s1 / 254 (about 15 bits of each input, finer than bf16's 8). The
+// products of codes and int8 inputs sum exactly in int32, so a group's sums S1 = sum a1 * q and S2 =
+// sum a2 * q do not depend on who computed them or in what order: AVX512-VNNI (vpdpbusd) for a few rows, AMX
+// int8 tiles (tdpbsud) for many, the same integers. Then, in one fixed order per output element and group:
+//   dot = s1 * S1 + s2 * S2, xs = s1 * A1 + s2 * A2 (A = sum of the a's), out += scale * dot, out += zp * xs,
+// with zp = zero - 8 * scale (scale and zp in fp16: Q4_1's d and m, Q4_0's d and -8d, exactly). So every
+// output element is the same arithmetic on its own row and column
+// whatever the rows in the call, their order, the path, the column blocking or the threads: batch-invariant
+// by construction (tests/backend/test_int4_kernel.py checks it bitwise across the paths).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -17,24 +20,39 @@
 #include <torch/library.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
 namespace {
 
-constexpr int64_t kGroup = 32;           // inputs per (column, group): one scale, one min
-constexpr int64_t kLanes = 16;           // columns per block (one fp32 zmm, one tile's width)
-constexpr int64_t kChunk = 32;           // packed bytes per chunk: 16 columns x 4 codes
-constexpr int64_t kChunks = kGroup / 4;  // chunks per group
-constexpr int64_t kGroupBytes = kChunk * kChunks;
+constexpr int64_t kGroup = 32;          // inputs per (column, group): one scale, one zero
+constexpr int64_t kLanes = 16;          // columns per block: one zmm of int32 / fp32, one tile's width
+constexpr int64_t kQuads = kGroup / 4;  // 4-input steps per group (one vpdpbusd, one B tile row)
+constexpr int64_t kQuadBytes = 32;      // packed nibbles of one quad: 16 columns x 4 codes
+constexpr int64_t kGroupBytes = kQuads * kQuadBytes;
 constexpr int64_t kTileRows = 16;        // rows of x per tile product
-constexpr int64_t kTileWords = kTileRows * kGroup;  // bf16 words in one unpacked B tile
+constexpr int64_t kAmxRows = 8;          // rows per AMX product (both passes fill a 16-row tile)
+// calls of at least this many rows take the AMX path (measured, 2 threads: VNNI grows about 0.7 ms a row over
+// SmolLM2's 120 projections, AMX costs 4.6 ms at 4 rows, 6.5 at 8); a decode step of 1-3 rows (batch 1, or a
+// verify of 2 drafts) never touches the AMX unit, whose power licence slows the rest of the step
+constexpr int64_t kAmxFrom = 4;
+static_assert(kAmxFrom <= kAmxRows, "the VNNI path keeps at most kAmxRows rows in registers");
 
 struct Panel {
-  const uint8_t* codes;  // [blocks, G, 256]
-  const float* factors;  // [blocks, G, 2, 16]: the group's 16 scales, then its 16 mins
+  const uint8_t* codes;  // [blocks, G, 8 quads, 32]
+  const uint16_t* factors;  // [blocks, G, 2, 16] fp16: the group's 16 scales, then its 16 zp (GGUF's own fp16)
   int64_t groups;
-  const float* scales(int64_t block, int64_t g) const { return factors + (block * groups + g) * 2 * kLanes; }
+  const uint16_t* scales(int64_t block, int64_t g) const { return factors + (block * groups + g) * 2 * kLanes; }
+};
+
+// x quantized: a[row][pass][k] int8, s[row][g][pass] and xs[row][g] fp32
+struct Quantized {
+  const int8_t* a;
+  const float* s;
+  const float* xs;
+  int64_t k, groups;
 };
 
 struct alignas(64) TileConfig {
@@ -45,118 +63,170 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// two sets of tiles, alternating by group so one group's product overlaps the last one's fold:
-// C (rows x 16 fp32) in 0 and 1, A (rows x 32 bf16) in 2 and 3, B (16 k-pairs x 16 columns) in 4 and 5
-void configure(int rows) {
+// tiles 0..5 as (rows, bytes per row): C and A of `rows` rows, B of `b_rows` rows of 64 bytes
+void configure(int rows, int a_bytes, int b_rows) {
   TileConfig cfg;
-  for (int t : {0, 1, 2, 3}) {
+  for (int t : {0, 1}) {
     cfg.rows[t] = static_cast<uint8_t>(rows);
     cfg.colsb[t] = 64;
   }
+  for (int t : {2, 3}) {
+    cfg.rows[t] = static_cast<uint8_t>(rows);
+    cfg.colsb[t] = static_cast<uint16_t>(a_bytes);
+  }
   for (int t : {4, 5}) {
-    cfg.rows[t] = kTileRows;
+    cfg.rows[t] = static_cast<uint8_t>(b_rows);
     cfg.colsb[t] = 64;
   }
   _tile_loadconfig(&cfg);
 }
 
-// groups [g, g + count) of a block's codes as bf16 (128 + q) in AMX's pair layout: row kp of a group's
-// tile = (k = 2kp, 2kp + 1) for 16 columns
-void unpack(const Panel& p, int64_t block, int64_t g, int64_t count, uint16_t* out) {
-  const __m512i mask = _mm512_set1_epi16(0x000F);
-  const __m512i bias = _mm512_set1_epi16(0x4300);
-  const uint8_t* src = p.codes + (block * p.groups + g) * kGroupBytes;
-  for (int64_t c = 0; c < count * kChunks; ++c) {
-    __m512i words = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + c * kChunk)));
-    _mm512_storeu_si512(out + c * 64, _mm512_ternarylogic_epi32(words, mask, bias, 0xEA));  // (a & b) | c
-    _mm512_storeu_si512(out + c * 64 + 32,
-                       _mm512_ternarylogic_epi32(_mm512_srli_epi16(words, 4), mask, bias, 0xEA));
+// one quad's codes as bytes: lane c = q[c, 4j .. 4j + 3] (nibbles (k0 | k1 << 4), (k2 | k3 << 4) per column)
+inline __m512i quad_codes(const uint8_t* src) {
+  const __m512i words = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+  return _mm512_ternarylogic_epi32(words, _mm512_slli_epi16(words, 4), _mm512_set1_epi16(0x0F0F), 0xA8);
+}
+
+// out[r] = fma(zp, xs, fma(scale, s1 * S1 + s2 * S2, out[r])): the one fold of a group, for every path
+inline __m512 half16(const uint16_t* f) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(f)));
+}
+
+inline __m512 fold(__m512 out, __m512i s1_sum, __m512i s2_sum, const float* s, float xs, const uint16_t* f) {
+  __m512 dot = _mm512_mul_ps(_mm512_set1_ps(s[0]), _mm512_cvtepi32_ps(s1_sum));
+  dot = _mm512_fmadd_ps(_mm512_set1_ps(s[1]), _mm512_cvtepi32_ps(s2_sum), dot);
+  out = _mm512_fmadd_ps(half16(f), dot, out);
+  return _mm512_fmadd_ps(half16(f + kLanes), _mm512_set1_ps(xs), out);
+}
+
+inline void store_row(__m512 out, uint16_t* y) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), (__m256i)_mm512_cvtneps_pbh(out));
+}
+
+// a few rows: per group, the 8 quads unpacked once, then for each row vpdpbusd in two chains per pass
+// (integer sums: exact in any order) and the fold
+void vnni_block(const Panel& p, int64_t b, const Quantized& x, int64_t m, uint16_t* y, int64_t ldy) {
+  __m512 out[kAmxRows];
+  for (int64_t r = 0; r < m; ++r) out[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < p.groups; ++g) {
+    const uint8_t* src = p.codes + (b * p.groups + g) * kGroupBytes;
+    __m512i q[kQuads];
+    for (int64_t j = 0; j < kQuads; ++j) q[j] = quad_codes(src + j * kQuadBytes);
+    for (int64_t r = 0; r < m; ++r) {
+      const int32_t* a1 = reinterpret_cast<const int32_t*>(x.a + (r * 2) * x.k + g * kGroup);
+      const int32_t* a2 = reinterpret_cast<const int32_t*>(x.a + (r * 2 + 1) * x.k + g * kGroup);
+      __m512i c1a = _mm512_setzero_si512(), c1b = c1a, c2a = c1a, c2b = c1a;
+      for (int64_t j = 0; j < kQuads; j += 2) {
+        c1a = _mm512_dpbusd_epi32(c1a, q[j], _mm512_set1_epi32(a1[j]));
+        c2a = _mm512_dpbusd_epi32(c2a, q[j], _mm512_set1_epi32(a2[j]));
+        c1b = _mm512_dpbusd_epi32(c1b, q[j + 1], _mm512_set1_epi32(a1[j + 1]));
+        c2b = _mm512_dpbusd_epi32(c2b, q[j + 1], _mm512_set1_epi32(a2[j + 1]));
+      }
+      out[r] = fold(out[r], _mm512_add_epi32(c1a, c1b), _mm512_add_epi32(c2a, c2b), x.s + (r * p.groups + g) * 2,
+                    x.xs[r * p.groups + g], p.scales(b, g));
+    }
   }
+  for (int64_t r = 0; r < m; ++r) store_row(out[r], y + r * ldy + b * kLanes);
 }
 
-// acc[r] = fma(min, xsum[r], fma(scale, C[r], acc[r])) for the tile's rows
-inline void fold(const float* c, const float* scale, const float* min, const float* xsum, int64_t groups,
-                 int rows, float* acc) {
-  const __m512 s = _mm512_loadu_ps(scale), z = _mm512_loadu_ps(min);
-  for (int r = 0; r < rows; ++r) {
-    __m512 a = _mm512_fmadd_ps(s, _mm512_load_ps(c + r * kLanes), _mm512_load_ps(acc + r * kLanes));
-    _mm512_store_ps(acc + r * kLanes, _mm512_fmadd_ps(z, _mm512_set1_ps(xsum[r * groups]), a));
-  }
+constexpr int64_t kRing = 4;   // streamed B tiles: unpacked kAhead groups ahead of their product
+constexpr int64_t kAhead = 2;
+constexpr int64_t kBTile = kQuads * 64;  // bytes of one group's B tile
+
+inline void unpack_b(const Panel& p, int64_t b, int64_t g, uint8_t* dst) {
+  const uint8_t* src = p.codes + (b * p.groups + g) * kGroupBytes;
+  for (int64_t j = 0; j < kQuads; ++j) _mm512_storeu_si512(dst + j * 64, quad_codes(src + j * kQuadBytes));
 }
 
-inline void store_rows(const float* acc, int rows, uint16_t* y, int64_t ldy) {
-  for (int r = 0; r < rows; ++r)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + r * ldy),
-                        (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(acc + r * kLanes)));
-}
+// product of group g on a tile set (C 0, A 2, B 4 or C 1, A 3, B 5): A's 2 * rows rows are the rows' two
+// passes, interleaved, so C's row 2i holds S1 and row 2i + 1 S2 of row i. Streamed: B of group g + kAhead is
+// unpacked first, into the ring.
+#define TE_PRODUCT(C, A, B, g)                                                                   \
+  if (stream && (g) + kAhead < p.groups) unpack_b(p, b, (g) + kAhead, bt + (((g) + kAhead) % kRing) * kBTile); \
+  _tile_zero(C);                                                                                \
+  _tile_loadd(A, xa + (g) * kGroup, x.k);                                                       \
+  _tile_loadd(B, bt + (stream ? (g) % kRing : (g)) * kBTile, 64);                               \
+  _tile_dpbsud(C, A, B)
 
-struct Scratch {
-  std::vector<uint16_t> b;
-  alignas(64) float c0[kTileRows * kLanes], c1[kTileRows * kLanes];
-  alignas(64) float acc[kTileRows * kLanes];
-};
-
-constexpr int64_t kRing = 4;  // streamed groups: unpacked two ahead of their product into a ring of tiles
-
-#define TE_PRODUCT(C, A, B, g)                                                           \
-  if (stream && (g) + 1 < p.groups) unpack(p, b, (g) + 1, 1, s.b.data() + (((g) + 1) % kRing) * kTileWords); \
-  _tile_zero(C);                                                                        \
-  _tile_loadd(A, x + (g) * kGroup, ldx * 2);                                            \
-  _tile_loadd(B, s.b.data() + (stream ? (g) % kRing : (g)) * kTileWords, 64);           \
-  _tile_dpbf16ps(C, A, B)
-
-// rows [0, rows) of x against block b: streamed (each group unpacked just ahead of its product) or from the
-// block unpacked whole into s.b (when several row tiles share it)
+// up to 8 rows (one A tile of both passes) against block b, B streamed or unpacked whole in bt; the groups'
+// products alternate between two tile sets, each folded while the next one runs
 template <bool stream>
-void tile_rows(const Panel& p, int64_t b, const uint16_t* x, int64_t ldx, const float* xsum, int rows, Scratch& s,
-               uint16_t* y, int64_t ldy) {
-  if (stream) unpack(p, b, 0, 1, s.b.data());
-  std::fill(s.acc, s.acc + rows * kLanes, 0.0f);
+void amx_rows(const Panel& p, int64_t b, const Quantized& x, int64_t r0, int rows, uint8_t* bt, uint16_t* y,
+              int64_t ldy) {
+  alignas(64) int32_t c[2][kTileRows * kLanes];
+  const int8_t* xa = x.a + r0 * 2 * x.k;
+  __m512 out[kAmxRows];
+  for (int r = 0; r < rows; ++r) out[r] = _mm512_setzero_ps();
+  if (stream)
+    for (int64_t g = 0; g < std::min(kAhead, p.groups); ++g) unpack_b(p, b, g, bt + g * kBTile);
   TE_PRODUCT(0, 2, 4, 0);
-  for (int64_t g = 0; g < p.groups; g += 2) {
+  for (int64_t g = 0; g < p.groups; ++g) {
+    const int t = static_cast<int>(g & 1);
     if (g + 1 < p.groups) {
-      TE_PRODUCT(1, 3, 5, g + 1);
+      if (t == 0) {
+        TE_PRODUCT(1, 3, 5, g + 1);
+      } else {
+        TE_PRODUCT(0, 2, 4, g + 1);
+      }
     }
-    _tile_stored(0, s.c0, 64);
-    fold(s.c0, p.scales(b, g), p.scales(b, g) + kLanes, xsum + g, p.groups, rows, s.acc);
-    if (g + 1 >= p.groups) break;
-    if (g + 2 < p.groups) {
-      TE_PRODUCT(0, 2, 4, g + 2);
+    if (t == 0) {
+      _tile_stored(0, c[0], 64);
+    } else {
+      _tile_stored(1, c[1], 64);
     }
-    _tile_stored(1, s.c1, 64);
-    fold(s.c1, p.scales(b, g + 1), p.scales(b, g + 1) + kLanes, xsum + g + 1, p.groups, rows, s.acc);
-  }
-  store_rows(s.acc, rows, y + b * kLanes, ldy);
-}
-
-void span(const Panel& p, int64_t begin, int64_t end, const uint16_t* x, int64_t m, int64_t k,
-          const float* xsum, uint16_t* y, int64_t ldy) {
-  thread_local Scratch s;
-  s.b.resize(std::max(p.groups, kRing) * kTileWords);
-  int configured = 0;
-  for (int64_t b = begin; b < end; ++b) {
-    if (m <= kTileRows) {
-      if (m != configured) configure(configured = static_cast<int>(m));
-      tile_rows<true>(p, b, x, k, xsum, static_cast<int>(m), s, y, ldy);
-      continue;
-    }
-    unpack(p, b, 0, p.groups, s.b.data());
-    for (int64_t r = 0; r < m; r += kTileRows) {
-      const int rows = static_cast<int>(std::min<int64_t>(kTileRows, m - r));
-      if (rows != configured) configure(configured = rows);
-      tile_rows<false>(p, b, x + r * k, k, xsum + r * p.groups, rows, s, y + r * ldy, ldy);
+    for (int r = 0; r < rows; ++r) {
+      const int64_t row = r0 + r;
+      out[r] = fold(out[r], _mm512_load_si512(c[t] + 2 * r * kLanes), _mm512_load_si512(c[t] + (2 * r + 1) * kLanes),
+                    x.s + (row * p.groups + g) * 2, x.xs[row * p.groups + g], p.scales(b, g));
     }
   }
-  _tile_release();
+  for (int r = 0; r < rows; ++r) store_row(out[r], y + (r0 + r) * ldy + b * kLanes);
 }
 
-// xsum[r, g] = sum of the 32 bf16 of row r, group g, in fp32 (one fixed order)
-void group_sums(const uint16_t* x, int64_t m, int64_t groups, float* xsum) {
-  for (int64_t i = 0; i < m * groups; ++i) {
-    __m512i raw = _mm512_loadu_si512(x + i * kGroup);
-    __m512 a = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(raw)), 16));
-    __m512 b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(raw, 1)), 16));
-    xsum[i] = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+// many rows against block b: streamed for one row tile, else the block's B tiles unpacked once and shared
+void amx_block(const Panel& p, int64_t b, const Quantized& x, int64_t m, std::vector<uint8_t>& bt, uint16_t* y,
+               int64_t ldy, int& configured) {
+  bt.resize(std::max(p.groups, kRing) * kBTile);
+  if (m > kAmxRows)
+    for (int64_t g = 0; g < p.groups; ++g) unpack_b(p, b, g, bt.data() + g * kBTile);
+  for (int64_t r0 = 0; r0 < m; r0 += kAmxRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kAmxRows, m - r0));
+    if (rows != configured) configure(2 * (configured = rows), kGroup, kQuads);
+    if (m > kAmxRows) {
+      amx_rows<false>(p, b, x, r0, rows, bt.data(), y, ldy);
+    } else {
+      amx_rows<true>(p, b, x, r0, rows, bt.data(), y, ldy);
+    }
+  }
+}
+
+// one row's groups: s1 = max|x| / 127, a1 = round(x / s1), s2 = s1 / 254, a2 = round((x - s1 a1) / s2),
+// xs = s1 * sum(a1) + s2 * sum(a2); all in one fixed order per group
+void quantize_row(const uint16_t* x, int64_t groups, int8_t* a1, int8_t* a2, float* s, float* xs) {
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 v[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + g * kGroup + h * 16));
+      v[h] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+    }
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
+    const float s1 = amax / 127.0f, s2 = s1 / 254.0f;
+    const __m512 inv1 = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+    const __m512 inv2 = _mm512_set1_ps(amax > 0 ? 254.0f * 127.0f / amax : 0.0f);
+    int32_t sum1 = 0, sum2 = 0;
+    for (int h = 0; h < 2; ++h) {
+      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v[h], inv1));  // round to nearest even
+      const __m512 rest = _mm512_fnmadd_ps(_mm512_set1_ps(s1), _mm512_cvtepi32_ps(q1), v[h]);
+      const __m512i q2 = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(rest, inv2)),
+                                                           _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(a1 + g * kGroup + h * 16), _mm512_cvtepi32_epi8(q1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(a2 + g * kGroup + h * 16), _mm512_cvtepi32_epi8(q2));
+      sum1 += _mm512_reduce_add_epi32(q1);
+      sum2 += _mm512_reduce_add_epi32(q2);
+    }
+    s[g * 2] = s1;
+    s[g * 2 + 1] = s2;
+    xs[g] = std::fma(s2, static_cast<float>(sum2), s1 * static_cast<float>(sum1));
   }
 }
 
@@ -169,27 +239,45 @@ bool amx_permitted() {
 }
 
 at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& factors) {
-  TORCH_CHECK(amx_permitted(), "the kernel needs AMX tiles and the OS refused them");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x: [M, K] bf16, contiguous");
-  TORCH_CHECK(codes.dim() == 3 && codes.scalar_type() == at::kByte && codes.is_contiguous() &&
-                  codes.size(2) == kGroupBytes, "codes: [N / 16, K / 32, 256] uint8");
-  TORCH_CHECK(factors.scalar_type() == at::kFloat && factors.is_contiguous(), "factors: [N / 16, K / 32, 2, 16] fp32");
+  TORCH_CHECK(codes.dim() == 4 && codes.scalar_type() == at::kByte && codes.is_contiguous() &&
+                  codes.size(2) == kQuads && codes.size(3) == kQuadBytes, "codes: [N / 16, K / 32, 8, 32] uint8");
+  TORCH_CHECK(factors.scalar_type() == at::kHalf && factors.is_contiguous(), "factors: [N / 16, K / 32, 2, 16] fp16");
   const int64_t m = x.size(0), k = x.size(1), blocks = codes.size(0), groups = codes.size(1);
   TORCH_CHECK(k == groups * kGroup, "x has ", k, " columns, the weight ", groups * kGroup);
-  TORCH_CHECK(factors.numel() == blocks * groups * 2 * kLanes, "factors: [N / 16, K / 32, 2, 16] fp32");
+  TORCH_CHECK(factors.numel() == blocks * groups * 2 * kLanes, "factors: [N / 16, K / 32, 2, 16] fp16");
+  const bool amx = m >= kAmxFrom;
+  TORCH_CHECK(!amx || amx_permitted(), "the kernel needs AMX tiles and the OS refused them");
   at::Tensor y = at::empty({m, blocks * kLanes}, x.options());
   if (m == 0) return y;
-  at::Tensor xsum = at::empty({m, groups}, x.options().dtype(at::kFloat));
+  at::Tensor a = at::empty({m, 2, k}, x.options().dtype(at::kChar));
+  at::Tensor s = at::empty({m, groups, 3}, x.options().dtype(at::kFloat));  // s1, s2 per group, then xs
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
-  group_sums(xp, m, groups, xsum.data_ptr<float>());
-  const Panel p{codes.data_ptr<uint8_t>(), factors.data_ptr<float>(), groups};
+  int8_t* ap = a.data_ptr<int8_t>();
+  float* sp = s.data_ptr<float>();
+  float* xsp = sp + m * groups * 2;
+  for (int64_t r = 0; r < m; ++r)
+    quantize_row(xp + r * k, groups, ap + r * 2 * k, ap + (r * 2 + 1) * k, sp + r * groups * 2, xsp + r * groups);
+  const Quantized q{ap, sp, xsp, k, groups};
+  const Panel p{codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(factors.data_ptr()), groups};
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  const float* xs = xsum.data_ptr<float>();
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    span(p, begin, end, xp, m, k, xs, yp, blocks * kLanes);
+    if (!amx) {
+      for (int64_t b = begin; b < end; ++b) vnni_block(p, b, q, m, yp, blocks * kLanes);
+      return;
+    }
+    thread_local std::vector<uint8_t> bt;
+    int configured = 0;
+    for (int64_t b = begin; b < end; ++b) amx_block(p, b, q, m, bt, yp, blocks * kLanes, configured);
+    _tile_release();
   });
   return y;
 }
+
+constexpr int64_t kTileWords = kTileRows * kGroup;  // bf16 words in one B tile of the int8 head
+
+// the int8 head's AMX tiles: C 0, 1, A 2, 3, B 4, 5 (16 k-pairs of 64 bytes)
+void configure(int rows) { configure(rows, 64, kTileRows); }
 
 // ---- int8 rows for the LM head's approximate logits: y[m, n] = scale[n] * sum_k x[m, k] * code[n, k] ----
 // Codes (-127..127) are exact in bf16; sums accumulate in fp32 across all of K in two tiles (even and odd

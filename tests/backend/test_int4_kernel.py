@@ -1,10 +1,11 @@
-"""The AMX int4 kernel (backend/kernels): exact against the dequantized weights up to its bf16 output, rows
-that never depend on their batch (count, position, threads), the packing, the choice between it and torch's
-kernel, and the served revision that tells the two apart. Runs where the CPU has AMX-BF16 (this project's
+"""The int4 kernel (backend/kernels): close to the dequantized weights (bf16 output, inputs held to ~15 bits),
+rows that never depend on their batch (count, position, the VNNI and AMX paths, threads), the packing, the
+choice between it and torch's kernel, and the served revision that tells the two apart. Runs where the CPU has AMX-BF16 (this project's
 machines do); elsewhere the kernel is never chosen, which the choice tests check through the CPU flags."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 
 import pytest
@@ -26,11 +27,12 @@ SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 
 
 def blocks(n: int, k: int, seed: int = 0) -> Int4Blocks:
+    """Random Q4_1 blocks: fp16 d and m, as a GGUF file holds them (scale d, zero m + 8d)."""
     gen = torch.Generator().manual_seed(seed)
+    d = (torch.rand(n, k // 32, generator=gen) * 0.02).half().float()
+    m = ((torch.rand(n, k // 32, generator=gen) - 0.5) * 0.1).half().float()
     return Int4Blocks(
-        codes=torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8),
-        scales=torch.rand(n, k // 32, generator=gen) * 0.02,
-        zeros=(torch.rand(n, k // 32, generator=gen) - 0.5) * 0.1,
+        codes=torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8), scales=d, zeros=m + 8 * d
     )
 
 
@@ -54,24 +56,26 @@ def test_matches_the_dequantized_weights_to_bf16_rounding(n: int, k: int) -> Non
     x = activations(40, k)
     exact = x.double() @ b.dequantize().double().t()  # [40, N]
     got = int4_mm(x, *pack_int4(b.codes, b.scales, b.zeros)).double()
-    # one bf16 rounding of the fp32 result (2^-8 relative) plus fp32 accumulation, scaled by the row's size
-    bound = exact.abs() * 2.0**-8 + 1e-5 * (x.double().abs() @ b.dequantize().double().abs().t())
+    # one bf16 rounding of the result (2^-8 relative), plus the inputs' quantization (2^-15 of each group's
+    # largest) and fp32 folds, on the scale of the row's absolute products
+    bound = exact.abs() * 2.0**-8 + 1e-4 * (x.double().abs() @ b.dequantize().double().abs().t())
     assert torch.all((got - exact).abs() <= bound)
 
 
 @needs_amx
-def test_codes_enter_the_product_exactly() -> None:
-    """Integer activations and weights (scale 1, zero 0: w = code - 8): every output is the exact integer."""
+@pytest.mark.parametrize("rows", [1, 5, 12])
+def test_codes_and_inputs_enter_the_product_exactly(rows: int) -> None:
+    """Inputs the two-pass quantization holds exactly (each group's largest is 127, whose code means w = 0),
+    codes of w = code - 8 (scale 1, zero 0): every output is the exact integer, on either path."""
     n, k = 32, 64
     gen = torch.Generator().manual_seed(3)
-    b = Int4Blocks(
-        codes=torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8),
-        scales=torch.ones(n, k // 32),
-        zeros=torch.zeros(n, k // 32),
-    )
-    x = torch.randint(-3, 4, (5, k), generator=gen).to(torch.bfloat16)
-    exact = x.double() @ (b.codes.double() - 8).t()  # small integers: bf16 holds them exactly
-    assert torch.equal(int4_mm(x, *pack_int4(b.codes, b.scales, b.zeros)).double(), exact)
+    codes = torch.randint(6, 11, (n, k), generator=gen, dtype=torch.uint8)  # w in -2..2
+    codes[:, ::32] = 8  # w = 0 where each group's 127 sits
+    b = Int4Blocks(codes=codes, scales=torch.ones(n, k // 32), zeros=torch.zeros(n, k // 32))
+    x = torch.randint(-1, 2, (rows, k), generator=gen).float()
+    x[:, ::32] = 127.0
+    exact = x.double() @ (codes.double() - 8).t()  # |y| <= 124: bf16 holds it exactly
+    assert torch.equal(int4_mm(x.to(torch.bfloat16), *pack_int4(b.codes, b.scales, b.zeros)).double(), exact)
 
 
 @needs_amx
@@ -116,19 +120,25 @@ def test_bad_inputs_are_refused_with_a_reason() -> None:
     with pytest.raises(RuntimeError, match="bf16"):
         torch.ops.tokenedge.int4_mm(activations(2, 64).float(), codes, factors)
     with pytest.raises(RuntimeError, match="factors"):
-        torch.ops.tokenedge.int4_mm(activations(2, 64), codes, factors.double())
+        torch.ops.tokenedge.int4_mm(activations(2, 64), codes, factors.float())
     assert int4_mm(activations(0, 64), codes, factors).shape == (0, 32)
 
 
 def test_the_packing_holds_every_code_once() -> None:
     b = blocks(32, 64)
     codes, factors = pack_int4(b.codes, b.scales, b.zeros)
-    assert codes.shape == (2, 2, 256) and factors.shape == (2, 2, 2, 16)
-    nibbles = torch.stack([codes & 15, codes >> 4], dim=-1)  # [block, g, byte, nibble]
+    assert codes.shape == (2, 2, 8, 32) and factors.shape == (2, 2, 2, 16)
+    # column 17 (block 1, lane 1), group 1, quad 3: k = 32 + 12 .. 15 in bytes 2 and 3 of the quad
+    quad = codes[1, 1, 3]
+    assert [int(quad[2] & 15), int(quad[2] >> 4), int(quad[3] & 15), int(quad[3] >> 4)] == b.codes[
+        17, 44:48
+    ].tolist()
+    nibbles = torch.stack([codes & 15, codes >> 4], dim=-1)
     assert sorted(nibbles.flatten().tolist()) == sorted(b.codes.flatten().tolist())
-    # column 17, group 1: its scale and the min of the (128 + code) form
-    assert factors[1, 1, 0, 1] == b.scales[17, 1]
-    assert factors[1, 1, 1, 1] == b.zeros[17, 1] - 136 * b.scales[17, 1]
+    # column 17, group 1: its scale and zero - 8 * scale (Q4_1's d and m), exactly, in fp16
+    assert factors.dtype == torch.float16
+    assert factors[1, 1, 0, 1].float() == b.scales[17, 1]
+    assert factors[1, 1, 1, 1].float() == b.zeros[17, 1] - 8 * b.scales[17, 1]
 
 
 def test_the_choice_follows_the_environment(fresh_choice: pytest.MonkeyPatch) -> None:
@@ -157,13 +167,21 @@ def test_a_build_is_reused(tmp_path_factory: pytest.TempPathFactory) -> None:
     assert kernels.build() == first and first.stat().st_mtime_ns == stamp
 
 
+@needs_amx
+def test_the_amx_kernels_id_follows_its_source(fresh_choice: pytest.MonkeyPatch) -> None:
+    fresh_choice.setenv(kernels.ENV, "auto")
+    ident = kernels.kernel_id()
+    digest = hashlib.blake2b(kernels._SOURCE.read_bytes(), digest_size=4).hexdigest()
+    assert ident == f"amx.{digest}"
+
+
 def test_the_served_revision_tells_kernels_and_modes_apart(fresh_choice: pytest.MonkeyPatch) -> None:
     fresh_choice.setenv(kernels.ENV, "torch")
     quantized_torch = numerics(BackendConfig(), "cpu")
     assert quantized_torch == "cpu bfloat16 quantized int4-torch"
     reference = numerics(BackendConfig(weights="dequantized"), "cpu")
     assert numerics(BackendConfig(), "cuda") == "cuda bfloat16 dequantized"
-    kinds = {quantized_torch, "cpu bfloat16 quantized int4-amx", reference}
+    kinds = {quantized_torch, "cpu bfloat16 quantized int4-amx.0123abcd", reference}
     revisions = {served_revision("rev-0123", kind) for kind in kinds}
     assert len(revisions) == 3 and all(r.startswith("rev-") for r in revisions)
     assert served_revision("rev-0123", reference) == served_revision("rev-0123", reference)
