@@ -8,6 +8,7 @@ the waiting threads' spinning is counted too). The README's "where the time goes
     python -m bench backend_profile --threads 1 --steps 20
     python -m bench backend_profile --ab 5     # scripted decoder stack vs the eager layers, alternating rounds
     python -m bench backend_profile --kernel-ab 5 --threads 2   # the AMX int4 kernel vs torch's (wall time)
+    python -m bench backend_profile --kernel-micro --threads 2  # the two int4 kernels alone, by rows
 
 `--ab N` skips the profiler and measures the scripted decoder stack (backend/model/scripted.py) against the
 same model's eager layers (the path main took before it), N alternating rounds in one process: the same
@@ -29,8 +30,9 @@ from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
 from backend.loader import LoadedModel, load_model
+from backend.loader.quantized import Int4Blocks
 from backend.model.llama import LlamaModel
-from backend.model.quant import quantize_model
+from backend.model.quant import Int4Linear, quantize_model
 from bench.backend_vs_hf import prefill_prompts, prompts
 
 
@@ -144,6 +146,34 @@ def kernel_ab(loaded: LoadedModel, config: EngineConfig, steps: int, rounds: int
     ab_rounds(scenarios, ("torch int4", "amx int4"), rounds, "wall ms")  # type: ignore[arg-type]
 
 
+def kernel_micro(rows: Sequence[int] = (1, 2, 4, 8, 16, 64), rounds: int = 5) -> None:
+    """The two int4 kernels alone on SmolLM2's 120 projection shapes (random codes), back to back, weights hot:
+    ms per pass, best of `rounds` alternating rounds (`--kernel-micro`)."""
+    shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30
+    gen = torch.Generator().manual_seed(0)
+    weights = [
+        Int4Blocks(
+            torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8),
+            torch.rand(n, k // 32) / 50,
+            torch.rand(n, k // 32) / 100,
+        )
+        for n, k in shapes
+    ]
+    layers = {kernel: [Int4Linear(b, kernel) for b in weights] for kernel in ("torch", "amx")}
+    for m in rows:
+        xs = {k: torch.randn(m, k).to(torch.bfloat16) for k in (576, 1536)}
+        best = {kernel: float("inf") for kernel in layers}
+        for _ in range(rounds):
+            for kernel, group in layers.items():
+                start = time.perf_counter()
+                for layer in group:
+                    layer.matmul(xs[layer.in_features])
+                best[kernel] = min(best[kernel], (time.perf_counter() - start) * 1e3)
+        print(
+            f"{m:>3} rows: torch int4 {best['torch']:.2f} ms, amx int4 {best['amx']:.2f} ms, {best['torch'] / best['amx']:.2f}x"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -153,8 +183,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=12, help="profiler table rows per scenario")
     parser.add_argument("--ab", type=int, default=0, help="rounds of scripted vs eager layers (no profiler)")
     parser.add_argument("--kernel-ab", type=int, default=0, help="rounds of the AMX vs torch int4 kernel")
+    parser.add_argument(
+        "--kernel-micro", action="store_true", help="the two int4 kernels alone, 120 projections"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.kernel_micro:
+        kernel_micro()
+        return
     loaded = load_model()
     config = EngineConfig(num_blocks=512, max_num_seqs=8, max_num_batched_tokens=1024, max_model_len=1024)
     if args.kernel_ab:

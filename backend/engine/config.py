@@ -4,7 +4,7 @@ speculation. The one home of these fields and their defaults: the served backend
 
 `batch_invariant` (default on, DESIGN.md §8): a sequence's logits have the same bits whatever else is batched,
 however its prefill is chunked and whether its prefix came from the cache; off trades that for throughput.
-`speculative_tokens` (default 2): prompt-lookup drafts per verify forward for greedy requests
+`speculative_tokens` (default 3): prompt-lookup drafts per verify forward for greedy requests
 (backend/engine/speculative.py). A verify of k + 1 rows costs more than a one-row step (the CPU int4 kernel: about
 1.15x at 2 rows, 1.4x at 3, 1.7x at 4), and since the decoder stack became one TorchScript call the one-row step is
 lean enough that 2 drafts pay best: `bench speculative`, same hour, quiet: k=2 1.49x copy-heavy / 0.99x free,
@@ -32,7 +32,7 @@ class EngineConfig:
     device: str = "cpu"
     max_waiting: int = 256
     enable_prefix_caching: bool = True
-    speculative_tokens: int = 2  # drafts per verify for greedy requests, 0 = off (see draft_tokens)
+    speculative_tokens: int = 3  # drafts per verify for greedy requests, 0 = off (see draft_tokens)
     batch_invariant: bool = True
 
     def __post_init__(self) -> None:

@@ -15,7 +15,7 @@ def test_defaults_serve_smollm2_on_cpu_in_bf16() -> None:
     assert config.torch_dtype == torch.bfloat16
     assert config.weights == "quantized"
     assert config.engine.batch_invariant is True
-    assert config.engine.speculative_tokens == 2
+    assert config.engine.speculative_tokens == 3
 
 
 def test_the_engine_section_is_the_engine_config_with_its_one_set_of_defaults() -> None:
