@@ -46,6 +46,7 @@ _ISA = [
     "-mavx512vnni",
     "-mamx-tile",
     "-mamx-bf16",
+    "-mamx-int8",
     "-mfma",
 ]
 ENV = "TOKENEDGE_INT4_KERNEL"
