@@ -1,5 +1,5 @@
-"""Quantized linear layers for the CPU: the GGUF's own 4-bit blocks on tokenedge's AMX kernel where it runs
-(`backend.kernels`; else torch's int4 kernel), int8 per channel for everything else, and an int8 LM head whose
+"""Quantized linear layers for the CPU: the GGUF's own 4-bit blocks on tokenedge's kernel (VNNI and AMX int8)
+where it runs (`backend.kernels`; else torch's int4 kernel), int8 per channel for everything else, and an int8 LM head whose
 greedy pick is provably the fp32 head's.
 
 Why: at batch 1 a decode step is memory-bound; the 120 layer GEMMs read 4x fewer bytes as int4 than as
@@ -9,7 +9,7 @@ safetensors checkpoints) are quantized at load to int8 with one scale per output
 1/254 of each row's largest weight). Activations enter the kernels in bf16 and come back in bf16.
 
 Row invariance: a token's output row must not depend on how many other rows share the matmul (the
-batch-invariance contract, DESIGN §8). The AMX kernel is invariant by construction
+batch-invariance contract, DESIGN §8). Our kernel is invariant by construction
 (tests/backend/test_int4_kernel.py), torch's int4 and int8 kernels gave bitwise-equal rows for M = 1..64 on
 every SmolLM2 layer shape (tests/backend/test_quant.py checks it); in the engine's invariant mode they still go
 through the calibrated row tiling of backend/model/tiling.py like the dense layers, so a kernel that is
@@ -68,8 +68,9 @@ class QuantizedLinear(nn.Module):
 
 
 class Int4Linear(QuantizedLinear):
-    """y = x @ W.T with W as 4-bit codes and a (scale, zero) per group of 32 inputs, on tokenedge's AMX kernel
-    (`backend.kernels`) where it runs, else torch's int4 kernel (packed codes, bf16 scales and zeros)."""
+    """y = x @ W.T with W as 4-bit codes and a (scale, zero) per group of 32 inputs, on tokenedge's kernel
+    (`backend.kernels`, kernel 'amx') where it runs, else torch's int4 kernel (packed codes, bf16 scales and
+    zeros)."""
 
     def __init__(self, blocks: Int4Blocks, kernel: str | None = None) -> None:
         super().__init__()
@@ -79,8 +80,8 @@ class Int4Linear(QuantizedLinear):
         if self.kernel == "amx":
             require_amx()
             codes, factors = pack_int4(blocks.codes, blocks.scales, blocks.zeros)
-            self.register_buffer("packed", codes)  # [N/16, K/32, 256] uint8
-            self.register_buffer("factors", factors)  # [N/16, K/32, 2, 16] fp32
+            self.register_buffer("packed", codes)  # [N/16, K/32, 8, 32] uint8 nibbles
+            self.register_buffer("factors", factors)  # [N/16, K/32, 2, 16] fp16 scales and zero points
             return
         # packed: torch's CPU layout of the [N, K] codes; factors: [K / 32, N, 2] bf16 scales and zeros
         self.register_buffer(
