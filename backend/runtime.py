@@ -64,6 +64,16 @@ def log_runtime(info: dict[str, Any]) -> None:
     )
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as the kernel reports them (`/proc/cpuinfo`; empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
 def _device_name(dev: torch.device) -> str:
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)

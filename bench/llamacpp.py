@@ -14,18 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from backend.runtime import cpu_flags
+
 ROOT = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("TOKENEDGE_LLAMACPP_VENV", ROOT / "bench" / ".venv-llamacpp"))
 PORTABLE = "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
-
-
-def cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
 
 
 def build_flags() -> str:

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from backend.runtime import cpu_flags
+
 _LOG = logging.getLogger(__name__)
 GROUP_SIZE = 32  # inputs per scale: GGUF's 4-bit blocks (backend.loader.quantized)
 _SOURCE = Path(__file__).with_name("int4_amx.cpp")
@@ -58,15 +60,6 @@ _GROUP_BYTES = LANES * GROUP_SIZE // 2  # packed nibbles of one (block, group)
 
 class KernelUnavailable(RuntimeError):
     """`TOKENEDGE_INT4_KERNEL=amx` but the kernel cannot run here (the message says why)."""
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
 
 
 def _torch_dir() -> Path:
@@ -191,7 +184,7 @@ def _self_check() -> None:
 @functools.cache
 def amx_unavailable() -> str | None:
     """Why the AMX kernel cannot run here (None: built, loaded and self-checked)."""
-    missing = [f for f in _CPU_FLAGS if f not in _cpu_flags()]
+    missing = [f for f in _CPU_FLAGS if f not in cpu_flags()]
     if missing:
         return f"this CPU lacks {', '.join(missing)}"
     try:

@@ -45,6 +45,7 @@ class QuantizedLinear(nn.Module):
     in_features: int
     out_features: int
     tiling: RowTiling | None = None
+    kernel = "torch"  # whose kernel runs the matmul: 'torch', or 'amx' (backend.kernels) for Int4Linear
 
     def matmul(self, rows: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -60,7 +61,7 @@ class QuantizedLinear(nn.Module):
         return tiled_rows(self.matmul, x, self.tiling)
 
     def calibrate(self, memo: TilingMemo) -> None:
-        key = (self.out_features, self.in_features, f"{type(self).__name__}-{getattr(self, 'kernel', '')}")
+        key = (self.out_features, self.in_features, f"{type(self).__name__}-{self.kernel}")
         if key not in memo:
             # one-row calls allowed where they calibrate row-invariant (tiling.MIN_ROWS)
             memo[key] = calibrate_tiling(self.matmul, self.in_features, torch.bfloat16, "cpu", floor=1)

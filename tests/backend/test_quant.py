@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from backend import kernels
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
@@ -17,6 +16,7 @@ from backend.loader.quantized import Int4Blocks, int4_blocks
 from backend.model import head as head_module
 from backend.model.head import RescoredHead
 from backend.model.quant import Int4Linear, Int8Linear, quantize_model
+from tests.backend.test_int4_kernel import needs_amx
 from tests.backend.tiny import tiny_config, tiny_model, tiny_weights
 
 Q4 = [gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1]
@@ -95,9 +95,7 @@ def test_quantized_layers_decode_one_row_without_padding() -> None:
     [
         (False, 10**9),
         (False, 1),
-        pytest.param(
-            True, 10**9, marks=pytest.mark.skipif(kernels.amx_unavailable() is not None, reason="needs AMX")
-        ),
+        pytest.param(True, 10**9, marks=needs_amx),
     ],
     ids=["int8", "bf16", "amx-int8"],
 )
@@ -118,7 +116,7 @@ def test_quantized_head_picks_the_fp32_heads_token_even_near_ties(
     assert not torch.equal(approx.argmax(dim=1), exact.argmax(dim=1))
 
 
-@pytest.mark.skipif(kernels.amx_unavailable() is not None, reason="needs AMX")
+@needs_amx
 @pytest.mark.parametrize("rows", [1, 3, 4, 9])
 def test_the_amx_heads_approximations_hold_their_bound(rows: int) -> None:
     """VNNI (1-3 rows) and AMX int8 (4+): the same w_hat as torch's int8 kernel; every approximate logit within
