@@ -1,14 +1,20 @@
-"""Benchmark: gateway L1-hit throughput against a bare aiohttp app returning the same bytes (issue 2's check).
+"""Benchmark: gateway hits against a bare aiohttp app returning the same bytes, on benchmark-shaped and on
+ingress-shaped traffic (issue 26's check).
 
-Same run, same load tool (wrk), same worker count, same request bytes; the ratio is what counts.
+Same run, same load tool (wrk), same worker count, same request body; the ratios are what count. Two traffic
+shapes: identical request bytes, and the same request with a unique `X-Request-Id` and `traceparent` on every
+request, as every ingress, load balancer and CDN adds (the realistic one). Rows: the gateway's L1 hit, its L2 hit
+(a real Redis, L1 off) and bare aiohttp, each in both shapes.
 `python -m bench gateway_hit [--workers N] [--duration S] [--repeats R]`. The full suite is `bench gateway`.
 """
 
 from __future__ import annotations
 
 import argparse
+import platform
 import urllib.request
 from contextlib import ExitStack
+from pathlib import Path
 
 from bench.harness import (
     PYTHON,
@@ -21,6 +27,7 @@ from bench.harness import (
     wrk,
 )
 from bench.peers import bare_aiohttp
+from tests.support.services import RedisServer
 
 REQUEST = (
     b'{"model":"bench-model","temperature":0,"max_tokens":64,'
@@ -36,58 +43,76 @@ def post(url: str, body: bytes = REQUEST, headers: dict[str, str] = HEADERS) -> 
         return resp.read(), dict(resp.headers)
 
 
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def prime(url: str, tier: str) -> bytes:
+    for _ in range(50):  # each worker has its own L1: post until one answers with a hit
+        body, headers = post(url)
+        if (
+            headers.get("Cache-Status", "").startswith("tokenedge; hit")
+            and f"detail={tier}" in headers["Cache-Status"]
+        ):
+            return body
+    raise RuntimeError(f"no {tier} hit after 50 identical requests")
+
+
 def run(workers: int, duration_s: int, repeats: int, connections: int) -> dict[str, LoadResult]:
     with ExitStack() as stack:
-        up_port, gw_port = free_port(), free_port()
+        up_port = free_port()
         stack.enter_context(
             server(
                 [PYTHON, "-m", "bench.servers", "upstream", str(up_port)],
                 f"http://127.0.0.1:{up_port}/health",
             )
         )
-        gw = stack.enter_context(
-            server(
-                [PYTHON, "-m", "gateway", "--workers", str(workers), "--port", str(gw_port)],
-                f"http://127.0.0.1:{gw_port}/health",
-                env={"TOKENEDGE_UPSTREAM_URL": f"http://127.0.0.1:{up_port}"},
+        redis = RedisServer()
+        redis.start()
+        stack.callback(redis.stop)
+        gateways = {}
+        for tier, env in (
+            ("l1", {}),
+            ("l2", {"TOKENEDGE_CACHE_REDIS_URL": redis.url, "TOKENEDGE_CACHE_L1_MAX_BYTES": "0"}),
+        ):
+            port = free_port()
+            proc = stack.enter_context(
+                server(
+                    [PYTHON, "-m", "gateway", "--workers", str(workers), "--port", str(port)],
+                    f"http://127.0.0.1:{port}/health",
+                    env={"TOKENEDGE_UPSTREAM_URL": f"http://127.0.0.1:{up_port}", **env},
+                )
             )
-        )
-        gw_url = f"http://127.0.0.1:{gw_port}/v1/chat/completions"
-        hit_body = b""
-        for _ in range(50):  # each worker has its own L1: post until one answers with a hit
-            hit_body, hit_headers = post(gw_url)
-            if hit_headers.get("Cache-Status", "").startswith("tokenedge; hit"):
-                break
-        else:
-            raise RuntimeError("no cache hit after 50 identical requests")
+            gateways[tier] = (f"http://127.0.0.1:{port}/v1/chat/completions", [proc.pid])
+        hit_body = prime(gateways["l1"][0], "l1")
+        prime(gateways["l2"][0], "l2")
         bare_url, bare_pids = stack.enter_context(bare_aiohttp(hit_body, workers))
-        for url in (gw_url, bare_url):  # warm-up: workers primed, connections established
+        targets = {}
+        for shape, ingress in (("ingress ids", True), ("same bytes", False)):
+            targets[f"gateway L1 hit ({shape})"] = (*gateways["l1"], ingress)
+            targets[f"gateway L2 hit ({shape})"] = (*gateways["l2"], ingress)
+            targets[f"bare aiohttp ({shape})"] = (bare_url, bare_pids, ingress)
+        for url, _pids, _ in targets.values():  # warm-up: workers primed, connections established
             for _ in range(workers * 4):
                 post(url)
-        runs: dict[str, list[LoadResult]] = {"gateway L1 hit": [], "bare aiohttp (same bytes)": []}
-        for _ in range(repeats):  # interleaved, so machine noise hits both alike
-            runs["gateway L1 hit"].append(
-                wrk(
-                    gw_url,
-                    body=REQUEST,
-                    headers=HEADERS,
-                    duration_s=duration_s,
-                    connections=connections,
-                    threads=1,
-                    pids=[gw.pid],
+        runs: dict[str, list[LoadResult]] = {name: [] for name in targets}
+        for _ in range(repeats):  # interleaved, so machine noise hits every row alike
+            for name, (url, pids, ingress) in targets.items():
+                runs[name].append(
+                    wrk(
+                        url,
+                        body=REQUEST,
+                        headers=HEADERS,
+                        duration_s=duration_s,
+                        connections=connections,
+                        threads=1,
+                        pids=pids,
+                        ingress=ingress,
+                    )
                 )
-            )
-            runs["bare aiohttp (same bytes)"].append(
-                wrk(
-                    bare_url,
-                    body=REQUEST,
-                    headers=HEADERS,
-                    duration_s=duration_s,
-                    connections=connections,
-                    threads=1,
-                    pids=bare_pids,
-                )
-            )
         return {name: median_result(results) for name, results in runs.items()}
 
 
@@ -98,18 +123,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--connections", type=int, default=32)
     args = parser.parse_args(argv)
-    payload: dict[str, object] = {}
+    payload: dict[str, object] = {"cpu": cpu_name()}
     for workers in args.workers:
         results = run(workers, args.duration, args.repeats, args.connections)
         print_table(
-            f"L1 hit vs bare aiohttp, {workers} worker(s), wrk -t1 -c{args.connections} "
-            f"-d{args.duration}s, median of {args.repeats}",
+            f"Hits vs bare aiohttp, {workers} worker(s), wrk -t1 -c{args.connections} -d{args.duration}s, "
+            f"median of {args.repeats}, {cpu_name()}",
             list(results.items()),
-            "bare aiohttp (same bytes)",
+            "bare aiohttp (ingress ids)",
         )
-        ratio = results["gateway L1 hit"].rps / results["bare aiohttp (same bytes)"].rps
-        print(f"ratio gateway/bare = {ratio:.2f}x (target >= 0.90x)")
-        payload[f"workers_{workers}"] = {"results": results, "ratio": ratio}
+        rps = {name: r.rps for name, r in results.items()}
+        ratios = {
+            "L1 hit / bare, ingress ids (target >= 1.0)": rps["gateway L1 hit (ingress ids)"]
+            / rps["bare aiohttp (ingress ids)"],
+            "L1 hit / bare, same bytes": rps["gateway L1 hit (same bytes)"]
+            / rps["bare aiohttp (same bytes)"],
+            "L2 hit / L1 hit, ingress ids (target >= 0.7)": rps["gateway L2 hit (ingress ids)"]
+            / rps["gateway L1 hit (ingress ids)"],
+        }
+        for name, ratio in ratios.items():
+            print(f"{name}: {ratio:.2f}x")
+        payload[f"workers_{workers}"] = {"results": results, "ratios": ratios}
     print(f"results: {write_results('gateway_hit', payload)}")
 
 

@@ -124,8 +124,9 @@ def _latency(text: str, pct: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2)] if match else float("nan")
 
 
-def _wrk_script(body: bytes | None, headers: Mapping[str, str]) -> str:
-    """The wrk Lua script for these request bytes (a fresh body per request where `body` holds UNIQUE)."""
+def _wrk_script(body: bytes | None, headers: Mapping[str, str], ingress: bool = False) -> str:
+    """The wrk Lua script for these request bytes (a fresh body per request where `body` holds UNIQUE; with
+    `ingress`, a unique `X-Request-Id` and `traceparent` on every request, as an ingress, load balancer or CDN adds)."""
     script = tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False)  # noqa: SIM115 - wrk reads it by name
     lines = [f'wrk.method = "{"POST" if body is not None else "GET"}"']
     if body is not None:
@@ -139,6 +140,19 @@ def _wrk_script(body: bytes | None, headers: Mapping[str, str]) -> str:
             "  counter = counter + 1",
             f'  local b = string.gsub(wrk.body, "{UNIQUE.decode()}", seed .. "-" .. counter)',
             "  return wrk.format(nil, nil, nil, b)",
+            "end",
+        ]
+    elif ingress:
+        lines += [
+            "counter = 0",
+            "seed = tostring(math.random(1, 1000000000))",
+            "local function hex(n) local t = {} for i = 1, n do t[i] = string.format('%x', math.random(0, 15)) end"
+            " return table.concat(t) end",
+            "request = function()",
+            "  counter = counter + 1",
+            '  wrk.headers["X-Request-Id"] = seed .. "-" .. counter',
+            '  wrk.headers["traceparent"] = "00-" .. hex(32) .. "-" .. hex(16) .. "-01"',
+            "  return wrk.format()",
             "end",
         ]
     script.write("\n".join(lines) + "\n")
@@ -155,8 +169,9 @@ def wrk(
     connections: int,
     threads: int,
     pids: Sequence[int],
+    ingress: bool = False,
 ) -> LoadResult:
-    script = _wrk_script(body, headers)
+    script = _wrk_script(body, headers, ingress)
     cpu_before, wrk_before, busy_before = cpu_seconds(pids), _children_cpu(), machine_busy()
     out = subprocess.run(
         [

@@ -17,6 +17,7 @@ from aiohttp import web
 from gateway import headers as hdr
 from gateway.catalog import REVISION_HEADER
 from gateway.entry import Entry, make_etag
+from gateway.hits.render import entry_headers
 from gateway.keys import CacheKey, entry_tags
 from gateway.policy import CREDENTIAL_REFUSALS, Outcome, Reason, Result
 from gateway.state import GatewayState
@@ -138,20 +139,6 @@ def make_entry(
 
 
 # The headers of an answer served from an entry (DESIGN §5) -------------------------------------------------
-
-
-def entry_headers(
-    state: GatewayState, entry: Entry, cache_status: str, age: str, *, no_store: bool = False
-) -> dict[str, str]:
-    """The entry's headers (validators, freshness, tags) with this answer's Cache-Status and Age."""
-    headers, truncated = hdr.entry_headers(entry, tag_targets=state.config.cache.cdn_tag_headers)
-    if truncated:
-        state.metrics.tag_truncations.inc(truncated)
-    headers[hdr.CACHE_STATUS] = cache_status
-    headers["Age"] = age
-    if no_store:
-        headers["Cache-Control"] = "no-store"  # a stale answer must not be cached further downstream
-    return headers
 
 
 def stale_headers(state: GatewayState, entry: Entry, detail: str) -> dict[str, str]:

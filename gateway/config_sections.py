@@ -64,7 +64,6 @@ class ServerConfig:
     body_read_timeout_s: float = 10.0  # per read while a request body is arriving
     body_total_s: float = 60.0  # the whole body
     max_connections: int = 4096  # per process; connections beyond are closed at once
-    wire_lane: bool = True  # repeated request bytes of an L1 hit answered before parsing (gateway.wirelane)
 
     def __post_init__(self) -> None:
         require(0 < self.port < 65536, f"server.port must be 1-65535, got {self.port}")

@@ -30,13 +30,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from aiohttp.web_protocol import RequestHandler
 
+from gateway import aioseam
 from gateway.config import ServerConfig
 from gateway.errors import GatewayError, PayloadTooLarge, error_body, error_response
 from gateway.fastlane import FastLane
 from gateway.metrics import GatewayMetrics
 from gateway.state import STATE
-from gateway.wireconn import WireConnection
-from gateway.wirelane import WireLane
 
 log = logging.getLogger("tokenedge.edge")
 IDLE, HEAD, HANDLING = 0, 1, 2
@@ -56,13 +55,13 @@ class SlowClient(GatewayError):
     code = "request_timeout"
 
 
-class EdgeRequestHandler(WireConnection):
-    """aiohttp's protocol plus the head deadline and the connection cap (state read by `EdgeServer.sweep`), with
-    the wire lane in front of its parser (`WireConnection`)."""
+class EdgeRequestHandler(RequestHandler):
+    """aiohttp's protocol plus the head deadline and the connection cap (state read by `EdgeServer.sweep`)."""
 
     def __init__(self, manager: EdgeServer, **kwargs: Any) -> None:
-        super().__init__(manager, wire=manager.wire, **kwargs)
+        super().__init__(manager, **kwargs)
         self.edge = manager
+        self.clock = aioseam.handler_loop(self).time
         self.phase = HEAD
         self.head_started = self.last_rx = 0.0
         self.rx_while_handling = False
@@ -74,7 +73,7 @@ class EdgeRequestHandler(WireConnection):
             edge.count("capacity")
             self.force_close()
             return
-        self.head_started = self.last_rx = self._loop.time()
+        self.head_started = self.last_rx = self.clock()
         edge.live.add(self)
         edge.ensure_sweeping()
 
@@ -86,24 +85,23 @@ class EdgeRequestHandler(WireConnection):
         if not data:  # aiohttp re-enters with b"" to resume parsing: not a read
             super().data_received(data)
             return
-        now = self._loop.time()
+        now = self.clock()
         if self.phase == IDLE:
             self.phase, self.head_started = HEAD, now
-        elif self.phase == HANDLING and not self.rx_while_handling and self.partial is None:
+        elif self.phase == HANDLING and not self.rx_while_handling:
             # Bytes after this request's body is complete are a pipelined head: its clock starts when this request
-            # ends. (Bytes that complete the body and start a head in one read go unnoticed: keepalive caps them.
-            # Bytes for a head the wire lane holds, `partial`, are its body.)
-            current = self._current_request
+            # ends. (Bytes that complete the body and start a head in one read go unnoticed: keepalive caps them.)
+            current = aioseam.current_request(self)
             self.rx_while_handling = current is None or current.content.is_eof()
         self.last_rx = now
-        self.take(data, now)  # the wire lane, else aiohttp's parser (gateway.wireconn)
+        super().data_received(data)
 
     def request_started(self) -> None:
         if self.phase != HANDLING:  # once per request: the fast lane may mark it before the middleware does
             self.phase, self.rx_while_handling = HANDLING, False
 
     def request_finished(self) -> None:
-        now = self._loop.time()
+        now = self.clock()
         if self.rx_while_handling:
             self.phase, self.head_started, self.last_rx = HEAD, now, now
         else:
@@ -111,7 +109,7 @@ class EdgeRequestHandler(WireConnection):
 
     def drop_after_response(self) -> None:
         """Close as soon as the answer is written: no lingering read of a body that is not coming."""
-        self._lingering_time = 0.0
+        aioseam.no_lingering(self)
 
     def credit(self, seconds: float) -> None:
         self.last_rx += seconds
@@ -161,28 +159,28 @@ class EdgeServer(web.Server):
         *args: Any,
         config: ServerConfig,
         metrics: GatewayMetrics,
-        wire: WireLane | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.config = config
         self.metrics = metrics
-        self.wire = wire
+        self.loop = aioseam.server_loop(self)
+        self._protocol_kwargs = aioseam.server_kwargs(self)
         self.live: set[EdgeRequestHandler] = set()
         self._sweeper: asyncio.TimerHandle | None = None
         self._due = 0.0
         self._interval = min(SWEEP_MAX_S, config.header_read_timeout_s / 4, config.header_total_s / 4)
 
     def __call__(self) -> RequestHandler:
-        return EdgeRequestHandler(self, loop=self._loop, **self._kwargs)
+        return EdgeRequestHandler(self, loop=self.loop, **self._protocol_kwargs)
 
     def count(self, phase: str) -> None:
         self.metrics.slow_clients.labels(phase).inc()
 
     def ensure_sweeping(self) -> None:
         if self._sweeper is None:
-            self._due = self._loop.time() + self._interval
-            self._sweeper = self._loop.call_at(self._due, self.sweep)
+            self._due = self.loop.time() + self._interval
+            self._sweeper = self.loop.call_at(self._due, self.sweep)
 
     def sweep(self, now: float | None = None) -> None:
         """Close every connection whose head is overdue (`now`: the loop's time unless a test passes one).
@@ -194,7 +192,7 @@ class EdgeServer(web.Server):
             self._sweeper.cancel()  # a no-op when this is the timer firing; a test's call keeps one chain
         self._sweeper = None
         if now is None:
-            now = self._loop.time()
+            now = self.loop.time()
             stall = now - self._due - self._interval
             if stall > 0:
                 for conn in self.live:
@@ -212,32 +210,32 @@ class EdgeServer(web.Server):
         await super().shutdown(timeout)
 
 
-class EdgeRunner(web.AppRunner):
-    """`web.AppRunner` serving through `EdgeServer` (the app's startup has run: its config and metrics exist)."""
+class EdgeRunner(aioseam.ServerRunner):
+    """`web.AppRunner` serving through `EdgeServer`, with the fast lane in front of the app's own handler.
 
-    async def _make_server(self) -> web.Server:
+    aiohttp's runner starts the app and builds its server; the edge keeps that server's handler, request factory
+    and options and adds the deadlines. The fast lane answers known hits before the router; it is off when the app
+    has a middleware beyond the gateway's own (the lane would skip it), which is logged."""
+
+    async def serve_with(self, plain: web.Server) -> web.Server:
         app = self.app
-        app._set_loop(asyncio.get_running_loop())
-        app.on_startup.freeze()
-        await app.startup()
-        app.freeze()
         state = app[STATE]
-        kwargs = dict(self._kwargs)
-        kwargs.setdefault("keepalive_timeout", 75.0)
-        kwargs["debug"] = app._debug
-        kwargs.update(app._handler_args or {})
-        wire = WireLane(state) if state.config.server.wire_lane else None
-        # Known hits before the router and middleware, else app._handle (gateway.fastlane); the wire lane learns
-        # from the fast lane's hits and answers repeats before the parser (gateway.wirelane).
+        extra = [m for m in app.middlewares if getattr(m, "__name__", "") not in GATEWAY_MIDDLEWARES]
+        if extra:
+            log.info("fast lane off: the app has middleware of its own (%s)", ", ".join(map(repr, extra)))
         return EdgeServer(
-            FastLane(app, wire),
-            request_factory=app._make_request,
+            FastLane(app, plain.request_handler, enabled=not extra),
+            request_factory=plain.request_factory,
+            handler_cancellation=plain.handler_cancellation,
             loop=asyncio.get_running_loop(),
             config=state.config.server,
             metrics=state.metrics,
-            wire=wire,
-            **kwargs,
+            **aioseam.server_kwargs(plain),
         )
+
+
+# The middlewares `gateway.app.create_app` installs (the fast lane does what they do for the requests it answers).
+GATEWAY_MIDDLEWARES = frozenset({"error_middleware", "path_guard", "edge_middleware"})
 
 
 class EdgeTestServer(TestServer):
@@ -272,7 +270,7 @@ async def edge_middleware(request: web.Request, handler: Any) -> web.StreamRespo
 
 async def read_body_within_deadlines(request: web.Request) -> None:
     """Read the whole body now; `request.read()` then returns it (aiohttp caches a read body in `_read_bytes`)."""
-    if request._read_bytes is not None:
+    if aioseam.body_read(request) is not None:
         return  # the fast lane already took the whole, buffered body (gateway.fastlane)
     state = request.app[STATE]
     server = state.config.server
@@ -286,7 +284,7 @@ async def read_body_within_deadlines(request: web.Request) -> None:
         body = content.read_nowait()
         if len(body) > server.max_body_bytes:
             raise PayloadTooLarge(f"request body exceeds the limit of {server.max_body_bytes} bytes")
-        request._read_bytes = body
+        aioseam.set_body(request, body)
         return
     loop = asyncio.get_running_loop()
     deadline = loop.time() + server.body_total_s
@@ -309,7 +307,7 @@ async def read_body_within_deadlines(request: web.Request) -> None:
         if size > server.max_body_bytes:
             raise PayloadTooLarge(f"request body exceeds the limit of {server.max_body_bytes} bytes")
         chunks.append(chunk)
-    request._read_bytes = b"".join(chunks)
+    aioseam.set_body(request, b"".join(chunks))
 
 
 def serve(app: web.Application, *, host: str, port: int, reuse_port: bool) -> None:

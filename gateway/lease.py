@@ -35,6 +35,11 @@ from redis.exceptions import RedisError
 
 from gateway.entry import Entry
 
+# What a lease command can raise when Redis fails: redis-py's errors, a timeout, a socket error, and the
+# AttributeError redis-py's async cluster connections raise when a command reuses a connection that a cancelled
+# (timed-out) command left without a writer. Each degrades to no lease, counted; none is a gateway error.
+LEASE_FAILURES: tuple[type[BaseException], ...] = (RedisError, TimeoutError, OSError, AttributeError)
+
 log = logging.getLogger("tokenedge.lease")
 LEASE_PREFIX = "te1:lease:"
 CHANNEL = "te1:lease:done"
@@ -128,7 +133,7 @@ class Leases:
                     left, answer / 1000 if answer > 0 else self._settings.ttl_s, self._settings.ttl_s
                 )
                 stored = await self._wake(woken, wait_s)
-            except (RedisError, TimeoutError) as exc:
+            except LEASE_FAILURES as exc:
                 self.count("error")
                 log.warning("lease on %s degraded to no lease: %s", key, exc)
                 return None
@@ -181,7 +186,7 @@ class Leases:
         message = ("1" if stored else "0") + key
         try:
             await self._redis(self._release(keys=[LEASE_PREFIX + key], args=[token, CHANNEL, message]))
-        except (RedisError, TimeoutError) as exc:
+        except LEASE_FAILURES as exc:
             self.count("error")  # the lease expires by itself; waiters find the entry when it does
             log.warning("lease release on %s failed: %s", key, exc)
 
@@ -192,7 +197,7 @@ class Leases:
             try:
                 if not int(await self._redis(self._renew(keys=[LEASE_PREFIX + key], args=[token, ttl_ms]))):
                     return  # lost (expired under a stall): another replica may fill too; harmless, just wasteful
-            except (RedisError, TimeoutError):
+            except LEASE_FAILURES:
                 self.count("error")
 
     def _wait_for(self, key: str) -> asyncio.Future[bool]:

@@ -1,9 +1,9 @@
-"""The cache read shared by the JSON and streamed paths: L1/L2 lookup, then freshness (DESIGN §4).
+"""The cache read shared by the JSON and streamed paths: L1/L2 lookup, then the hit core's verdict (DESIGN §4).
 
-A fresh entry the request's `max-age` accepts is a hit; an entry past its TTL but inside stale-if-error is kept
-aside, to be served only if the upstream then fails. `no-cache` (lookup.read False) skips the read entirely.
-Every hit is counted in the dashboard's hot-keys table here, for the JSON and the streamed path alike. A read the
-fast lane made and did not serve (`PRE_READ`) is used as it is: the tiers are read and counted once per request.
+A hit is an entry `hits.verdict.judge` accepts for this request now; an entry past its TTL but inside
+stale-if-error is kept aside, to be served only if the upstream then fails. `no-cache` (lookup.read False) skips
+the read entirely. A read the fast lane made and did not serve (`PRE_READ`) is used as it is: the tiers are read
+and counted once per request.
 """
 
 from __future__ import annotations
@@ -13,13 +13,12 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from gateway.cache_control import RequestDirectives
-from gateway.dashboard.hotkeys import PROMPT
 from gateway.entry import Entry
-from gateway.policy import Freshness, Lookup, freshness, satisfies
+from gateway.hits.verdict import Verdict, judge
+from gateway.policy import Lookup
 from gateway.state import GatewayState
 from gateway.tiers.tiered import Found
 from gateway.timing import lap
-from gateway.warm import count_hit
 
 # A lookup the fast lane already made for this request's key and did not serve (a miss, a stale entry): the normal
 # path uses it instead of reading (and counting) the tiers a second time. (key, what `TieredCache.get` returned).
@@ -34,7 +33,12 @@ class CacheRead:
 
 
 async def read_cache(
-    request: web.Request, state: GatewayState, key: str, lookup: Lookup, directives: RequestDirectives
+    request: web.Request,
+    state: GatewayState,
+    key: str,
+    lookup: Lookup,
+    directives: RequestDirectives,
+    revision: str | None = None,
 ) -> CacheRead:
     if not lookup.read:
         return CacheRead(None, None, state.clock())
@@ -44,11 +48,7 @@ async def read_cache(
     now = state.clock()  # after the (possibly remote) read: the age is the entry's age as served
     if found is None:
         return CacheRead(None, None, now)
-    entry = found.entry
-    age = entry.age_s(now)
-    fresh = freshness(age_s=age, ttl_s=entry.ttl_s, stale_if_error_s=entry.stale_if_error_s)
-    if fresh is Freshness.FRESH and satisfies(age_s=age, directives=directives):
-        state.dashboard.hot_keys.hit(entry, now, request.get(PROMPT))
-        count_hit(state, key)  # the shared hot-key record (warm-up): a local count, flushed in batches
+    verdict = judge(found.entry, now, directives, revision)
+    if verdict is Verdict.HIT:
         return CacheRead(found, None, now)
-    return CacheRead(None, entry if fresh is Freshness.STALE else None, now)
+    return CacheRead(None, found.entry if verdict is Verdict.STALE else None, now)

@@ -36,7 +36,7 @@ class ParsedRequest:
     key: CacheKey | None = None  # the last key derived, for `key_context`
     key_level: Level | None = None
     key_context: tuple[str, str, str] | None = None  # (scope, revision, tokenizer version)
-    fast: object = None  # gateway.fastpath's policy decision without request directives, once it has looked
+    fast: object = None  # gateway.fastlane's policy decision without request directives, once it has looked
 
 
 def _key_bytes(key: CacheKey | None) -> int:

@@ -186,12 +186,6 @@ class GatewayMetrics:
         self.tag_truncations = Counter(
             "tokenedge_tag_header_truncations", "Tags dropped to fit CDN header limits", registry=r
         )
-        self.wire_answers = Counter(
-            "tokenedge_wire_lane_answers",
-            "Hits answered by the wire lane, before HTTP parsing (also counted in requests_total)",
-            ["tier"],
-            registry=r,
-        )
 
     def _zero_known_series(self) -> None:
         for route in ROUTES:
@@ -203,7 +197,6 @@ class GatewayMetrics:
             self.upstream_duration.labels(route)
         for tier in TIERS:
             self.cache_errors.labels(tier)
-            self.wire_answers.labels(tier)
             self.cache_stores.labels(tier)
             for outcome in LOOKUP_OUTCOMES:
                 self.lookups.labels(tier, outcome)

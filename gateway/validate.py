@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from gateway import aioseam
 from gateway.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from tokenedge_wire.chat_schema import messages_problem
 
@@ -23,7 +24,7 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes:
     declared = request.content_length
     if declared is not None and declared > max_bytes:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {max_bytes} bytes")
-    if max_bytes >= request.app._client_max_size:  # aiohttp enforces the same limit while reading
+    if max_bytes >= aioseam.client_max_size(request.app):  # aiohttp enforces the same limit while reading
         try:
             return await request.read()
         except web.HTTPRequestEntityTooLarge:

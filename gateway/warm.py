@@ -8,8 +8,8 @@ an L1 smaller than the fill keeps the hottest. `/ready` answers 503 `warming` un
 never prevents it). An L2 error ends the fill early, the same way. Entries of an old model revision may be filled;
 they are never looked up (keys include the revision), only the L1 budget pays for them.
 
-The same ctx owns the hot-key record's flusher, and `count_hit` / `count_store` are the two hooks the request path
-calls: a dict increment each (no I/O on the hit path).
+The same ctx owns the hot-key record's flusher; `count_store` is the fill's hook and `gateway.hits.record` the
+hits': a dict increment each (no I/O on the request path).
 """
 
 from __future__ import annotations
@@ -48,13 +48,6 @@ async def warming(state: GatewayState, wait_s: float = READY_WAIT_S) -> bool:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(warmup.done.wait(), wait_s)
     return not warmup.done.is_set()
-
-
-def count_hit(state: GatewayState, key: str) -> None:
-    """The hit path's hook (L1 and L2 hits alike): a dict increment, no I/O."""
-    record = hot_record_of(state)
-    if record is not None:
-        record.hit(key)
 
 
 def count_store(state: GatewayState, req: FillRequest) -> None:

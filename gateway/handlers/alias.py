@@ -1,6 +1,7 @@
 """`GET /v1/cache/{key}`: the content-addressed alias any CDN can cache, and `POST /v1/cache/explain`.
 
-The alias answers from L1/L2 only, never the upstream, and honours `If-None-Match` with 304 (RFC 9110 §13.1.2).
+The alias answers from L1/L2 only, never the upstream, through the hit core: the same verdict, headers and
+counting as any hit, and `If-None-Match` answered 304 (RFC 9110 §13.1.2).
 A tenant-scoped key answers only to that tenant's credential; to anyone else it does not exist (404, not 403,
 so key existence does not leak).
 """
@@ -10,26 +11,19 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
-from gateway import fastpath
-from gateway import headers as hdr
-from gateway.answer import entry_response
 from gateway.cache_control import parse_request_cache_control
 from gateway.canonical import CanonicalizationError
 from gateway.config import CACHEABLE_ENDPOINTS
 from gateway.errors import BadRequest, NotFound
-from gateway.handlers.tenancy import scope_of
+from gateway.hits.respond import json_answer
+from gateway.hits.scope import key_scope, scope_of
+from gateway.hits.verdict import Verdict, judge
 from gateway.keys import PUBLIC_SCOPE, derive_key, parse_key
-from gateway.policy import Freshness, Lookup, decide, freshness
+from gateway.policy import Lookup, decide
 from gateway.state import STATE
 from gateway.tokens.keyform import TOKEN_LEVELS, canonical_form, key_encoder
 from gateway.upstream import forward_headers
 from gateway.validate import parse_object, read_body, validate
-
-
-def _etag_matches(if_none_match: str, etag: str) -> bool:
-    # RFC 9110 §13.1.2: weak comparison; "*" matches any current representation.
-    tags = [t.strip() for t in if_none_match.split(",")]
-    return "*" in tags or etag in tags or f"W/{etag}" in tags
 
 
 async def get_alias(request: web.Request) -> web.StreamResponse:
@@ -41,25 +35,9 @@ async def get_alias(request: web.Request) -> web.StreamResponse:
         raise NotFound("no such cache entry")
     found = await state.cache.get(parsed.key)
     now = state.clock()
-    if (
-        found is None
-        or freshness(
-            age_s=found.entry.age_s(now),
-            ttl_s=found.entry.ttl_s,
-            stale_if_error_s=found.entry.stale_if_error_s,
-        )
-        is not Freshness.FRESH
-    ):
+    if found is None or judge(found.entry, now) is not Verdict.HIT:
         raise NotFound("no such cache entry")
-    entry = found.entry
-    status, age = hdr.hit_status(entry, now, tier=found.tier)
-    if _etag_matches(request.headers.get("If-None-Match", ""), entry.etag):
-        response = entry_response(state, entry, status, age, status=304)
-        response.body = b""
-        return response
-    return fastpath.hit_response(request, state, entry, now, found.tier) or entry_response(
-        state, entry, status, age
-    )
+    return json_answer(request, state, found.entry, now, found.tier, None)
 
 
 async def explain(request: web.Request) -> web.Response:
@@ -86,7 +64,7 @@ async def explain(request: web.Request) -> web.Response:
         level, canonical = canonical_form(route.level, endpoint, body, encoder)
     except CanonicalizationError as exc:
         raise BadRequest(str(exc)) from None
-    scope = PUBLIC_SCOPE if route.scope == "public" else scope_of(request)
+    scope = key_scope(request, state, endpoint)
     key = derive_key(
         scope=scope, endpoint=endpoint, level=level, model_revision=revision, canonical=canonical
     )

@@ -12,7 +12,6 @@ from typing import Any, assert_never
 
 from aiohttp import web
 
-from gateway import fastpath
 from gateway import headers as hdr
 from gateway.answer import (
     Answered,
@@ -21,7 +20,6 @@ from gateway.answer import (
     Serve,
     ServeStale,
     after_upstream,
-    entry_response,
     miss_reason,
     stale_headers,
     stored_miss_response,
@@ -32,14 +30,16 @@ from gateway.dashboard.hotkeys import PROMPT, prompt_text
 from gateway.entry import Entry
 from gateway.errors import BadRequest, GatewayError, NotCached, UpstreamError
 from gateway.fill import FillResult, fill
-from gateway.handlers.ops import handler_done
 from gateway.handlers.relay import relay
-from gateway.handlers.tenancy import scope_of
+from gateway.hits import record
+from gateway.hits.respond import json_answer
+from gateway.hits.scope import key_scope, scope_of
 from gateway.keys import PUBLIC_SCOPE, CacheKey, derive_key_from_bytes
 from gateway.lease_fill import leased_fill
 from gateway.lookup import read_cache
 from gateway.memo import ParsedRequest
 from gateway.policy import Bypass, Lookup, Outcome, Result, decide
+from gateway.reqrecord import handler_done
 from gateway.state import STATE, GatewayState
 from gateway.streaming.handler import serve_stream
 from gateway.streaming.replay import wants_usage
@@ -93,7 +93,7 @@ async def cache_key(
     model's tokenizer is loaded.
     """
     route = state.config.routes[prep.endpoint]
-    scope = PUBLIC_SCOPE if route.scope == "public" else scope_of(request)
+    scope = key_scope(request, state, prep.endpoint)
     encoder = None
     if route.level in TOKEN_LEVELS:
         encoder = await key_encoder(
@@ -131,10 +131,6 @@ def make_handler(endpoint: str):
         reason: str = Outcome.FAILED
         try:
             raw = await read_request(request, state)
-            fast = fastpath.try_hit(request, state, endpoint, raw, timer) if lane is None else None
-            if fast is not None:  # a known request's fresh L1 hit, written in one piece (gateway.fastpath)
-                result, reason = Result.HIT, "l1"
-                return fast
             prep = prepare(request, state, endpoint, raw)
             if (
                 state.config.dashboard.show_prompts
@@ -248,18 +244,9 @@ async def lookup_or_fill(
     resolved = await resolve_key(request, state, prep)
     key = resolved.key
     lap(request, "parse", key=key.key)
-    read = await read_cache(request, state, key.key, lookup, prep.directives)
+    read = await read_cache(request, state, key.key, lookup, prep.directives, resolved.revision)
     if read.hit is not None:
-        entry = read.hit.entry
-        state.metrics.served_from_cache(entry.usage, len(entry.body), entry.model)
-        response: web.StreamResponse | None = fastpath.hit_response(
-            request, state, entry, read.now, read.hit.tier
-        )
-        if (
-            response is None
-        ):  # HTTP/1.0, a debug or conditional request, an untransportable header: normal path
-            status, age_h = hdr.hit_status(entry, read.now, tier=read.hit.tier)
-            response = entry_response(state, entry, status, age_h)
+        response = json_answer(request, state, read.hit.entry, read.now, read.hit.tier, request.get(PROMPT))
         lap(request, "serialize")
         return Answered(response, Result.HIT, read.hit.tier)
     if lookup.only_if_cached:
@@ -305,7 +292,7 @@ async def fill_miss(
 
 def serve_stale(state: GatewayState, entry: Entry, decision: ServeStale) -> Answered:
     response = web.Response(body=entry.body, headers=stale_headers(state, entry, decision.detail))
-    state.metrics.served_from_cache(entry.usage, len(entry.body), entry.model)
+    record.served(state, entry)
     return Answered(response, Result.STALE, decision.reason)
 
 

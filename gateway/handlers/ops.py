@@ -15,16 +15,16 @@ from time import perf_counter
 import orjson
 from aiohttp import web
 
-from gateway import accesslog
 from gateway.errors import UpstreamError
-from gateway.handlers.tenancy import is_admin, require_operator, scope_of
+from gateway.handlers.tenancy import is_admin, require_operator
+from gateway.hits.scope import scope_of
+from gateway.reqrecord import DEBUG_HEADER, finish_request
 from gateway.state import STATE, GatewayState
-from gateway.timing import StageTimer, timer_of
+from gateway.timing import timer_of
 from gateway.upstream import forward_headers, relay_headers
 from gateway.warm import warming
 
 GAUGE_REFRESH_S = 1.0
-DEBUG_HEADER = "X-Tokenedge-Debug"
 
 
 async def health(_request: web.Request) -> web.Response:
@@ -115,28 +115,6 @@ async def metrics(request: web.Request) -> web.Response:
         require_operator(request, "/metrics")
     body = await render_metrics(request.app[STATE])
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
-
-
-def finish_request(state: GatewayState, timer: StageTimer) -> None:
-    """Record a cacheable request's breakdown once both its outcome and its status are known."""
-    m = state.metrics
-    for stage, seconds in timer.stages.items():
-        m.tally.observe(m.stage_duration, (stage,), seconds)
-    m.tally.observe(m.ttft, (timer.route, timer.result), timer.ttft())
-    accesslog.write(timer, state.config.server.access_log_sample_rate)
-
-
-def handler_done(state: GatewayState, timer: StageTimer, endpoint: str, result: str, reason: str) -> None:
-    """Called once per cacheable request when its outcome is known (the handler's `finally`, or the fast lane):
-    counted and timed, then finished now if the status is known too."""
-    tally = state.metrics.tally
-    tally.inc(state.metrics.requests, (endpoint, result, reason))
-    tally.observe(state.metrics.request_duration, (endpoint, result), perf_counter() - timer.started)
-    timer.result, timer.reason, timer.done = result, reason, True
-    if result == "bypass" and "upstream" not in timer.stages:
-        timer.lap("upstream")  # a bypass is parse, then the relay: everything after parse is the upstream
-    if timer.status:
-        finish_request(state, timer)
 
 
 async def on_response_prepare(request: web.Request, response: web.StreamResponse) -> None:

@@ -1,5 +1,5 @@
-"""Who is asking, for the handlers: the request's tenant scope (`gateway.tenancy`, built at startup by
-`tenancy_ctx`) and access to operator endpoints.
+"""Who is asking, for the handlers: the scope secret (`tenancy_ctx`; the scope itself is `gateway.hits.scope`)
+and access to operator endpoints.
 
 Operator endpoints: "direct loopback" is a loopback socket peer AND none of the forwarding headers any proxy or
 CDN adds; a proxy on the same host makes every client look local, so such requests need the admin token.
@@ -16,28 +16,13 @@ from aiohttp import web
 
 from gateway.errors import NotFound, Unauthorized
 from gateway.secret import load_scope_secret
-from gateway.state import STATE, GatewayState
+from gateway.state import STATE
 from gateway.tenancy import Tenancy
 
 FORWARDING_HEADERS: Final = frozenset(
     {"forwarded", "via", "x-real-ip", "true-client-ip", "cf-connecting-ip", "fastly-client-ip", "x-client-ip"}
 )
 FORWARDING_PREFIX: Final = "x-forwarded-"
-_SCOPE_MEMO: Final = web.RequestKey("tokenedge_scope", str)
-
-
-def tenancy_of(state: GatewayState) -> Tenancy:
-    tenancy = state.tenancy
-    assert tenancy is not None, "tenancy_ctx runs after the cache ctx at startup"
-    return tenancy
-
-
-def scope_of(request: web.Request) -> str:
-    """The request's tenant scope, computed once per request."""
-    scope = request.get(_SCOPE_MEMO)
-    if scope is None:
-        scope = request[_SCOPE_MEMO] = tenancy_of(request.app[STATE]).scope(request.headers, request.remote)
-    return scope
 
 
 async def tenancy_ctx(app: web.Application) -> AsyncIterator[None]:

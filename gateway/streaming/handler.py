@@ -29,8 +29,10 @@ from gateway import answer
 from gateway import headers as hdr
 from gateway.answer import Answered, FillRequest
 from gateway.cache_control import RequestDirectives
+from gateway.dashboard.hotkeys import PROMPT
 from gateway.entry import Entry
 from gateway.errors import NotCached, UpstreamError
+from gateway.hits import record, render, respond
 from gateway.keys import PUBLIC_SCOPE
 from gateway.lease_fill import leased_tee
 from gateway.lookup import read_cache
@@ -55,13 +57,16 @@ async def serve_stream(
     include_usage: bool,
 ) -> Answered:
     lap(request, "parse", key=req.key.key)  # the key is known: the access log carries it, as on the JSON path
-    read = await read_cache(request, state, req.key.key, lookup, directives)
+    read = await read_cache(request, state, req.key.key, lookup, directives, req.revision)
     if read.hit is not None:
-        entry = read.hit.entry
-        status, age_h = hdr.hit_status(entry, read.now, tier=read.hit.tier)
-        headers = answer.entry_headers(state, entry, status, age_h)
+        entry, tier = read.hit.entry, read.hit.tier
+        record.hit(state, entry, entry.key, read.now, request.get(PROMPT))
+        conditional = respond.conditional(request, state, entry, read.now, tier)
+        if conditional is not None:
+            return Answered(conditional, Result.HIT, tier)
+        headers = render.hit_headers(state, entry, read.now, tier)
         response = await replay(request, state, entry, headers, include_usage=include_usage)
-        return Answered(response, Result.HIT, read.hit.tier)
+        return Answered(response, Result.HIT, tier)
     if lookup.only_if_cached:
         raise NotCached("only-if-cached: no fresh cached answer for this request")
     return await stream_miss(request, state, req, read.stale, include_usage=include_usage)
@@ -202,7 +207,6 @@ async def replay(
     headers.update(SSE_HEADERS)
     config = state.config.stream
     frames = replay_frames(entry, include_usage=include_usage, chunk_chars=config.replay_chunk_chars)
-    state.metrics.served_from_cache(entry.usage, len(entry.body), entry.model)
     response = web.StreamResponse(headers=headers)
     await response.prepare(request)
     on_first = _first_token(request)
@@ -228,6 +232,7 @@ async def serve_stale(
     request: web.Request, state: GatewayState, entry: Entry, decision: answer.ServeStale, include_usage: bool
 ) -> Answered:
     headers = answer.stale_headers(state, entry, decision.detail)
+    record.served(state, entry)
     response = await replay(request, state, entry, headers, include_usage=include_usage)
     return Answered(
         response, Result.STALE, decision.reason

@@ -2,7 +2,7 @@
 
 An L1 hit makes no upstream call, no Redis command and no JSON (de)serialization; an L2 hit costs exactly one
 Redis command, or exactly one Memcached round trip (counted by a proxy in front of a real memcached). If a change makes the hit path heavier in these terms, this fails on any machine, however noisy.
-A warm L1 hit also takes the fast path (gateway/fastpath.py): no parsing, policy, scope hash, key derivation,
+A warm L1 hit also takes the fast lane (gateway/fastlane.py): no parsing, policy, scope hash, key derivation,
 header dict or aiohttp header assembly. Calls are counted with `sys.setprofile`, so no import style hides one.
 """
 
@@ -19,7 +19,6 @@ from types import FrameType
 from typing import Any
 
 import orjson
-import pytest
 import redis
 
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
@@ -145,43 +144,21 @@ SKIPPED_ON_THE_FAST_PATH = (
 async def test_l1_hit_takes_the_fast_path_and_skips_the_response_layer(
     make_gateway: GatewayFactory, fake: FakeUpstream, redis_server: RedisServer, redis_url: str
 ) -> None:
-    gw = await make_gateway(cache={"redis_url": redis_url}, server={"wire_lane": False})
+    gw = await make_gateway(cache={"redis_url": redis_url})
     work = await warm_hit_work(gw, fake, redis_server)
     # Served by the fast lane, before aiohttp's router and the middleware chain (gateway/fastlane.py).
-    assert work.calls["gateway.fastpath:known_key"] == 1
-    assert work.calls["gateway.fastpath:l1_hit"] == 1
-    assert work.calls["gateway.fastpath:try_hit"] == 0  # the handler's own try: not reached
+    assert work.calls["gateway.fastlane:keyed"] == 1
+    assert work.calls["gateway.hits.record:hit"] == 1
+    assert (
+        work.calls["gateway.handlers.completions:make_handler.<locals>.handler"] == 0
+    )  # the ordinary path: not reached
     assert work.calls["aiohttp.web_urldispatcher:UrlDispatcher.resolve"] == 0
     assert work.calls["gateway.app:error_middleware"] == 0
-    assert work.calls["gateway.fastpath:HitResponse.write_eof"] == 1
+    assert work.calls["gateway.hits.render:HitResponse.write_eof"] == 1
     assert {name: work.calls[name] for name in SKIPPED_ON_THE_FAST_PATH} == dict.fromkeys(
         SKIPPED_ON_THE_FAST_PATH, 0
     )
     # Still one L1 read and one policy freshness check: the fast path does not skip the cache itself.
-    assert work.calls["gateway.tiers.memory:MemoryTier.get"] == 1
-    assert work.calls["gateway.policy:freshness"] == 1
-
-
-async def test_repeated_hit_bytes_take_the_wire_lane_before_any_parsing(
-    make_gateway: GatewayFactory, fake: FakeUpstream, redis_server: RedisServer, redis_url: str
-) -> None:
-    """The third identical request (the second hit) is answered from the read callback (gateway/wirelane.py): no
-    HTTP parse, no request object, no fast lane, no JSON; still one L1 read and one freshness check."""
-    gw = await make_gateway(cache={"redis_url": redis_url})
-    work = await warm_hit_work(gw, fake, redis_server)
-    assert work.cache_status.endswith("detail=l1")
-    assert (work.upstream_calls, work.redis_commands, work.json_calls) == (0, 0, Counter())
-    assert work.calls["gateway.wirelane:WireLane.serve"] == 1
-    assert work.calls["gateway.fastpath:count_served"] == 1
-    never = (
-        "aiohttp.web_app:Application._make_request",
-        "aiohttp.web_request:BaseRequest.__init__",
-        "gateway.fastlane:FastLane.__call__",
-        "gateway.fastpath:known_key",
-        "gateway.fastpath:HitResponse.__init__",
-        *SKIPPED_ON_THE_FAST_PATH,
-    )
-    assert {name: work.calls[name] for name in never} == dict.fromkeys(never, 0)
     assert work.calls["gateway.tiers.memory:MemoryTier.get"] == 1
     assert work.calls["gateway.policy:freshness"] == 1
 
@@ -200,29 +177,17 @@ def test_the_json_guard_sees_stdlib_and_aliased_imports() -> None:
     assert work["json.loads"] == 1 and work["json.decode"] >= 2
 
 
-@pytest.mark.parametrize("wire_lane", [True, False])
 async def test_l2_hit_costs_exactly_one_redis_command(
-    make_gateway: GatewayFactory,
-    fake: FakeUpstream,
-    redis_server: RedisServer,
-    redis_url: str,
-    wire_lane: bool,
+    make_gateway: GatewayFactory, fake: FakeUpstream, redis_server: RedisServer, redis_url: str
 ) -> None:
-    gw = await make_gateway(
-        cache={"redis_url": redis_url, "l1_max_bytes": 0}, server={"wire_lane": wire_lane}
-    )
+    gw = await make_gateway(cache={"redis_url": redis_url, "l1_max_bytes": 0})
     work = await warm_hit_work(gw, fake, redis_server)
     assert work.cache_status.endswith("detail=l2")
     assert work.upstream_calls == 0
     assert work.redis_commands == 1  # the (batched) GET
-    # Served fast: by the wire lane (repeated bytes: no parse, no request object) or else by the fast lane; the
-    # known key read from L2 and written pre-serialized, nothing re-derived.
-    if wire_lane:
-        assert work.calls["gateway.wirelane:WireLane._l2_read"] == 1
-        assert work.calls["gateway.fastlane:FastLane.__call__"] == 0
-        assert work.calls["aiohttp.web_request:BaseRequest.__init__"] == 0
-    else:
-        assert work.calls["gateway.fastpath:serve_hit"] == 1
+    # Served by the fast lane: the known key read from L2 and written pre-serialized, nothing re-derived.
+    assert work.calls["gateway.fastlane:keyed"] == 1
+    assert work.calls["gateway.hits.render:HitResponse.write_eof"] == 1
     assert {name: work.calls[name] for name in SKIPPED_ON_THE_FAST_PATH} == dict.fromkeys(
         SKIPPED_ON_THE_FAST_PATH, 0
     )

@@ -1,0 +1,259 @@
+"""The headers of an answer served from an entry (DESIGN §5), as a mapping or as the bytes of a whole hit.
+
+One header block per entry (validators, freshness, tags, the key: what a CDN in front caches and purges by) is
+built by `block` and shared by every answer from an entry: a hit on any lane, a stored miss, a stale answer. Only
+`Cache-Status`, `Age` and `Date` vary per answer. A hit's whole response is also kept as bytes per entry and
+second (`hit_bytes`), so the lanes that can write bytes pay for a dict lookup; those bytes are assembled from the
+same block, so a header added to `block` is on every hit, whatever the lane.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from email.utils import formatdate
+from time import perf_counter
+
+from aiohttp import HttpVersion11, web
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.http import SERVER_SOFTWARE
+
+from cdn.tags import tag_headers
+from gateway import aioseam
+from gateway.entry import Entry
+from gateway.headers import CACHE_STATUS, NAME
+from gateway.keys import PUBLIC_SCOPE
+from gateway.reqrecord import DEBUG_HEADER, finish_request
+from gateway.state import GatewayState
+from gateway.timing import StageTimer, timer_of
+
+Block = dict[str, str]
+# The full response of a hot entry for the current second, outside the entry (entries never grow after they are
+# stored: their size is charged to L1 once). Bounded in count and in response size: at most 16 MiB.
+WIRE_CACHE_ENTRIES = 1024
+WIRE_CACHE_MAX_RESPONSE_BYTES = 16 * 1024
+_WIRES: dict[tuple[str, str, float], tuple[tuple[int, bytes, str, tuple[str, ...]], bytes, int]] = {}
+_date_cache: list[object] = [-1, b""]
+
+
+def block(
+    key: str,
+    etag: str,
+    ttl_s: int,
+    stale_if_error_s: int,
+    tags: tuple[str, ...],
+    tag_targets: tuple[str, ...],
+) -> tuple[Block, int]:
+    """The per-entry, time-independent headers, and how many tags were dropped to fit CDN header limits."""
+    public = key.split(":", 2)[1] == PUBLIC_SCOPE
+    edge = f"max-age={ttl_s}"
+    if stale_if_error_s:
+        edge += f", stale-if-error={stale_if_error_s}"
+    headers = {
+        "Content-Type": "application/json",
+        "ETag": etag,
+        # RFC 9111 §5.2.2.10: s-maxage governs shared caches; max-age=0 keeps browsers from reusing it unasked.
+        "Cache-Control": f"public, max-age=0, s-maxage={ttl_s}" if public else "private",
+        "CDN-Cache-Control": edge,
+        "Surrogate-Control": edge,
+        "X-Cache-Key": key,
+        "Vary": "Authorization" if not public else "Accept-Encoding",
+    }
+    tag_values, truncated = tag_headers(tags, tag_targets)
+    headers.update(tag_values)
+    return headers, truncated
+
+
+@functools.lru_cache(maxsize=4096)
+def _shared_block(
+    key: str,
+    etag: str,
+    ttl_s: int,
+    stale_if_error_s: int,
+    tags: tuple[str, ...],
+    tag_targets: tuple[str, ...],
+) -> tuple[Block, int]:
+    """`block`, memoized by its inputs (a pure function; callers copy), so an L2 hit (a new Entry object each time)
+    reuses it and the entry's L1 size never grows after it is stored."""
+    return block(key, etag, ttl_s, stale_if_error_s, tags, tag_targets)
+
+
+def entry_block(state: GatewayState, entry: Entry) -> Block:
+    """A fresh copy of the entry's block for the configured CDN tag headers; dropped tags are counted."""
+    headers, truncated = _shared_block(
+        entry.key,
+        entry.etag,
+        entry.ttl_s,
+        entry.stale_if_error_s,
+        entry.tags,
+        state.config.cache.cdn_tag_headers,
+    )
+    if truncated:
+        state.metrics.tag_truncations.inc(truncated)
+    return dict(headers)
+
+
+def hit_status(entry: Entry, now: float, *, tier: str) -> tuple[str, str]:
+    """(Cache-Status, Age) for a fresh hit; RFC 9211 §2.4: ttl is the remaining freshness in seconds."""
+    age = int(entry.age_s(now))
+    return f"{NAME}; hit; ttl={entry.ttl_s - age}; detail={tier}", str(age)
+
+
+def entry_headers(
+    state: GatewayState, entry: Entry, cache_status: str, age: str, *, no_store: bool = False
+) -> Block:
+    """The entry's block with this answer's Cache-Status and Age (a hit, a stale answer, a stored miss)."""
+    headers = entry_block(state, entry)
+    headers[CACHE_STATUS] = cache_status
+    headers["Age"] = age
+    if no_store:
+        headers["Cache-Control"] = "no-store"  # a stale answer must not be cached further downstream
+    return headers
+
+
+def hit_headers(state: GatewayState, entry: Entry, now: float, tier: str) -> Block:
+    status, age = hit_status(entry, now, tier=tier)
+    return entry_headers(state, entry, status, age)
+
+
+def clear() -> None:
+    """Forget every memoized block and response (a test that changes `block` calls it)."""
+    _shared_block.cache_clear()
+    _constant_head.cache_clear()
+    _WIRES.clear()
+
+
+# The bytes of a whole hit ------------------------------------------------------------------------------------
+
+
+def http_date(now: float) -> bytes:
+    """RFC 9110 §5.6.7 IMF-fixdate, formatted once per second."""
+    second = int(now)
+    if _date_cache[0] != second:
+        _date_cache[0], _date_cache[1] = second, formatdate(second, usegmt=True).encode("ascii")
+    return _date_cache[1]  # type: ignore[return-value]
+
+
+def _safe(value: str) -> bool:
+    return "\r" not in value and "\n" not in value
+
+
+@functools.lru_cache(maxsize=4096)
+def _constant_head(
+    key: str,
+    etag: str,
+    ttl_s: int,
+    stale_if_error_s: int,
+    tags: tuple[str, ...],
+    tag_targets: tuple[str, ...],
+    body_len: int,
+) -> tuple[bytes, int] | None:
+    """Status line and every header that does not change per answer, encoded; None if one is not transportable."""
+    headers, truncated = _shared_block(key, etag, ttl_s, stale_if_error_s, tags, tag_targets)
+    if not all(_safe(name) and _safe(value) for name, value in headers.items()):
+        return None
+    lines = [f"{name}: {value}\r\n" for name, value in headers.items()]
+    lines.append(f"Content-Length: {body_len}\r\nServer: {SERVER_SOFTWARE}\r\n")
+    return ("HTTP/1.1 200 OK\r\n" + "".join(lines)).encode("utf-8"), truncated
+
+
+def _varying(entry: Entry, now: float, tier: str, date: bytes) -> bytes:
+    status, age = hit_status(entry, now, tier=tier)
+    return b"%s: %s\r\nAge: %s\r\nDate: %s\r\n" % (CACHE_STATUS.encode(), status.encode(), age.encode(), date)
+
+
+def _wire(
+    entry: Entry, now: float, tier: str, targets: tuple[str, ...], *, head_only: bool, close: bool
+) -> tuple[bytes, int] | None:
+    """The whole response for a fresh hit, and how many tags the block dropped; None when it cannot be bytes."""
+    date = http_date(time.time())
+    stamp = (int(entry.age_s(now)), date, tier, targets)
+    plain = not (head_only or close)
+    ident = (entry.key, entry.etag, entry.created_at)  # a re-stored entry under the same key is another entry
+    if plain:
+        cached = _WIRES.get(ident)
+        if cached is not None and cached[0] == stamp:
+            return cached[1], cached[2]
+    const = _constant_head(
+        entry.key, entry.etag, entry.ttl_s, entry.stale_if_error_s, entry.tags, targets, len(entry.body)
+    )
+    if const is None:
+        return None
+    head, truncated = const
+    if not plain:  # HEAD or `Connection: close`: rare, built each time, never kept
+        tail = b"Connection: close\r\n\r\n" if close else b"\r\n"
+        return head + _varying(entry, now, tier, date) + tail + (b"" if head_only else entry.body), truncated
+    data = b"".join((head, _varying(entry, now, tier, date), b"\r\n", entry.body))
+    if len(data) <= WIRE_CACHE_MAX_RESPONSE_BYTES:
+        if len(_WIRES) >= WIRE_CACHE_ENTRIES:
+            _WIRES.clear()  # bounded: a hot set re-fills it within a second
+        _WIRES[ident] = (stamp, data, truncated)
+    return data, truncated
+
+
+def hit_bytes(
+    state: GatewayState, entry: Entry, now: float, tier: str, *, head_only: bool = False, close: bool = False
+) -> bytes | None:
+    """The whole hit response as bytes, dropped tags counted; None when a header cannot travel as is."""
+    built = _wire(entry, now, tier, state.config.cache.cdn_tag_headers, head_only=head_only, close=close)
+    if built is None:
+        return None
+    data, truncated = built
+    if truncated:
+        state.metrics.tag_truncations.inc(truncated)
+    return data
+
+
+class HitResponse(web.StreamResponse):
+    """A 200 whose bytes are already built: `prepare` finishes the request record, `write_eof` writes once.
+
+    Still an aiohttp `StreamResponse`: the server's request loop prepares it, reads its `keep_alive` and logs it like
+    any response, so keep-alive and pipelining stay aiohttp's own. Only header assembly and the response-prepare
+    signal are skipped; it is used only where the signal has the gateway's own handler alone (`bytes_allowed`), whose
+    work (the request record) `prepare` does inline."""
+
+    def __init__(self, state: GatewayState, data: bytes, timer: StageTimer | None) -> None:
+        super().__init__(status=200)
+        self._tokenedge = state
+        self._data = data
+        self._timer = timer
+
+    async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
+        writer = aioseam.adopt_prepared(self, request)
+        if writer is None or self._timer is None:
+            return writer
+        timer = self._timer
+        timer.status, timer.prepared_at = 200, perf_counter()
+        if timer.done:
+            finish_request(self._tokenedge, timer)
+        return writer
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        if aioseam.eof_sent(self):
+            return
+        # The writer has no buffered headers and is not chunked: this is one transport write of all the bytes.
+        await super().write_eof(self._data)
+
+
+def bytes_allowed(request: web.Request, debug_header: str) -> bool:
+    """Whether a hit for `request` may leave as pre-built bytes: HTTP/1.1, the app's response-prepare signal holds
+    only the gateway's own handler (any other is honoured by a normal response), no debug header (Server-Timing)."""
+    return (
+        request.version == HttpVersion11
+        and len(request.app.on_response_prepare) == 1
+        and debug_header not in request.headers
+    )
+
+
+def json_hit(
+    request: web.Request, state: GatewayState, entry: Entry, now: float, tier: str
+) -> web.StreamResponse:
+    """The JSON answer of a fresh hit: pre-built bytes where they may be used, else the same headers as a
+    `web.Response` (every response-prepare handler runs on it)."""
+    if bytes_allowed(request, DEBUG_HEADER):
+        data = hit_bytes(
+            state, entry, now, tier, head_only=request.method == "HEAD", close=not request.keep_alive
+        )
+        if data is not None:
+            return HitResponse(state, data, timer_of(request))
+    return web.Response(body=entry.body, headers=hit_headers(state, entry, now, tier))
