@@ -15,7 +15,6 @@ from typing import Any
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.web_protocol import RequestHandler
-from aiohttp.web_urldispatcher import UrlMappingMatchInfo
 
 # The private names, for the seam test and for a reader: (owner, name, why).
 USES: tuple[tuple[str, str, str], ...] = (
@@ -24,7 +23,6 @@ USES: tuple[tuple[str, str, str], ...] = (
         "_read_bytes",
         "the body already read (fast lane, edge deadlines): request.read() returns it",
     ),
-    ("web.BaseRequest", "_match_info", "the route the fast lane resolved once, as the router would set it"),
     ("web.BaseRequest", "_payload_writer", "the connection's writer a pre-built hit writes its bytes to"),
     ("web.StreamResponse", "_payload_writer", "a pre-built hit is prepared without writing headers"),
     ("web.StreamResponse", "_eof_sent", "a pre-built hit is written once"),
@@ -50,6 +48,15 @@ USES: tuple[tuple[str, str, str], ...] = (
         "_lingering_time",
         "a connection closed for a slow body does not linger for more of it",
     ),
+    (
+        "RequestHandler",
+        "_keepalive",
+        "an answer from the fast lane keeps the connection alive, as aiohttp's do",
+    ),
+    ("RequestHandler", "_keepalive_timeout", "... for aiohttp's own keep-alive timeout"),
+    ("RequestHandler", "_next_keepalive_close_time", "... counted from the lane's last answer"),
+    ("RequestHandler", "_keepalive_handle", "... with aiohttp's own timer"),
+    ("RequestHandler", "_process_keepalive", "... which closes the connection once idle that long"),
 )
 
 
@@ -63,10 +70,6 @@ def body_read(request: web.BaseRequest) -> bytes | None:
 
 def client_max_size(app: web.Application) -> int:
     return app._client_max_size
-
-
-def set_match_info(request: web.Request, match: UrlMappingMatchInfo) -> None:
-    request._match_info = match
 
 
 def adopt_prepared(response: web.StreamResponse, request: web.BaseRequest) -> AbstractStreamWriter | None:
@@ -104,6 +107,18 @@ def current_request(handler: RequestHandler) -> web.BaseRequest | None:
 
 def no_lingering(handler: RequestHandler) -> None:
     handler._lingering_time = 0.0
+
+
+def keep_alive_after_answer(handler: RequestHandler, now: float) -> None:
+    """What aiohttp's request loop does after each answer, for an answer it never saw: the connection stays alive
+    for its keep-alive timeout from now (aiohttp closes it when idle that long)."""
+    handler._keepalive = True
+    timeout = handler._keepalive_timeout
+    if not timeout:
+        return
+    close_at = handler._next_keepalive_close_time = now + timeout
+    if handler._keepalive_handle is None:
+        handler._keepalive_handle = handler._loop.call_at(close_at, handler._process_keepalive)
 
 
 class ServerRunner(web.AppRunner):

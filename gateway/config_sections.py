@@ -64,6 +64,7 @@ class ServerConfig:
     body_read_timeout_s: float = 10.0  # per read while a request body is arriving
     body_total_s: float = 60.0  # the whole body
     max_connections: int = 4096  # per process; connections beyond are closed at once
+    fast_lane: bool = True  # known hits answered from the read, before parsing (gateway/fastlane.py)
 
     def __post_init__(self) -> None:
         require(0 < self.port < 65536, f"server.port must be 1-65535, got {self.port}")

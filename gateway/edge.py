@@ -33,13 +33,18 @@ from aiohttp.web_protocol import RequestHandler
 from gateway import aioseam
 from gateway.config import ServerConfig
 from gateway.errors import GatewayError, PayloadTooLarge, error_body, error_response
-from gateway.fastlane import FastLane
+from gateway.fastlane import NOT_SERVED, PENDING, FastLane
+from gateway.framing import Framer
+from gateway.lookup import PRE_READ
 from gateway.metrics import GatewayMetrics
 from gateway.state import STATE
+from gateway.tiers.tiered import Found
+from gateway.timing import TIMER, StageTimer
 
 log = logging.getLogger("tokenedge.edge")
 IDLE, HEAD, HANDLING = 0, 1, 2
 SWEEP_MAX_S: Final = 0.5
+HOLD_MAX_BYTES: Final = 256 * 1024  # reads held behind the lane's L2 read before reading pauses
 _TIMEOUT_BODY = error_body(
     "the request was not received in time", type_="invalid_request_error", code="request_timeout"
 )
@@ -56,7 +61,12 @@ class SlowClient(GatewayError):
 
 
 class EdgeRequestHandler(RequestHandler):
-    """aiohttp's protocol plus the head deadline and the connection cap (state read by `EdgeServer.sweep`)."""
+    """aiohttp's protocol plus the head deadline and the connection cap (state read by `EdgeServer.sweep`), with
+    the fast lane in front of its parser.
+
+    The lane may answer a read only when it is in order: every byte fed to aiohttp so far formed whole requests
+    (`framing.Framer`) and aiohttp has answered each of them (`finished`, counted as `finish_response` returns).
+    While the lane waits for an L2 read, later reads are held, in order, and taken when it settles."""
 
     def __init__(self, manager: EdgeServer, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -65,6 +75,12 @@ class EdgeRequestHandler(RequestHandler):
         self.phase = HEAD
         self.head_started = self.last_rx = 0.0
         self.rx_while_handling = False
+        self.framer = Framer()
+        self.finished = 0  # requests aiohttp has answered on this connection
+        self.held: list[bytes] | None = None  # reads that arrived while the lane waits for an L2 read
+        self.held_bytes = 0
+        # (key, what the lane's L2 read found, its timer): handed to the next request aiohttp makes here
+        self.handover: tuple[str, Found | None, StageTimer] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -94,10 +110,86 @@ class EdgeRequestHandler(RequestHandler):
             current = aioseam.current_request(self)
             self.rx_while_handling = current is None or current.content.is_eof()
         self.last_rx = now
+        if self.held is not None:
+            self._hold(data)
+        else:
+            self.take(data, now)
+
+    def take(self, data: bytes, now: float) -> None:
+        """A read: answered by the fast lane while it may (in order, whole requests), the rest fed to aiohttp."""
+        lane = self.edge.lane
+        while data and lane is not None and self.in_order():
+            verdict, used = lane.take(data, self)
+            if verdict == NOT_SERVED:
+                break
+            data = data[used:]
+            if verdict == PENDING:
+                self.held, self.held_bytes = ([data] if data else []), len(data)
+                self.request_started()
+                return
+            self.lane_answered()
+            if data:
+                self.phase, self.head_started = HEAD, now
+        if data:
+            self.feed(data)
+
+    def in_order(self) -> bool:
+        """A response written now is the next one the client expects: aiohttp holds no request, whole or partial."""
+        framer, transport = self.framer, self.transport
+        return (
+            framer.at_boundary()
+            and framer.started == self.finished
+            and transport is not None
+            and not transport.is_closing()
+        )
+
+    def feed(self, data: bytes) -> None:
+        self.framer.scan(data)
         super().data_received(data)
 
+    async def finish_response(
+        self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
+    ) -> tuple[web.StreamResponse, bool]:
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            self.finished += 1
+
+    def lane_answered(self) -> None:
+        """The lane wrote a whole answer: keep-alive restarts, the request is over."""
+        aioseam.keep_alive_after_answer(self, self.clock())
+        self.request_started()
+        self.request_finished()
+
+    def lane_settled(
+        self, served: bool, data: bytes, handover: tuple[str, Found | None, StageTimer] | None
+    ) -> None:
+        """The lane's L2 read is over: answered (`served`), or `data` (the request) goes to aiohttp with the read
+        handed over; then the reads held meanwhile are taken, in order."""
+        held, self.held = self.held or [], None
+        if self.held_bytes > HOLD_MAX_BYTES and self.transport is not None:
+            self.transport.resume_reading()
+        if self.transport is None:
+            return  # the client left: nothing to answer
+        if served:
+            self.lane_answered()
+        else:
+            self.request_finished()
+            if data:
+                self.handover = handover
+                self.feed(data)
+        for chunk in held:
+            self.data_received(chunk)
+
+    def _hold(self, data: bytes) -> None:
+        assert self.held is not None
+        self.held.append(data)
+        before, self.held_bytes = self.held_bytes, self.held_bytes + len(data)
+        if before <= HOLD_MAX_BYTES < self.held_bytes and self.transport is not None:
+            self.transport.pause_reading()
+
     def request_started(self) -> None:
-        if self.phase != HANDLING:  # once per request: the fast lane may mark it before the middleware does
+        if self.phase != HANDLING:  # once per request
             self.phase, self.rx_while_handling = HANDLING, False
 
     def request_finished(self) -> None:
@@ -159,6 +251,7 @@ class EdgeServer(web.Server):
         *args: Any,
         config: ServerConfig,
         metrics: GatewayMetrics,
+        lane: FastLane | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -166,6 +259,9 @@ class EdgeServer(web.Server):
         self.metrics = metrics
         self.loop = aioseam.server_loop(self)
         self._protocol_kwargs = aioseam.server_kwargs(self)
+        self.lane = lane
+        self._make = self.request_factory
+        self.request_factory = self.make_request
         self.live: set[EdgeRequestHandler] = set()
         self._sweeper: asyncio.TimerHandle | None = None
         self._due = 0.0
@@ -173,6 +269,19 @@ class EdgeServer(web.Server):
 
     def __call__(self) -> RequestHandler:
         return EdgeRequestHandler(self, loop=self.loop, **self._protocol_kwargs)
+
+    def make_request(self, *args: Any, **kwargs: Any) -> web.BaseRequest:
+        """aiohttp's request factory, plus a read the fast lane made and did not serve for this very request: it
+        is the first request aiohttp makes on that connection after the lane fed it (aiohttp was idle)."""
+        request = self._make(*args, **kwargs)
+        protocol = request.protocol
+        handover = protocol.handover if isinstance(protocol, EdgeRequestHandler) else None
+        if handover is not None and isinstance(protocol, EdgeRequestHandler):
+            protocol.handover = None
+            key, found, timer = handover
+            request[PRE_READ] = (key, found)
+            request[TIMER] = timer
+        return request
 
     def count(self, phase: str) -> None:
         self.metrics.slow_clients.labels(phase).inc()
@@ -211,27 +320,46 @@ class EdgeServer(web.Server):
 
 
 class EdgeRunner(aioseam.ServerRunner):
-    """`web.AppRunner` serving through `EdgeServer`, with the fast lane in front of the app's own handler.
+    """`web.AppRunner` serving through `EdgeServer`, with the fast lane in front of the parser.
 
     aiohttp's runner starts the app and builds its server; the edge keeps that server's handler, request factory
-    and options and adds the deadlines. The fast lane answers known hits before the router; it is off when the app
-    has a middleware beyond the gateway's own (the lane would skip it), which is logged."""
+    and options and adds the deadlines and the lane. The lane is on unless configured off, or the app has something
+    the lane would skip: a middleware or a response-prepare handler of its own (then every request takes the
+    ordinary path, where both are honoured), or a trusted tenant header (the scope then depends on the peer)."""
 
     async def serve_with(self, plain: web.Server) -> web.Server:
         app = self.app
         state = app[STATE]
-        extra = [m for m in app.middlewares if getattr(m, "__name__", "") not in GATEWAY_MIDDLEWARES]
-        if extra:
-            log.info("fast lane off: the app has middleware of its own (%s)", ", ".join(map(repr, extra)))
         return EdgeServer(
-            FastLane(app, plain.request_handler, enabled=not extra),
+            plain.request_handler,
             request_factory=plain.request_factory,
             handler_cancellation=plain.handler_cancellation,
             loop=asyncio.get_running_loop(),
             config=state.config.server,
             metrics=state.metrics,
+            lane=FastLane(state) if lane_allowed(app) else None,
             **aioseam.server_kwargs(plain),
         )
+
+
+def lane_allowed(app: web.Application) -> bool:
+    state = app[STATE]
+    extra = [m for m in app.middlewares if getattr(m, "__name__", "") not in GATEWAY_MIDDLEWARES]
+    prepare = [h for h in app.on_response_prepare if getattr(h, "__name__", "") != "on_response_prepare"]
+    why = (
+        "server.fast_lane is off"
+        if not state.config.server.fast_lane
+        else f"the app has middleware of its own ({extra})"
+        if extra
+        else f"the app has response-prepare handlers of its own ({prepare})"
+        if prepare
+        else "the scope depends on a trusted tenant header"
+        if state.tenancy is None or state.tenancy.tenant_header
+        else ""
+    )
+    if why:
+        log.info("fast lane off: %s; every request takes the ordinary path", why)
+    return not why
 
 
 # The middlewares `gateway.app.create_app` installs (the fast lane does what they do for the requests it answers).

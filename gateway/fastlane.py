@@ -1,80 +1,92 @@
-"""The fast lane: a known request's fresh hit is answered before aiohttp's router and the middleware chain.
+"""The fast lane: a known request's fresh hit answered from the connection's read, before aiohttp parses it.
 
-The one lane beside the ordinary handler path. It runs inside aiohttp's own request loop (the server parsed the
-request and answers it in order, under the edge's head deadline and connection cap), for a `POST` to a cacheable
-route whose body is already fully buffered (so no body deadline can be skipped: a body still arriving takes the
-ordinary path and its deadlines). It keys on what matters, never on raw request bytes:
+The one lane beside the ordinary handler path (router, middleware, handler). It keys on what matters, never on raw
+request bytes: the route, the body (the request memo knows its canonical key), the request's own credential headers
+(its scope, `hits.scope`, computed from this request), the model's current revision. Any other header (an ingress's
+`X-Request-Id`, `traceparent`, `X-Varnish`, `CF-Ray`) changes nothing; a conditional, cache-directive, debug,
+framing or `Connection: close` header sends the request the ordinary way.
 
-- the route (method and raw path), the body bytes (the request memo knows their canonical key), the request's own
-  credential headers (its scope: `hits.scope`, computed now, from this request), the model's current revision;
-- any conditional, cache-directive or debug header sends the request the ordinary way; every other header (an
-  ingress's `X-Request-Id`, `traceparent`, `X-Varnish`, `CF-Ray`) changes nothing.
-
-The key is bound before any await, so a read from a shared tier can never be answered for another caller's key.
-The hit core decides (`hits.verdict`), renders (`hits.render`) and counts (`hits.record`) exactly as on the
-ordinary path. Anything else (a miss, a stale entry, a refused credential, an unknown body) continues down the
-ordinary path with the body and any tier read handed over (nothing is read or counted twice).
-
-The lane is off when the app has a middleware of its own beyond the gateway's (it would be skipped here): then
-every request takes the router and the middleware chain (`edge.EdgeRunner` decides at start-up and logs it).
+What it keeps of the ordinary path:
+- Order: it answers only when every request before it on the connection has been answered (the connection counts
+  requests started and answered, `gateway.framing`), and while it waits for an L2 read the connection holds later
+  bytes, in order.
+- Deadlines: it takes only a request that arrived whole in one read, so no body deadline is ever waited out here
+  (a request still arriving goes to aiohttp's parser as it comes, under the edge's head and body deadlines); the
+  connection cap and slow-client counting are the edge's, unchanged.
+- Trust: the key is bound from this request's own bytes before any await; nothing after the L2 read looks at a
+  record another request can write.
+- Counting: the hit core decides (`hits.verdict`), renders (`hits.render`) and counts (`hits.record`), and the
+  request record (`reqrecord`) is kept, exactly as on the ordinary path.
+Anything else (a miss, a stale entry, a refused credential, an unknown body) goes to aiohttp's parser, with any L2
+read handed over so the tiers are read and counted once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable
+import logging
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from time import perf_counter
-from typing import Protocol
+from typing import Any, Protocol
 
-from aiohttp import web
-from aiohttp.web_urldispatcher import UrlMappingMatchInfo
+from multidict import CIMultiDict
 
-from gateway import aioseam
 from gateway.cache_control import RequestDirectives
-from gateway.config import CACHEABLE_ENDPOINTS
 from gateway.dashboard.hotkeys import prompt_text
+from gateway.entry import Entry
 from gateway.errors import GatewayError
 from gateway.hits import record, render
-from gateway.hits.scope import Credentials, key_scope_of_raw
 from gateway.hits.verdict import Verdict, judge
-from gateway.lookup import PRE_READ
+from gateway.keys import PUBLIC_SCOPE
 from gateway.memo import MAX_MEMO_BODY_BYTES, ParsedRequest
 from gateway.policy import Lookup, decide
 from gateway.reqrecord import DEBUG_HEADER, handler_done
-from gateway.state import STATE, GatewayState
-from gateway.timing import StageTimer, start_timer
+from gateway.state import GatewayState
+from gateway.tiers.base import L2Unavailable
+from gateway.tiers.tiered import Found
+from gateway.timing import StageTimer
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-ROUTES = {f"/v1/{endpoint}": endpoint for endpoint in CACHEABLE_ENDPOINTS}  # raw path -> endpoint
-JSON_TYPES = frozenset({"application/json"})
+log = logging.getLogger("tokenedge.fastlane")
+NOT_SERVED, SERVED, PENDING = 0, 1, 2
 NO_DIRECTIVES = RequestDirectives()
-# Request headers that send a request the ordinary way: conditionals (RFC 9110 §13), cache directives (the policy
-# reads them), the admin debug header (Server-Timing), and body framing a plain request does not have.
-SLOW_HEADERS = frozenset(
-    name.lower().encode("ascii")
-    for name in (
-        "If-None-Match",
-        "If-Modified-Since",
-        "If-Match",
-        "If-Unmodified-Since",
-        "If-Range",
-        "Range",
-        "Cache-Control",
-        "Pragma",
-        DEBUG_HEADER,
-        "Expect",
-    )
+# A plain HTTP/1.1 POST head to a cacheable route, every field line well formed (RFC 9110 §5.1 token names; values
+# without control characters but tab). Anything else is aiohttp's to parse (and to refuse).
+_HEAD = re.compile(
+    rb"POST /v1/(chat/completions|completions|embeddings) HTTP/1\.1\r\n"
+    rb"((?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[^\x00-\x08\x0a-\x1f\x7f]*\r\n)*)\r\n"
 )
+SLOW, CREDENTIAL, LENGTH, CTYPE, CONNECTION = range(5)
+# Request headers that send a request the ordinary way: conditionals (RFC 9110 §13), cache directives (the policy
+# reads them), the admin debug header (Server-Timing), and framing a plain request does not have.
+SLOW_HEADERS = (
+    "If-None-Match",
+    "If-Modified-Since",
+    "If-Match",
+    "If-Unmodified-Since",
+    "If-Range",
+    "Range",
+    "Cache-Control",
+    "Pragma",
+    DEBUG_HEADER,
+    "Expect",
+    "Transfer-Encoding",
+    "Upgrade",
+)
+JSON_TYPES = frozenset({b"application/json"})
 
 
-class HeadMarks(Protocol):
-    """`edge.EdgeRequestHandler`'s request marks (named structurally: gateway.edge imports this module)."""
+class Connection(Protocol):
+    """What the lane needs of the edge's protocol (`edge.EdgeRequestHandler`)."""
 
-    def request_started(self) -> None: ...
+    transport: Any
 
-    def request_finished(self) -> None: ...
+    def lane_settled(
+        self, served: bool, data: bytes, handover: tuple[str, Found | None, StageTimer] | None
+    ) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,51 +96,63 @@ class Known:
     parsed: ParsedRequest
     key: str
     revision: str
+    endpoint: str
 
 
 @functools.lru_cache(maxsize=16)
-def header_kinds(credential_names: tuple[str, ...]) -> dict[bytes, bool]:
-    """Lower-case raw name -> True (a slow header) or False (a credential header), one dict probe a header."""
-    kinds = {name.lower().encode("ascii"): False for name in credential_names}
-    kinds.update({name: True for name in SLOW_HEADERS})
+def header_kinds(credential_names: tuple[str, ...]) -> dict[bytes, int]:
+    """Lower-case raw name -> what the lane does with it, one dict probe a header."""
+    kinds = {name.lower().encode("ascii"): CREDENTIAL for name in credential_names}
+    kinds.update({name.lower().encode("ascii"): SLOW for name in SLOW_HEADERS})
+    kinds.update({b"content-length": LENGTH, b"content-type": CTYPE, b"connection": CONNECTION})
     return kinds
 
 
-def scan(request: web.Request, kinds: dict[bytes, bool]) -> Credentials | None:
-    """One pass over the raw headers: None when a slow header sends the request the ordinary way, else the
-    (lower-case name, raw value) of each credential header, in request order."""
-    found: list[tuple[bytes, bytes]] = []
-    for name, value in request.raw_headers:
-        kind = kinds.get(name.lower())
-        if kind is not None:
-            if kind:
+def _json_type(value: bytes) -> bool:
+    """`validate.check_content_type`'s rule: application/json or any +json type."""
+    media = value.split(b";", 1)[0].strip(b" \t").lower()
+    return media in JSON_TYPES or media.endswith(b"+json")
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    endpoint: str
+    fields: bytes  # the field lines, each ending in CRLF
+    credentials: tuple[tuple[bytes, bytes], ...]  # (lower-case name, raw value), in request order
+    body_at: int
+    length: int
+
+
+def plain_head(data: bytes, kinds: dict[bytes, int]) -> Head | None:
+    """The head of the request `data` starts, when the lane may answer it; else None."""
+    match = _HEAD.match(data)
+    if match is None:
+        return None
+    length = -1
+    credentials: list[tuple[bytes, bytes]] = []
+    for line in match.group(2).split(b"\r\n")[:-1]:
+        name, _, value = line.partition(b":")
+        lower = name.lower()
+        kind = kinds.get(lower)
+        if kind is None:
+            continue
+        if kind == SLOW:
+            return None
+        value = value.strip(b" \t")
+        if kind == CREDENTIAL:
+            credentials.append((lower, value))
+        elif kind == LENGTH:
+            if length >= 0 or not value.isdigit() or len(value) > 9:
                 return None
-            found.append((name.lower(), value))
-    return tuple(found)
-
-
-def _json_body(request: web.Request) -> bool:
-    """The request declares a JSON body (or none), as `validate.check_content_type` accepts."""
-    declared = request.headers.get("Content-Type")
-    if declared is None or declared == "application/json":  # the common case, without parsing parameters
-        return True
-    ctype = request.content_type
-    return ctype in JSON_TYPES or ctype.endswith("+json")
-
-
-def buffered_body(request: web.Request, limit: int) -> bytes | None:
-    """The whole body when the parser has already received all of it (Content-Length within `limit`), else None.
-
-    Nothing is consumed unless it is returned; what is returned stays the request's body (`request.read()`)."""
-    declared = request.content_length
-    if declared is None or declared == 0 or declared > limit:
+            length = int(value)
+        elif kind == CTYPE:
+            if not _json_type(value):
+                return None
+        elif b"close" in value.lower() or b"upgrade" in value.lower():
+            return None  # aiohttp closes (or upgrades) as the request asks
+    if length <= 0:
         return None
-    content = request.content
-    if not content.is_eof() or content.exception() is not None:
-        return None
-    raw = content.read_nowait()
-    aioseam.set_body(request, raw)
-    return raw
+    return Head(match.group(1).decode(), match.group(2), tuple(credentials), match.end(), length)
 
 
 def _lookup(parsed: ParsedRequest, state: GatewayState, endpoint: str) -> Lookup | None:
@@ -141,9 +165,9 @@ def _lookup(parsed: ParsedRequest, state: GatewayState, endpoint: str) -> Lookup
     return fast if isinstance(fast, Lookup) else None
 
 
-def keyed(state: GatewayState, endpoint: str, raw: bytes, scope: str) -> Known | None:
-    """The key the ordinary path last derived for these body bytes, when it was for this caller (`scope`) and the
-    model's current revision; else None (the ordinary path derives it)."""
+def keyed(state: GatewayState, endpoint: str, raw: bytes, scope: Callable[[], str]) -> Known | None:
+    """The key the ordinary path last derived for these body bytes, when it was for this caller (`scope`, asked
+    only once the rest holds) and the model's current revision; else None (the ordinary path derives it)."""
     parsed = state.memo.get(endpoint, raw)
     if parsed is None or _lookup(parsed, state, endpoint) is None:
         return None
@@ -151,106 +175,149 @@ def keyed(state: GatewayState, endpoint: str, raw: bytes, scope: str) -> Known |
     if revision is None:
         return None
     key, context = parsed.key, parsed.key_context
-    if key is None or context is None or context[1] != revision or context[0] != scope:
+    if key is None or context is None or context[1] != revision or context[0] != scope():
         return None
-    return Known(parsed, key.key, revision)
+    return Known(parsed, key.key, revision, endpoint)
+
+
+def _headers_of(fields: bytes) -> CIMultiDict[str]:
+    """The field lines as aiohttp would decode them (UTF-8, surrogate escapes), for a scope computed the first
+    time a credential is seen."""
+    headers: CIMultiDict[str] = CIMultiDict()
+    for line in fields.split(b"\r\n")[:-1]:
+        name, _, value = line.partition(b":")
+        headers.add(name.decode("latin-1"), value.strip(b" \t").decode("utf-8", "surrogateescape"))
+    return headers
 
 
 class FastLane:
-    """The low-level handler the edge serves: the fast lane, else the app's own handler (router, middleware)."""
+    """One per process: answers the requests a connection offers (`take`), hits only."""
 
-    def __init__(self, app: web.Application, handle: Handler, *, enabled: bool = True) -> None:
-        self._app = app
-        self._enabled = enabled
-        self._handle = handle  # the app's own handler, as aiohttp's server would call it
-        self._matches: dict[str, UrlMappingMatchInfo] = {}
-
-    async def __call__(self, request: web.Request) -> web.StreamResponse:
-        endpoint = ROUTES.get(request.raw_path) if self._enabled else None
-        if endpoint is None or request.method != "POST":
-            return await self._handle(request)
-        match = self._matches.get(request.raw_path)
-        if match is None:
-            match = await self._resolve(request)
-            if match is None:
-                return await self._handle(request)
-        aioseam.set_match_info(request, match)  # `request.app` and `match_info`, as the router would set them
-        response = await self.serve(request, endpoint)
-        return response if response is not None else await self._handle(request)
-
-    async def _resolve(self, request: web.Request) -> UrlMappingMatchInfo | None:
-        """The route's match info, resolved once and shared (frozen: no request can change it)."""
-        match = await self._app.router.resolve(request)
-        if not isinstance(match, UrlMappingMatchInfo) or match.http_exception is not None:
-            return None
-        match.add_app(self._app)
-        match.freeze()
-        self._matches[request.raw_path] = match
-        return match
-
-    async def serve(self, request: web.Request, endpoint: str) -> web.StreamResponse | None:
-        """A fresh hit (L1, else L2), rendered and counted by the hit core; else None, with the body (and any
-        tier read made) handed to the ordinary path."""
-        state = self._app[STATE]
+    def __init__(self, state: GatewayState) -> None:
+        self._state = state
         tenancy = state.tenancy
-        if tenancy is None or not _json_body(request):
-            return None
-        raw = buffered_body(request, min(MAX_MEMO_BODY_BYTES, state.config.server.max_body_bytes))
-        if raw is None:
-            return None
-        credentials = scan(request, header_kinds(tenancy.credential_headers))
-        if credentials is None:
-            return None
-        protocol = request.protocol
-        marks: HeadMarks | None = protocol if hasattr(protocol, "request_finished") else None  # type: ignore[assignment]
-        if marks is not None:  # the head is in: its deadline ends (`edge.edge_middleware` marks it too)
-            marks.request_started()
-        timer = start_timer(request, endpoint)  # the handler goes on with it if this lane does not serve
-        try:
-            known = keyed(state, endpoint, raw, key_scope_of_raw(request, state, endpoint, credentials))
-        except GatewayError:  # e.g. a refused credential: the ordinary path answers it as JSON
-            return None
-        if known is None:
-            return None
-        try:
-            response, tier = await self._hit(request, state, endpoint, known, timer)
-        except BaseException:  # a client gone during the L2 read (counted there): the request ends here
-            if marks is not None:
-                marks.request_finished()
-            raise
-        if response is not None:  # else the middleware marks the end, on the ordinary path
-            if marks is not None:
-                marks.request_finished()
-            handler_done(state, timer, endpoint, "hit", tier)
-        return response
+        assert tenancy is not None, "tenancy_ctx runs before the server starts"
+        self._tenancy = tenancy
+        self._kinds = header_kinds(tenancy.credential_headers)
+        self._max_body = min(MAX_MEMO_BODY_BYTES, state.config.server.max_body_bytes)
 
-    async def _hit(
-        self, request: web.Request, state: GatewayState, endpoint: str, known: Known, timer: StageTimer
-    ) -> tuple[web.StreamResponse | None, str]:
-        """The tiered read for the bound key: a fresh entry is served and counted; anything else is handed to the
-        ordinary path as it was read (`lookup.PRE_READ`), never read twice."""
-        key = known.key
-        keyed_at = perf_counter()
+    def take(self, data: bytes, conn: Connection) -> tuple[int, int]:
+        """(verdict, bytes used): SERVED (the hit is written), PENDING (an L2 read; the connection holds what comes
+        next and `lane_settled` follows), or NOT_SERVED (nothing used or counted: the bytes go to the parser)."""
+        head = plain_head(data, self._kinds)
+        if head is None or head.length > self._max_body or len(data) < head.body_at + head.length:
+            return NOT_SERVED, 0
+        used = head.body_at + head.length
+        state = self._state
+        timer = StageTimer(head.endpoint)
         try:
-            found = await state.cache.get(key)
-        except (ConnectionResetError, asyncio.CancelledError):
-            handler_done(state, timer, endpoint, "client_gone", "client_gone")
-            raise
-        except Exception:  # a gateway bug: counted as the handler counts it, answered by the edge as JSON 500
-            handler_done(state, timer, endpoint, "error", "error")
-            raise
-        now = state.clock()  # after the (remote) read: the age is the entry's age as served
-        if found is None or judge(found.entry, now, NO_DIRECTIVES, known.revision) is not Verdict.HIT:
-            request[PRE_READ] = (key, found)
-            timer.lap_to("l2" if state.cache.l2 is not None else "l1", perf_counter())
-            return None, ""
-        entry = found.entry
+            known = keyed(state, head.endpoint, data[head.body_at : used], partial(self._scope, head))
+        except GatewayError:  # a refused credential: the ordinary path answers it as JSON
+            return NOT_SERVED, 0
+        if known is None:
+            return NOT_SERVED, 0
+        keyed_at = perf_counter()
+        cache = state.cache
+        entry = cache.l1.get(known.key) if cache.l1.enabled else None
+        if entry is not None:
+            now = state.clock()
+            if judge(entry, now, NO_DIRECTIVES, known.revision) is not Verdict.HIT:
+                return NOT_SERVED, 0  # the ordinary path reads it again and decides (stale-if-error, ...)
+            if not self._write(conn, known, entry, now, "l1", timer, keyed_at):
+                return NOT_SERVED, 0
+            cache.count_l1_hit()
+            return SERVED, used
+        if cache.l2 is None:
+            return NOT_SERVED, 0
+        generation = cache.l1.generation
+        try:
+            pending = cache.l2.read(known.key)
+        except (
+            L2Unavailable
+        ):  # breaker open: the ordinary path reads (and counts the error) as it always does
+            return NOT_SERVED, 0
+        if cache.l1.enabled:
+            cache.count_l1_miss()
+        pending.add_done_callback(
+            partial(self._l2_read, conn, data[:used], known, timer, keyed_at, generation)
+        )
+        return PENDING, used
+
+    def _scope(self, head: Head) -> str:
+        """This request's key scope, from its own credential headers (memoized by their raw values)."""
+        if self._state.config.routes[head.endpoint].scope == "public":
+            return PUBLIC_SCOPE
+        tenancy = self._tenancy
+        return tenancy.scope_of_raw(head.credentials, lambda: tenancy.scope(_headers_of(head.fields), None))
+
+    def _l2_read(
+        self,
+        conn: Connection,
+        data: bytes,
+        known: Known,
+        timer: StageTimer,
+        keyed_at: float,
+        generation: int,
+        pending: asyncio.Future[Any],
+    ) -> None:
+        """The L2 read is over: a fresh entry is written; anything else goes to the parser with the read."""
+        state = self._state
+        try:
+            exc = pending.exception()
+            if exc is not None and not isinstance(exc, L2Unavailable):
+                raise exc
+            l2 = state.cache.l2
+            assert l2 is not None  # the tier `take` read from
+            value = exc if exc is not None else l2.entry_of(pending.result())
+            found = state.cache.settle(known.key, value, generation)
+        except (
+            Exception,
+            asyncio.CancelledError,
+        ):  # a gateway bug: the ordinary path reads and answers instead
+            log.exception("fast lane: L2 read failed")
+            conn.lane_settled(False, data, None)
+            return
+        if conn.transport is None or conn.transport.is_closing():
+            conn.lane_settled(False, b"", None)  # nobody left to answer
+            handler_done(state, timer, known.endpoint, "client_gone", "client_gone")
+            return
+        now = state.clock()
+        fresh = found is not None and judge(found.entry, now, NO_DIRECTIVES, known.revision) is Verdict.HIT
+        if (
+            fresh
+            and found is not None
+            and self._write(conn, known, found.entry, now, found.tier, timer, keyed_at)
+        ):
+            conn.lane_settled(True, b"", None)
+            return
+        timer.lap_to("l2", perf_counter())
+        conn.lane_settled(False, data, (known.key, found, timer))
+
+    def _write(
+        self,
+        conn: Connection,
+        known: Known,
+        entry: Entry,
+        now: float,
+        tier: str,
+        timer: StageTimer,
+        keyed_at: float,
+    ) -> bool:
+        """Write a fresh entry's response and count it as the ordinary path counts a hit; False if it cannot be
+        written as bytes (then nothing was written or counted)."""
+        state = self._state
         looked_up = perf_counter()
-        response = render.json_hit(request, state, entry, now, found.tier)
+        data = render.hit_bytes(state, entry, now, tier)
+        if data is None:
+            return False
+        conn.transport.write(data)
         prompt = (prompt_text(known.parsed.body) or "") if state.config.dashboard.show_prompts else None
-        record.hit(state, entry, key, now, prompt)
-        timer.key = key
+        record.hit(state, entry, known.key, now, prompt)
+        timer.key = known.key
         timer.lap_to("parse", keyed_at)
-        timer.lap_to(found.tier, looked_up)
+        timer.lap_to(tier, looked_up)
         timer.lap("serialize")
-        return response, found.tier
+        timer.status, timer.prepared_at = 200, perf_counter()
+        handler_done(state, timer, known.endpoint, "hit", tier)
+        state.metrics.tally.inc(state.metrics.lane_answers, (tier,))
+        return True

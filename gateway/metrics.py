@@ -186,6 +186,12 @@ class GatewayMetrics:
         self.tag_truncations = Counter(
             "tokenedge_tag_header_truncations", "Tags dropped to fit CDN header limits", registry=r
         )
+        self.lane_answers = Counter(
+            "tokenedge_fast_lane_answers",
+            "Hits answered by the fast lane, before HTTP parsing (also counted in requests_total)",
+            ["tier"],
+            registry=r,
+        )
 
     def _zero_known_series(self) -> None:
         for route in ROUTES:
@@ -197,6 +203,7 @@ class GatewayMetrics:
             self.upstream_duration.labels(route)
         for tier in TIERS:
             self.cache_errors.labels(tier)
+            self.lane_answers.labels(tier)
             self.cache_stores.labels(tier)
             for outcome in LOOKUP_OUTCOMES:
                 self.lookups.labels(tier, outcome)

@@ -315,7 +315,9 @@ async def test_fast_hits_tally_exactly_what_normal_hits_tally(
             )
         tallies.append(changes(before, await scrape(gw)))
     fast, normal = tallies
-    # Everything a hit counts is the same on both lanes.
+    # Which lane answered is its own counter; everything else a hit counts is the same on both lanes.
+    lane = ("tokenedge_fast_lane_answers_total", (("tier", tier),))
+    assert fast.pop(lane, 0) == 5 and lane not in normal
     assert fast == normal
     hits = (("reason", tier), ("result", "hit"), ("route", "chat/completions"))
     assert fast[("tokenedge_requests_total", hits)] == 5, fast

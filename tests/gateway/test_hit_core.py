@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import random
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -27,9 +28,12 @@ from aiohttp import web
 
 from tests.gateway.conftest import GatewayFactory
 from tests.support.cluster import LocalCluster
+from tests.support.gateway import FakeClock, RunningGateway
 from tests.support.services import MemcachedServer, serving
 
 MODEL = "echo-model"
+# TOKENEDGE_PROPERTY_SCALE=N runs N times the requests (the acceptance run of issue 26: N=16, ~20,000 pipelined).
+SCALE = max(1, int(os.environ.get("TOKENEDGE_PROPERTY_SCALE", "1")))
 CALLERS = 10
 QUESTIONS = [f"question {i}: what is {i} + {i}?" for i in range(8)]
 
@@ -112,6 +116,12 @@ def post(question: str, caller: int, *, ingress: bool, extra: str = "") -> bytes
 
 
 HEALTH = b"GET /health HTTP/1.1\r\nHost: gateway.test\r\n\r\n"
+
+
+def lane_answers(gw: RunningGateway) -> float:
+    metrics = gw.state.metrics
+    metrics.tally.flush()
+    return sum(metrics.lane_answers.labels(tier)._value.get() for tier in ("l1", "l2"))
 
 
 @dataclass
@@ -204,7 +214,7 @@ async def test_no_caller_ever_gets_another_callers_answer(
     port = gw.server.port
     assert port is not None
     rng = random.Random(f"crossed-{tiers}")
-    total, sent = 5000, 0
+    total, sent = 5000 * SCALE, 0
     plans: list[tuple[int, list[list[bytes]], list[list[str]]]] = []
     while sent < total:  # 2 connections a caller, batches of 1-4 pipelined requests
         caller = len(plans) % CALLERS
@@ -230,7 +240,9 @@ async def test_no_caller_ever_gets_another_callers_answer(
             crossed += not content.startswith(f"for Bearer caller-{caller} ::")
             wrong += not content.endswith(f":: {question}")
     assert (crossed, wrong) == (0, 0)
-    assert statuses == {"hit", "fwd=miss"}  # both lanes and the fill were exercised
+    assert statuses == {"hit", "fwd=miss"}
+    answered_fast = lane_answers(gw)
+    assert 0 < answered_fast < total  # both lanes (and the fill) were exercised
     assert echo.calls <= CALLERS * len(QUESTIONS) * 2  # each (caller, question) filled about once
 
 
@@ -263,11 +275,14 @@ async def test_pipelined_hits_misses_and_health_answer_in_order_however_split(
                 batch.append(post(question, 0, ingress=rng.random() < 0.5))
                 expected.append(question)
             size = sum(map(len, batch))
-            splits.append(sorted(rng.sample(range(1, size), k=min(size - 1, rng.randint(0, 5)))))
+            boundaries = list(itertools.accumulate(map(len, batch)))[:-1]  # whole requests, sent apart
+            cuts = rng.sample(boundaries, k=rng.randint(0, len(boundaries)))
+            cuts += rng.sample(range(1, size), k=rng.randint(0, 3))  # and anywhere: mid-head, head/body
+            splits.append(sorted(set(cuts)))
             batches.append(batch)
         return batches, splits, expected
 
-    plans = [plan() for _ in range(16)]
+    plans = [plan() for _ in range(16 * SCALE)]
     results = await asyncio.gather(*(converse(port, b, s) for b, s, _ in plans))
     answered = 0
     for (_, _, expected), replies in zip(plans, results, strict=True):
@@ -280,6 +295,7 @@ async def test_pipelined_hits_misses_and_health_answer_in_order_however_split(
                 assert reply.content() == f"for Bearer caller-0 :: {want}"
             answered += 1
     assert answered == sum(len(e) for _, _, e in plans) > 1000
+    assert 0 < lane_answers(gw) < answered  # both lanes answered, interleaved on the same connections
 
 
 @pytest.mark.parametrize("route", ["hit", "miss", "relay"])
@@ -321,3 +337,69 @@ async def test_a_trickled_body_is_answered_408_by_the_body_deadline_and_counted(
     assert reply.status == 408 and orjson.loads(reply.body)["error"]["code"] == "request_timeout"
     assert elapsed < 1.0 + 1.0 and sent < len(body)
     assert gw.state.metrics.slow_clients.labels("body")._value.get() == before + 1
+
+
+ADMIN_TOKEN = "core-admin-token"
+
+
+@pytest.mark.parametrize("tiers", TIER_SETS)
+async def test_purged_and_expired_entries_are_never_served_on_any_lane(
+    make_gateway: GatewayFactory,
+    echo_url: tuple[CallerEcho, str],
+    request: pytest.FixtureRequest,
+    clock: FakeClock,
+    tiers: str,
+) -> None:
+    """A random walk of requests (3 callers x 4 questions, whole or split, ingress ids or not), purges by key
+    and by tenant tag, and TTL expiry: a request for an entry that was purged or has expired is always a miss
+    filled upstream, never a hit, on either lane and every tier set."""
+    _, url = echo_url
+    ttl_s = 60
+    gw = await make_gateway(
+        url,
+        cache=cache_for(tiers, request),
+        server={"admin_token": ADMIN_TOKEN},
+        routes={"chat/completions": {"ttl_s": ttl_s}},
+    )
+    port = gw.server.port
+    assert port is not None
+    rng = random.Random(f"purge-walk-{tiers}")
+    callers, questions = range(3), QUESTIONS[:4]
+    stored: dict[tuple[int, str], str] = {}  # (caller, question) -> its key, while an entry should answer
+    tags: dict[int, str] = {}  # caller -> its tenant tag
+    served = {"hit": 0, "fwd=miss": 0}
+    for _ in range(300):
+        op = rng.random()
+        if op < 0.75:
+            caller, question = rng.choice(callers), rng.choice(questions)
+            data = post(question, caller, ingress=rng.random() < 0.5)
+            cuts = [[rng.randrange(1, len(data))]] if rng.random() < 0.3 else [[]]
+            (reply,) = await converse(port, [[data]], cuts)
+            assert reply.status == 200 and reply.content() == f"for Bearer caller-{caller} :: {question}"
+            status = reply.headers["cache-status"].split(";")[1].strip()
+            if (caller, question) not in stored:
+                assert status == "fwd=miss", (tiers, caller, question)  # never a purged or expired entry
+            served[status] += 1
+            stored[(caller, question)] = reply.headers["x-cache-key"]
+            tags[caller] = "tenant:" + reply.headers["x-cache-key"].split(":")[1]
+        elif op < 0.85 and stored:
+            target = rng.choice(sorted(stored))
+            await purge(port, {"keys": [stored.pop(target)]})
+        elif op < 0.95 and tags:
+            caller = rng.choice(sorted(tags))
+            await purge(port, {"tags": [tags[caller]]})
+            stored = {k: v for k, v in stored.items() if k[0] != caller}
+        else:
+            clock.advance(ttl_s + 1)
+            stored.clear()
+    assert served["hit"] > 50 and served["fwd=miss"] > 20  # the walk exercised both
+
+
+async def purge(port: int, doc: dict[str, list[str]]) -> None:
+    body = orjson.dumps(doc)
+    data = (
+        f"POST /admin/purge HTTP/1.1\r\nHost: gateway.test\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    (reply,) = await converse(port, [[data]], [[]])
+    assert reply.status == 200, reply.body

@@ -146,18 +146,20 @@ async def test_l1_hit_takes_the_fast_path_and_skips_the_response_layer(
 ) -> None:
     gw = await make_gateway(cache={"redis_url": redis_url})
     work = await warm_hit_work(gw, fake, redis_server)
-    # Served by the fast lane, before aiohttp's router and the middleware chain (gateway/fastlane.py).
+    # Served by the fast lane from the connection's read (gateway/fastlane.py): no aiohttp request object, router,
+    # middleware or response object; the key bound from this request's own headers.
+    assert work.calls["gateway.fastlane:FastLane.take"] == 1
     assert work.calls["gateway.fastlane:keyed"] == 1
     assert work.calls["gateway.hits.record:hit"] == 1
-    assert (
-        work.calls["gateway.handlers.completions:make_handler.<locals>.handler"] == 0
-    )  # the ordinary path: not reached
-    assert work.calls["aiohttp.web_urldispatcher:UrlDispatcher.resolve"] == 0
-    assert work.calls["gateway.app:error_middleware"] == 0
-    assert work.calls["gateway.hits.render:HitResponse.write_eof"] == 1
-    assert {name: work.calls[name] for name in SKIPPED_ON_THE_FAST_PATH} == dict.fromkeys(
-        SKIPPED_ON_THE_FAST_PATH, 0
+    never = (
+        "aiohttp.web_app:Application._make_request",
+        "aiohttp.web_request:BaseRequest.__init__",
+        "aiohttp.web_urldispatcher:UrlDispatcher.resolve",
+        "gateway.app:error_middleware",
+        "gateway.handlers.completions:make_handler.<locals>.handler",
+        *SKIPPED_ON_THE_FAST_PATH,
     )
+    assert {name: work.calls[name] for name in never} == dict.fromkeys(never, 0)
     # Still one L1 read and one policy freshness check: the fast path does not skip the cache itself.
     assert work.calls["gateway.tiers.memory:MemoryTier.get"] == 1
     assert work.calls["gateway.policy:freshness"] == 1
@@ -185,9 +187,10 @@ async def test_l2_hit_costs_exactly_one_redis_command(
     assert work.cache_status.endswith("detail=l2")
     assert work.upstream_calls == 0
     assert work.redis_commands == 1  # the (batched) GET
-    # Served by the fast lane: the known key read from L2 and written pre-serialized, nothing re-derived.
-    assert work.calls["gateway.fastlane:keyed"] == 1
-    assert work.calls["gateway.hits.render:HitResponse.write_eof"] == 1
+    # Served by the fast lane: the known key read from L2 (a callback on the batched read) and written as bytes,
+    # nothing re-derived, no aiohttp request object.
+    assert work.calls["gateway.fastlane:FastLane._l2_read"] == 1
+    assert work.calls["aiohttp.web_request:BaseRequest.__init__"] == 0
     assert {name: work.calls[name] for name in SKIPPED_ON_THE_FAST_PATH} == dict.fromkeys(
         SKIPPED_ON_THE_FAST_PATH, 0
     )
