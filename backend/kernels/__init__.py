@@ -17,7 +17,8 @@ Built on the machine that runs it, with the machine's g++ against the installed 
 AMX (tile, int8, bf16), AVX512-BF16 and AVX512-VNNI and a self-check passes. Anywhere else the model keeps
 torch's int4 kernel: the two differ in their last bits, so the kernel in use, down to a hash of its source,
 is part of the served model revision (`kernel_id`, `numerics`). `TOKENEDGE_INT4_KERNEL=torch` forces torch's
-kernel, `=amx` makes a failure to use this one an error.
+kernel, `=amx` makes a failure to use this one an error. `torch.ops.tokenedge.tile_config_roundtrip` is a
+debug entry for tests: the 64-byte tile configuration the kernel loads, read back from the CPU.
 
     python -m backend.kernels       # build (if needed), self-check and print the kernel in use
 """

@@ -62,6 +62,14 @@ struct alignas(64) TileConfig {
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
 };
+static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads exactly 64 bytes");
+
+// ldtilecfg and sttilecfg with the whole 64-byte struct as their memory operand. Not GCC 12's intrinsics
+// (amxtileintrin.h): they name an 8-byte operand, *(void**)cfg, so the compiler may delete the stores that
+// fill the other 56 bytes and ldtilecfg faults on the stale stack bytes (DESIGN.md §8; llama.cpp's
+// ggml-cpu/amx/mmq.cpp had the same crash). Naming the struct keeps every store before the load.
+inline void load_tile_config(const TileConfig& cfg) { __asm__ volatile("ldtilecfg %0" ::"m"(cfg)); }
+inline void store_tile_config(TileConfig& cfg) { __asm__ volatile("sttilecfg %0" : "=m"(cfg)); }
 
 // tiles 0..5 as (rows, bytes per row): C and A of `rows` rows, B of `b_rows` rows of 64 bytes
 void configure(int rows, int a_bytes, int b_rows) {
@@ -78,7 +86,7 @@ void configure(int rows, int a_bytes, int b_rows) {
     cfg.rows[t] = static_cast<uint8_t>(b_rows);
     cfg.colsb[t] = 64;
   }
-  _tile_loadconfig(&cfg);
+  load_tile_config(cfg);
 }
 
 // one quad's codes as bytes: lane c = q[c, 4j .. 4j + 3] (nibbles (k0 | k1 << 4), (k2 | k3 << 4) per column)
@@ -426,6 +434,23 @@ at::Tensor int8_vnni(const at::Tensor& u, const at::Tensor& row_scales, const at
   return y;
 }
 
+// ---- a debug entry for tests: the tile configuration `configure` loads, read back from the CPU ----
+// configure(rows, a_bytes, b_rows), then sttilecfg into a struct poisoned with 0xFF: the 64 bytes the tile unit
+// holds. Any byte the compiler dropped from the configuration shows up here (or ldtilecfg faults).
+at::Tensor tile_config_roundtrip(int64_t rows, int64_t a_bytes, int64_t b_rows) {
+  TORCH_CHECK(amx_permitted(), "the kernel needs AMX tiles and the OS refused them");
+  TORCH_CHECK(rows >= 1 && rows <= kTileRows && b_rows >= 1 && b_rows <= kTileRows && a_bytes >= 4 &&
+                  a_bytes <= 64 && a_bytes % 4 == 0, "rows, b_rows: 1..16; a_bytes: 4..64, a multiple of 4");
+  configure(static_cast<int>(rows), static_cast<int>(a_bytes), static_cast<int>(b_rows));
+  TileConfig held;
+  std::fill_n(reinterpret_cast<uint8_t*>(&held), sizeof held, uint8_t{0xFF});
+  store_tile_config(held);
+  _tile_release();
+  at::Tensor out = at::empty({static_cast<int64_t>(sizeof held)}, at::TensorOptions().dtype(at::kByte));
+  std::copy_n(reinterpret_cast<const uint8_t*>(&held), sizeof held, out.data_ptr<uint8_t>());
+  return out;
+}
+
 }  // namespace
 
 #ifndef TE_NAMESPACE
@@ -436,6 +461,8 @@ TORCH_LIBRARY(TE_NAMESPACE, m) {
   m.def("int4_mm(Tensor x, Tensor codes, Tensor factors) -> Tensor");
   m.def("int8_mm(Tensor x, Tensor codes, Tensor scales) -> Tensor");
   m.def("int8_vnni(Tensor u, Tensor row_scales, Tensor codes, Tensor colsum, Tensor scales) -> Tensor");
+  // no tensor argument to dispatch on: a catch-all kernel
+  m.def("tile_config_roundtrip(int rows, int a_bytes, int b_rows) -> Tensor", &tile_config_roundtrip);
 }
 
 TORCH_LIBRARY_IMPL(TE_NAMESPACE, CPU, m) {
