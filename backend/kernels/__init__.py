@@ -212,12 +212,18 @@ def int4_kernel() -> str:
     return "torch" if why is not None else "amx"
 
 
+def source_hash() -> str:
+    """A hash of this kernel's source: it names the kernel in the served revision and keys measurements of it
+    (backend.model.tiling_store), without building or loading anything."""
+    return hashlib.blake2b(_SOURCE.read_bytes(), digest_size=4).hexdigest()
+
+
 def kernel_id() -> str:
     """The int4 kernel in use, as the served revision names it: 'torch', or 'amx.' and a hash of this kernel's
     source (any change to its arithmetic is a new revision)."""
     if int4_kernel() == "torch":
         return "torch"
-    return "amx." + hashlib.blake2b(_SOURCE.read_bytes(), digest_size=4).hexdigest()
+    return "amx." + source_hash()
 
 
 def require_amx() -> None:
