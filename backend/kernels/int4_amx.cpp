@@ -71,6 +71,22 @@ static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads exactly 64 bytes");
 inline void load_tile_config(const TileConfig& cfg) { __asm__ volatile("ldtilecfg %0" ::"m"(cfg)); }
 inline void store_tile_config(TileConfig& cfg) { __asm__ volatile("sttilecfg %0" : "=m"(cfg)); }
 
+// Tile loads and stores, ordered against the vector code around them. GCC 12's _tile_loadd and _tile_stored
+// pass only the address ("r"), with no memory operand and no "memory" clobber, so as far as the compiler knows
+// tileloadd reads no memory and tilestored writes none: it may sink the stores that fill a B tile past the load,
+// or hoist the reads of a stored C tile above the store. A compiler barrier on the memory side of each (no
+// instruction) keeps them in program order; the asm statements themselves, all volatile, keep theirs.
+#define TE_TILE_LOAD(t, base, stride) \
+  do {                                \
+    __asm__ volatile("" ::: "memory"); \
+    _tile_loadd(t, base, stride);     \
+  } while (0)
+#define TE_TILE_STORE(t, base, stride) \
+  do {                                 \
+    _tile_stored(t, base, stride);     \
+    __asm__ volatile("" ::: "memory"); \
+  } while (0)
+
 // tiles 0..5 as (rows, bytes per row): C and A of `rows` rows, B of `b_rows` rows of 64 bytes
 void configure(int rows, int a_bytes, int b_rows) {
   TileConfig cfg;
@@ -152,8 +168,8 @@ inline void unpack_b(const Panel& p, int64_t b, int64_t g, uint8_t* dst) {
 #define TE_PRODUCT(C, A, B, g)                                                                   \
   if (stream && (g) + kAhead < p.groups) unpack_b(p, b, (g) + kAhead, bt + (((g) + kAhead) % kRing) * kBTile); \
   _tile_zero(C);                                                                                \
-  _tile_loadd(A, xa + (g) * kGroup, x.k);                                                       \
-  _tile_loadd(B, bt + (stream ? (g) % kRing : (g)) * kBTile, 64);                               \
+  TE_TILE_LOAD(A, xa + (g) * kGroup, x.k);                                                      \
+  TE_TILE_LOAD(B, bt + (stream ? (g) % kRing : (g)) * kBTile, 64);                              \
   _tile_dpbsud(C, A, B)
 
 // up to 8 rows (one A tile of both passes) against block b, B streamed or unpacked whole in bt; the groups'
@@ -178,9 +194,9 @@ void amx_rows(const Panel& p, int64_t b, const Quantized& x, int64_t r0, int row
       }
     }
     if (t == 0) {
-      _tile_stored(0, c[0], 64);
+      TE_TILE_STORE(0, c[0], 64);
     } else {
-      _tile_stored(1, c[1], 64);
+      TE_TILE_STORE(1, c[1], 64);
     }
     for (int r = 0; r < rows; ++r) {
       const int64_t row = r0 + r;
@@ -322,20 +338,20 @@ void int8_span(const int8_t* codes, const float* scales, int64_t groups, int64_t
       _tile_zero(1);
       int64_t g = 0;
       for (; g + 1 < groups; g += 2) {
-        _tile_loadd(2, xr + g * kGroup, k * 2);
-        _tile_loadd(4, b.data() + g * kTileWords, 64);
+        TE_TILE_LOAD(2, xr + g * kGroup, k * 2);
+        TE_TILE_LOAD(4, b.data() + g * kTileWords, 64);
         _tile_dpbf16ps(0, 2, 4);
-        _tile_loadd(3, xr + (g + 1) * kGroup, k * 2);
-        _tile_loadd(5, b.data() + (g + 1) * kTileWords, 64);
+        TE_TILE_LOAD(3, xr + (g + 1) * kGroup, k * 2);
+        TE_TILE_LOAD(5, b.data() + (g + 1) * kTileWords, 64);
         _tile_dpbf16ps(1, 3, 5);
       }
       if (g < groups) {
-        _tile_loadd(2, xr + g * kGroup, k * 2);
-        _tile_loadd(4, b.data() + g * kTileWords, 64);
+        TE_TILE_LOAD(2, xr + g * kGroup, k * 2);
+        TE_TILE_LOAD(4, b.data() + g * kTileWords, 64);
         _tile_dpbf16ps(0, 2, 4);
       }
-      _tile_stored(0, c0, 64);
-      _tile_stored(1, c1, 64);
+      TE_TILE_STORE(0, c0, 64);
+      TE_TILE_STORE(1, c1, 64);
       for (int i = 0; i < rows; ++i)
         _mm512_storeu_ps(y + (r + i) * ldy + blk * kLanes,
                          _mm512_mul_ps(scale, _mm512_add_ps(_mm512_load_ps(c0 + i * kLanes),

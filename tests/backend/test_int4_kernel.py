@@ -136,6 +136,19 @@ def test_no_tile_configuration_goes_through_gccs_intrinsics() -> None:
     assert re.search(r'"ldtilecfg %0"\s*::\s*"m"\(cfg\)', source)
 
 
+def test_tile_loads_and_stores_go_through_the_ordered_macros() -> None:
+    """GCC 12's _tile_loadd and _tile_stored tell the compiler of no memory access; the kernel calls each once,
+    inside a macro that puts a compiler barrier on its memory side, and everywhere else that macro."""
+    source = kernels._SOURCE.read_text()
+    assert (
+        len(re.findall(r"\b_tile_loadd\(", source)) == 1 and len(re.findall(r"\b_tile_stored\(", source)) == 1
+    )
+    for macro, raw in (("TE_TILE_LOAD", "_tile_loadd"), ("TE_TILE_STORE", "_tile_stored")):
+        body = source[source.index(f"#define {macro}(") :].split("while (0)")[0]
+        assert f"{raw}(" in body and '__asm__ volatile("" ::: "memory")' in body
+        assert len(re.findall(rf"\b{macro}\(", source)) > 2  # defined, and used
+
+
 def tile_config(rows: int, a_bytes: int, b_rows: int) -> bytes:
     """The 64 bytes `configure` (int4_amx.cpp) means: palette 1, C tiles 0-1 and A tiles 2-3 of `rows`
     rows (64 and `a_bytes` bytes a row), B tiles 4-5 of `b_rows` rows of 64 bytes, tiles 6-15 unused."""
