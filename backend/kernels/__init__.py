@@ -165,8 +165,21 @@ def int4_mm(x: torch.Tensor, codes: torch.Tensor, factors: torch.Tensor) -> torc
     return torch.ops.tokenedge.int4_mm(x.to(torch.bfloat16).contiguous(), codes, factors)
 
 
+def _tile_config(rows: int, a_bytes: int, b_rows: int) -> bytes:
+    """The 64-byte AMX tile configuration int4_amx.cpp's `configure` loads: palette 1; C tiles 0-1 and A tiles
+    2-3 of `rows` rows (64 and `a_bytes` bytes each), B tiles 4-5 of `b_rows` rows of 64 bytes."""
+    colsb = [64, 64, a_bytes, a_bytes, 64, 64] + [0] * 10
+    heights = [rows] * 4 + [b_rows] * 2 + [0] * 10
+    return bytes([1] + [0] * 15) + b"".join(c.to_bytes(2, "little") for c in colsb) + bytes(heights)
+
+
 def _self_check() -> None:
-    """One small product against the dequantized reference, and a row alone against the same row in a batch."""
+    """The tile configurations as the CPU holds them (GCC 12's intrinsic could drop their bytes: DESIGN.md §8),
+    one small product against the dequantized reference, and a row alone against the same row in a batch."""
+    for shape in ((16, 32, 8), (16, 64, 16)):  # int4_mm's AMX tiles at 8 rows, int8_mm's at 16
+        held = bytes(torch.ops.tokenedge.tile_config_roundtrip(*shape).tolist())
+        if held != _tile_config(*shape):
+            raise RuntimeError(f"the kernel's tile configuration {shape} reads back as {held.hex()}")
     gen = torch.Generator().manual_seed(0)
     codes = torch.randint(0, 16, (64, 128), generator=gen, dtype=torch.uint8)
     scales = (torch.rand(64, 4, generator=gen) * 0.1).half().float()  # Q4_1-like: fp16 d and m

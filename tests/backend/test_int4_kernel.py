@@ -169,6 +169,17 @@ def test_the_tile_configuration_reaches_the_cpu_whole(rows: int, a_bytes: int, b
     assert held.dtype == torch.uint8 and bytes(held.tolist()) == tile_config(rows, a_bytes, b_rows)
 
 
+@needs_amx
+def test_the_self_check_refuses_a_configuration_that_reads_back_wrong(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kernel is only used once the CPU holds the configuration `configure` means (else torch's kernel)."""
+    kernels._self_check()
+    monkeypatch.setattr(kernels, "_tile_config", lambda rows, a_bytes, b_rows: tile_config(rows, a_bytes, 1))
+    with pytest.raises(RuntimeError, match="tile configuration"):
+        kernels._self_check()
+
+
 def test_the_packing_holds_every_code_once() -> None:
     b = blocks(32, 64)
     codes, factors = pack_int4(b.codes, b.scales, b.zeros)
