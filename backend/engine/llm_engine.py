@@ -74,9 +74,8 @@ class LLMEngine:
         if config.batch_invariant:
             if model.device.type == "cuda":
                 _fix_cuda_gemm_config()
-            model.calibrate_invariance(
-                tilings
-            )  # measured (or read back) once per model, before the first step
+            # measured (or read back from `tilings`) once per model, before the first step
+            model.calibrate_invariance(tilings)
         self.scheduler = Scheduler(
             config, KVCacheManager(self.pool, config.enable_prefix_caching), eos_token_ids
         )
