@@ -25,6 +25,7 @@ log = logging.getLogger("tokenedge.backend")
 def engine_factory(loaded: LoadedModel, config: BackendConfig, engine_config: EngineConfig) -> EngineFactory:
     from backend.engine.async_engine import AsyncEngine
     from backend.model.llama import LlamaModel
+    from backend.model.tiling_store import TilingStore
 
     model = LlamaModel(loaded.config, dtype=config.torch_dtype, device=engine_config.device)
     model.load_weights(loaded.weights)
@@ -34,7 +35,8 @@ def engine_factory(loaded: LoadedModel, config: BackendConfig, engine_config: En
         quantize_model(model, loaded.weights, loaded.quantized)
         log.info("weights: %d layers from 4-bit blocks, the rest int8", len(loaded.quantized))
     eos_token_ids = loaded.tokenizer.eos_token_ids  # the closure must not keep the fp32 weights alive
-    return lambda: AsyncEngine(model, engine_config, eos_token_ids)
+    # the store's context reads the thread count: built when the engine starts, after build_app set it
+    return lambda: AsyncEngine(model, engine_config, eos_token_ids, TilingStore.default(model.device))
 
 
 def numerics(config: BackendConfig, device: str) -> str:

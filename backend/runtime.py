@@ -74,16 +74,17 @@ def cpu_flags() -> set[str]:
     return set(line.partition(":")[2].split())
 
 
-def _device_name(dev: torch.device) -> str:
-    if dev.type == "cuda":
-        return torch.cuda.get_device_name(dev)
+def cpu_model() -> str:
+    """The CPU's model name (`/proc/cpuinfo`; 'unknown CPU' where there is none)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return "unknown CPU"
+        return "unknown CPU"
+    return next((ln.partition(":")[2].strip() for ln in lines if ln.startswith("model name")), "unknown CPU")
+
+
+def _device_name(dev: torch.device) -> str:
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_model()
 
 
 def _cpu_features() -> dict[str, Any]:

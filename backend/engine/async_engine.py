@@ -27,6 +27,7 @@ from backend.engine.outputs import EngineStats, TokenOut
 from backend.engine.prompt import ValidPrompt
 from backend.engine.sampling import SamplingParams
 from backend.model.llama import LlamaModel
+from backend.model.tiling_store import TilingStore
 
 _Delivery = TokenOut | EmbeddingOut | BaseException
 
@@ -50,9 +51,15 @@ class _Stop:
 
 
 class AsyncEngine:
-    def __init__(self, model: LlamaModel, config: EngineConfig, eos_token_ids: frozenset[int]) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        config: EngineConfig,
+        eos_token_ids: frozenset[int],
+        tilings: TilingStore | None = None,
+    ) -> None:
         self.config = config
-        self._engine = LLMEngine(model, config, eos_token_ids)
+        self._engine = LLMEngine(model, config, eos_token_ids, tilings)
         self._inbox: queue.Queue[_Add | _Abort | _Stop] = queue.Queue()
         self._lock = threading.Lock()
         self._stats = self._engine.stats()

@@ -26,6 +26,7 @@ from backend.engine.scheduler import ScheduledSeq, Scheduler
 from backend.engine.sequence import Sequence
 from backend.engine.speculative import SpeculativeConfig, propose
 from backend.model.llama import LlamaModel
+from backend.model.tiling_store import TilingStore
 
 Sampled = int | list[int] | None  # per scheduled sequence: a token, accepted drafts + a token, or nothing
 
@@ -35,7 +36,14 @@ _MIN_ACCEPTANCE = 0.3
 
 
 class LLMEngine:
-    def __init__(self, model: LlamaModel, config: EngineConfig, eos_token_ids: frozenset[int]) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        config: EngineConfig,
+        eos_token_ids: frozenset[int],
+        tilings: TilingStore | None = None,
+    ) -> None:
+        """`tilings`: where the batch-invariant row tilings of an earlier start are kept (None: measure them)."""
         mc = model.config
         if config.max_model_len > mc.max_position_embeddings:
             raise ValueError(f"max_model_len {config.max_model_len} > model's {mc.max_position_embeddings}")
@@ -66,7 +74,8 @@ class LLMEngine:
         if config.batch_invariant:
             if model.device.type == "cuda":
                 _fix_cuda_gemm_config()
-            model.calibrate_invariance()  # measured once per model, before the first step
+            # measured (or read back from `tilings`) once per model, before the first step
+            model.calibrate_invariance(tilings)
         self.scheduler = Scheduler(
             config, KVCacheManager(self.pool, config.enable_prefix_caching), eos_token_ids
         )

@@ -17,7 +17,8 @@ Built on the machine that runs it, with the machine's g++ against the installed 
 AMX (tile, int8, bf16), AVX512-BF16 and AVX512-VNNI and a self-check passes. Anywhere else the model keeps
 torch's int4 kernel: the two differ in their last bits, so the kernel in use, down to a hash of its source,
 is part of the served model revision (`kernel_id`, `numerics`). `TOKENEDGE_INT4_KERNEL=torch` forces torch's
-kernel, `=amx` makes a failure to use this one an error.
+kernel, `=amx` makes a failure to use this one an error. `torch.ops.tokenedge.tile_config_roundtrip` is a
+debug entry for tests: the 64-byte tile configuration the kernel loads, read back from the CPU.
 
     python -m backend.kernels       # build (if needed), self-check and print the kernel in use
 """
@@ -164,8 +165,21 @@ def int4_mm(x: torch.Tensor, codes: torch.Tensor, factors: torch.Tensor) -> torc
     return torch.ops.tokenedge.int4_mm(x.to(torch.bfloat16).contiguous(), codes, factors)
 
 
+def _tile_config(rows: int, a_bytes: int, b_rows: int) -> bytes:
+    """The 64-byte AMX tile configuration int4_amx.cpp's `configure` loads: palette 1; C tiles 0-1 and A tiles
+    2-3 of `rows` rows (64 and `a_bytes` bytes each), B tiles 4-5 of `b_rows` rows of 64 bytes."""
+    colsb = [64, 64, a_bytes, a_bytes, 64, 64] + [0] * 10
+    heights = [rows] * 4 + [b_rows] * 2 + [0] * 10
+    return bytes([1] + [0] * 15) + b"".join(c.to_bytes(2, "little") for c in colsb) + bytes(heights)
+
+
 def _self_check() -> None:
-    """One small product against the dequantized reference, and a row alone against the same row in a batch."""
+    """The tile configurations as the CPU holds them (GCC 12's intrinsic could drop their bytes: DESIGN.md §8),
+    one small product against the dequantized reference, and a row alone against the same row in a batch."""
+    for shape in ((16, 32, 8), (16, 64, 16)):  # int4_mm's AMX tiles at 8 rows, int8_mm's at 16
+        held = bytes(torch.ops.tokenedge.tile_config_roundtrip(*shape).tolist())
+        if held != _tile_config(*shape):
+            raise RuntimeError(f"the kernel's tile configuration {shape} reads back as {held.hex()}")
     gen = torch.Generator().manual_seed(0)
     codes = torch.randint(0, 16, (64, 128), generator=gen, dtype=torch.uint8)
     scales = (torch.rand(64, 4, generator=gen) * 0.1).half().float()  # Q4_1-like: fp16 d and m
@@ -211,12 +225,18 @@ def int4_kernel() -> str:
     return "torch" if why is not None else "amx"
 
 
+def source_hash() -> str:
+    """A hash of this kernel's source: it names the kernel in the served revision and keys measurements of it
+    (backend.model.tiling_store), without building or loading anything."""
+    return hashlib.blake2b(_SOURCE.read_bytes(), digest_size=4).hexdigest()
+
+
 def kernel_id() -> str:
     """The int4 kernel in use, as the served revision names it: 'torch', or 'amx.' and a hash of this kernel's
     source (any change to its arithmetic is a new revision)."""
     if int4_kernel() == "torch":
         return "torch"
-    return "amx." + hashlib.blake2b(_SOURCE.read_bytes(), digest_size=4).hexdigest()
+    return "amx." + source_hash()
 
 
 def require_amx() -> None:

@@ -62,6 +62,30 @@ struct alignas(64) TileConfig {
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
 };
+static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads exactly 64 bytes");
+
+// ldtilecfg and sttilecfg with the whole 64-byte struct as their memory operand. Not GCC 12's intrinsics
+// (amxtileintrin.h): they name an 8-byte operand, *(void**)cfg, so the compiler may delete the stores that
+// fill the other 56 bytes and ldtilecfg faults on the stale stack bytes (DESIGN.md §8; llama.cpp's
+// ggml-cpu/amx/mmq.cpp had the same crash). Naming the struct keeps every store before the load.
+inline void load_tile_config(const TileConfig& cfg) { __asm__ volatile("ldtilecfg %0" ::"m"(cfg)); }
+inline void store_tile_config(TileConfig& cfg) { __asm__ volatile("sttilecfg %0" : "=m"(cfg)); }
+
+// Tile loads and stores, ordered against the vector code around them. GCC 12's _tile_loadd and _tile_stored
+// pass only the address ("r"), with no memory operand and no "memory" clobber, so as far as the compiler knows
+// tileloadd reads no memory and tilestored writes none: it may sink the stores that fill a B tile past the load,
+// or hoist the reads of a stored C tile above the store. A compiler barrier on the memory side of each (no
+// instruction) keeps them in program order; the asm statements themselves, all volatile, keep theirs.
+#define TE_TILE_LOAD(t, base, stride) \
+  do {                                \
+    __asm__ volatile("" ::: "memory"); \
+    _tile_loadd(t, base, stride);     \
+  } while (0)
+#define TE_TILE_STORE(t, base, stride) \
+  do {                                 \
+    _tile_stored(t, base, stride);     \
+    __asm__ volatile("" ::: "memory"); \
+  } while (0)
 
 // tiles 0..5 as (rows, bytes per row): C and A of `rows` rows, B of `b_rows` rows of 64 bytes
 void configure(int rows, int a_bytes, int b_rows) {
@@ -78,7 +102,7 @@ void configure(int rows, int a_bytes, int b_rows) {
     cfg.rows[t] = static_cast<uint8_t>(b_rows);
     cfg.colsb[t] = 64;
   }
-  _tile_loadconfig(&cfg);
+  load_tile_config(cfg);
 }
 
 // one quad's codes as bytes: lane c = q[c, 4j .. 4j + 3] (nibbles (k0 | k1 << 4), (k2 | k3 << 4) per column)
@@ -144,8 +168,8 @@ inline void unpack_b(const Panel& p, int64_t b, int64_t g, uint8_t* dst) {
 #define TE_PRODUCT(C, A, B, g)                                                                   \
   if (stream && (g) + kAhead < p.groups) unpack_b(p, b, (g) + kAhead, bt + (((g) + kAhead) % kRing) * kBTile); \
   _tile_zero(C);                                                                                \
-  _tile_loadd(A, xa + (g) * kGroup, x.k);                                                       \
-  _tile_loadd(B, bt + (stream ? (g) % kRing : (g)) * kBTile, 64);                               \
+  TE_TILE_LOAD(A, xa + (g) * kGroup, x.k);                                                      \
+  TE_TILE_LOAD(B, bt + (stream ? (g) % kRing : (g)) * kBTile, 64);                              \
   _tile_dpbsud(C, A, B)
 
 // up to 8 rows (one A tile of both passes) against block b, B streamed or unpacked whole in bt; the groups'
@@ -170,9 +194,9 @@ void amx_rows(const Panel& p, int64_t b, const Quantized& x, int64_t r0, int row
       }
     }
     if (t == 0) {
-      _tile_stored(0, c[0], 64);
+      TE_TILE_STORE(0, c[0], 64);
     } else {
-      _tile_stored(1, c[1], 64);
+      TE_TILE_STORE(1, c[1], 64);
     }
     for (int r = 0; r < rows; ++r) {
       const int64_t row = r0 + r;
@@ -314,20 +338,20 @@ void int8_span(const int8_t* codes, const float* scales, int64_t groups, int64_t
       _tile_zero(1);
       int64_t g = 0;
       for (; g + 1 < groups; g += 2) {
-        _tile_loadd(2, xr + g * kGroup, k * 2);
-        _tile_loadd(4, b.data() + g * kTileWords, 64);
+        TE_TILE_LOAD(2, xr + g * kGroup, k * 2);
+        TE_TILE_LOAD(4, b.data() + g * kTileWords, 64);
         _tile_dpbf16ps(0, 2, 4);
-        _tile_loadd(3, xr + (g + 1) * kGroup, k * 2);
-        _tile_loadd(5, b.data() + (g + 1) * kTileWords, 64);
+        TE_TILE_LOAD(3, xr + (g + 1) * kGroup, k * 2);
+        TE_TILE_LOAD(5, b.data() + (g + 1) * kTileWords, 64);
         _tile_dpbf16ps(1, 3, 5);
       }
       if (g < groups) {
-        _tile_loadd(2, xr + g * kGroup, k * 2);
-        _tile_loadd(4, b.data() + g * kTileWords, 64);
+        TE_TILE_LOAD(2, xr + g * kGroup, k * 2);
+        TE_TILE_LOAD(4, b.data() + g * kTileWords, 64);
         _tile_dpbf16ps(0, 2, 4);
       }
-      _tile_stored(0, c0, 64);
-      _tile_stored(1, c1, 64);
+      TE_TILE_STORE(0, c0, 64);
+      TE_TILE_STORE(1, c1, 64);
       for (int i = 0; i < rows; ++i)
         _mm512_storeu_ps(y + (r + i) * ldy + blk * kLanes,
                          _mm512_mul_ps(scale, _mm512_add_ps(_mm512_load_ps(c0 + i * kLanes),
@@ -426,6 +450,23 @@ at::Tensor int8_vnni(const at::Tensor& u, const at::Tensor& row_scales, const at
   return y;
 }
 
+// ---- a debug entry for tests: the tile configuration `configure` loads, read back from the CPU ----
+// configure(rows, a_bytes, b_rows), then sttilecfg into a struct poisoned with 0xFF: the 64 bytes the tile unit
+// holds. Any byte the compiler dropped from the configuration shows up here (or ldtilecfg faults).
+at::Tensor tile_config_roundtrip(int64_t rows, int64_t a_bytes, int64_t b_rows) {
+  TORCH_CHECK(amx_permitted(), "the kernel needs AMX tiles and the OS refused them");
+  TORCH_CHECK(rows >= 1 && rows <= kTileRows && b_rows >= 1 && b_rows <= kTileRows && a_bytes >= 4 &&
+                  a_bytes <= 64 && a_bytes % 4 == 0, "rows, b_rows: 1..16; a_bytes: 4..64, a multiple of 4");
+  configure(static_cast<int>(rows), static_cast<int>(a_bytes), static_cast<int>(b_rows));
+  TileConfig held;
+  std::fill_n(reinterpret_cast<uint8_t*>(&held), sizeof held, uint8_t{0xFF});
+  store_tile_config(held);
+  _tile_release();
+  at::Tensor out = at::empty({static_cast<int64_t>(sizeof held)}, at::TensorOptions().dtype(at::kByte));
+  std::copy_n(reinterpret_cast<const uint8_t*>(&held), sizeof held, out.data_ptr<uint8_t>());
+  return out;
+}
+
 }  // namespace
 
 #ifndef TE_NAMESPACE
@@ -436,6 +477,8 @@ TORCH_LIBRARY(TE_NAMESPACE, m) {
   m.def("int4_mm(Tensor x, Tensor codes, Tensor factors) -> Tensor");
   m.def("int8_mm(Tensor x, Tensor codes, Tensor scales) -> Tensor");
   m.def("int8_vnni(Tensor u, Tensor row_scales, Tensor codes, Tensor colsum, Tensor scales) -> Tensor");
+  // no tensor argument to dispatch on: a catch-all kernel
+  m.def("tile_config_roundtrip(int rows, int a_bytes, int b_rows) -> Tensor", &tile_config_roundtrip);
 }
 
 TORCH_LIBRARY_IMPL(TE_NAMESPACE, CPU, m) {

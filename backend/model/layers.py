@@ -20,7 +20,7 @@ from torch.nn import functional as F
 
 from backend.model.config import LlamaConfig
 from backend.model.rope import apply_rope
-from backend.model.tiling import RowTiling, TilingMemo, calibrate_tiling, tiled_rows
+from backend.model.tiling import Calibrate, RowTiling, TilingMemo, calibrate_tiling, tiled_rows
 
 # (q [T, H, D], k [T, KH, D], v [T, KH, D]) -> [T, H, D]; k/v are the new tokens only.
 AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -47,11 +47,12 @@ class TiledLinear(nn.Linear):
         """This matmul for the scripted stack; None for a subclass (its matmul may be another)."""
         return (MATMUL_DENSE, self.weight, self.weight.new_empty(0)) if type(self) is TiledLinear else None
 
-    def calibrate(self, memo: TilingMemo) -> None:
-        """Measure this shape's tiling once per model (`memo` shares it between layers of one shape)."""
+    def calibrate(self, memo: TilingMemo, measure: Calibrate = calibrate_tiling) -> None:
+        """Measure this shape's tiling once per model (`memo` shares it between layers of one shape and holds
+        what the tiling store read back from an earlier start)."""
         key = (self.out_features, self.in_features, str(self.weight.dtype))
         if key not in memo:
-            memo[key] = calibrate_tiling(self.matmul, self.in_features, self.weight.dtype, self.weight.device)
+            memo[key] = measure(self.matmul, self.in_features, self.weight.dtype, self.weight.device)
         self.tiling = memo[key]
 
 

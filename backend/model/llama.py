@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
@@ -28,7 +28,10 @@ from backend.model.config import LlamaConfig
 from backend.model.layers import AttendFn, LlamaDecoderLayer, RMSNorm
 from backend.model.rope import RopeTable, inv_frequencies
 from backend.model.scripted import ScriptedStack, build_stack
-from backend.model.tiling import RowTiling, TilingMemo, calibrate_tiling, tiled_rows
+from backend.model.tiling import Calibrate, RowTiling, TilingMemo, calibrate_tiling, tiled_rows
+
+if TYPE_CHECKING:
+    from backend.model.tiling_store import TilingStore
 
 
 class GreedyHead(Protocol):
@@ -139,22 +142,35 @@ class LlamaModel(nn.Module):
         self._head_tiling = None
         self._revision += 1
 
-    def calibrate_invariance(self) -> None:
-        """Measure the row tiling of every linear shape and the LM head (once; backend/model/tiling.py)."""
+    def calibrate_invariance(
+        self, store: TilingStore | None = None, measure: Calibrate = calibrate_tiling
+    ) -> None:
+        """Measure the row tiling of every linear shape and the LM head (once; backend/model/tiling.py), or
+        read them from `store` where an earlier start under the same context measured them (and store what
+        had to be measured)."""
         if self._head_tiling is not None:
             return
         start = time.perf_counter()
-        memo: TilingMemo = {}
+        memo: TilingMemo = store.load() if store is not None else {}
+        known = set(memo)
         for layer in self.layers:
             assert isinstance(layer, LlamaDecoderLayer)
             for linear in layer.linears():
-                linear.calibrate(memo)
-        self._head_tiling = calibrate_tiling(
-            self._head_matmul, self.config.hidden_size, torch.float32, self.device
-        )
+                linear.calibrate(memo, measure)
+        head = (self.config.vocab_size, self.config.hidden_size, "lm_head-float32")
+        if head not in memo:
+            memo[head] = measure(self._head_matmul, self.config.hidden_size, torch.float32, self.device)
+        self._head_tiling = memo[head]
         self._revision += 1
+        measured = set(memo) - known
+        if store is not None and measured:
+            store.save(memo)
         _LOG.info(
-            "batch-invariant row tilings measured in %.1f s: %s", time.perf_counter() - start, self.tilings
+            "batch-invariant row tilings: %d shapes measured, %d from the cache, in %.1f s: %s",
+            len(measured),
+            len(memo) - len(measured),
+            time.perf_counter() - start,
+            self.tilings,
         )
 
     @property

@@ -30,7 +30,7 @@ from backend.kernels import int4_kernel, pack_int4, require_amx
 from backend.loader.quantized import GROUP_SIZE, Int4Blocks
 from backend.model.head import RescoredHead, quantize_int8
 from backend.model.layers import MATMUL_INT4, MATMUL_INT4_AMX, MATMUL_INT8, LlamaDecoderLayer, ScriptParts
-from backend.model.tiling import RowTiling, TilingMemo, calibrate_tiling, tiled_rows
+from backend.model.tiling import Calibrate, RowTiling, TilingMemo, calibrate_tiling, tiled_rows
 
 if TYPE_CHECKING:
     from backend.model.llama import LlamaModel
@@ -60,11 +60,11 @@ class QuantizedLinear(nn.Module):
         assert self.tiling is not None, "calibrate the model's tilings before an invariant forward"
         return tiled_rows(self.matmul, x, self.tiling)
 
-    def calibrate(self, memo: TilingMemo) -> None:
+    def calibrate(self, memo: TilingMemo, measure: Calibrate = calibrate_tiling) -> None:
         key = (self.out_features, self.in_features, f"{type(self).__name__}-{self.kernel}")
         if key not in memo:
             # one-row calls allowed where they calibrate row-invariant (tiling.MIN_ROWS)
-            memo[key] = calibrate_tiling(self.matmul, self.in_features, torch.bfloat16, "cpu", floor=1)
+            memo[key] = measure(self.matmul, self.in_features, torch.bfloat16, "cpu", floor=1)
         self.tiling = memo[key]
 
 

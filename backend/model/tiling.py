@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -55,6 +56,14 @@ class RowTiling:
     def __post_init__(self) -> None:
         if not 1 <= self.min_rows <= self.tile_rows:
             raise ValueError(f"need 1 <= min_rows <= tile_rows, got {self}")
+
+
+class Calibrate(Protocol):
+    """`calibrate_tiling` as the layers call it, passed down so a test can count the measurements."""
+
+    def __call__(
+        self, fn: RowFn, in_features: int, dtype: torch.dtype, device: torch.device | str, *, floor: int = ...
+    ) -> RowTiling: ...
 
 
 def tiled_rows(fn: RowFn, x: torch.Tensor, tiling: RowTiling) -> torch.Tensor:

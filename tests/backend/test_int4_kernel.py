@@ -1,11 +1,14 @@
 """The int4 kernel (backend/kernels): close to the dequantized weights (bf16 output, inputs held to ~15 bits),
 rows that never depend on their batch (count, position, the VNNI and AMX paths, threads), the packing, the
-choice between it and torch's kernel, and the served revision that tells the two apart. Runs where the CPU has AMX-BF16 (this project's
-machines do); elsewhere the kernel is never chosen, which the choice tests check through the CPU flags."""
+choice between it and torch's kernel, the served revision that tells the two apart, and the AMX tile
+configuration as the CPU holds it (GCC 12's intrinsic trap, DESIGN.md §8). Runs where the CPU has AMX-BF16
+(this project's machines do); elsewhere the kernel is never chosen, which the choice tests check through the
+CPU flags."""
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -122,6 +125,59 @@ def test_bad_inputs_are_refused_with_a_reason() -> None:
     with pytest.raises(RuntimeError, match="factors"):
         torch.ops.tokenedge.int4_mm(activations(2, 64), codes, factors.float())
     assert int4_mm(activations(0, 64), codes, factors).shape == (0, 32)
+
+
+def test_no_tile_configuration_goes_through_gccs_intrinsics() -> None:
+    """GCC 12's _tile_loadconfig and _tile_storeconfig name an 8-byte operand: the compiler may drop the
+    stores that fill the rest of the 64-byte configuration, and ldtilecfg then faults (DESIGN.md §8). The
+    kernel names the whole struct in its own asm instead."""
+    source = kernels._SOURCE.read_text()
+    assert not re.search(r"\b_tile_(load|store)config\s*\(", source)
+    assert re.search(r'"ldtilecfg %0"\s*::\s*"m"\(cfg\)', source)
+
+
+def test_tile_loads_and_stores_go_through_the_ordered_macros() -> None:
+    """GCC 12's _tile_loadd and _tile_stored tell the compiler of no memory access; the kernel calls each once,
+    inside a macro that puts a compiler barrier on its memory side, and everywhere else that macro."""
+    source = kernels._SOURCE.read_text()
+    assert (
+        len(re.findall(r"\b_tile_loadd\(", source)) == 1 and len(re.findall(r"\b_tile_stored\(", source)) == 1
+    )
+    for macro, raw in (("TE_TILE_LOAD", "_tile_loadd"), ("TE_TILE_STORE", "_tile_stored")):
+        body = source[source.index(f"#define {macro}(") :].split("while (0)")[0]
+        assert f"{raw}(" in body and '__asm__ volatile("" ::: "memory")' in body
+        assert len(re.findall(rf"\b{macro}\(", source)) > 2  # defined, and used
+
+
+def tile_config(rows: int, a_bytes: int, b_rows: int) -> bytes:
+    """The 64 bytes `configure` (int4_amx.cpp) means: palette 1, C tiles 0-1 and A tiles 2-3 of `rows`
+    rows (64 and `a_bytes` bytes a row), B tiles 4-5 of `b_rows` rows of 64 bytes, tiles 6-15 unused."""
+    colsb = [64, 64, a_bytes, a_bytes, 64, 64] + [0] * 10
+    heights = [rows] * 4 + [b_rows] * 2 + [0] * 10
+    return bytes([1, 0] + [0] * 14) + b"".join(c.to_bytes(2, "little") for c in colsb) + bytes(heights)
+
+
+@needs_amx
+@pytest.mark.parametrize(
+    ("rows", "a_bytes", "b_rows"),
+    [(16, 32, 8), (2, 32, 8), (10, 32, 8), (16, 64, 16), (3, 64, 16)],  # int4_mm's, then int8_mm's
+)
+def test_the_tile_configuration_reaches_the_cpu_whole(rows: int, a_bytes: int, b_rows: int) -> None:
+    """What ldtilecfg loaded, read back with sttilecfg: every byte the kernel filled (a dropped store shows
+    as a stale byte, or as a fault)."""
+    held = torch.ops.tokenedge.tile_config_roundtrip(rows, a_bytes, b_rows)
+    assert held.dtype == torch.uint8 and bytes(held.tolist()) == tile_config(rows, a_bytes, b_rows)
+
+
+@needs_amx
+def test_the_self_check_refuses_a_configuration_that_reads_back_wrong(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kernel is only used once the CPU holds the configuration `configure` means (else torch's kernel)."""
+    kernels._self_check()
+    monkeypatch.setattr(kernels, "_tile_config", lambda rows, a_bytes, b_rows: tile_config(rows, a_bytes, 1))
+    with pytest.raises(RuntimeError, match="tile configuration"):
+        kernels._self_check()
 
 
 def test_the_packing_holds_every_code_once() -> None:
