@@ -15,6 +15,7 @@ import aiohttp
 from aiohttp import web
 
 from cdn.purge import CdnConfig, build_purge_clients, fan_out
+from gateway.bodies import edge_middleware
 from gateway.catalog import ModelCatalog
 from gateway.coherence.bus import Bus
 from gateway.coherence.coherence import Coherence
@@ -25,7 +26,6 @@ from gateway.config import GatewayConfig
 from gateway.dashboard import views as dashboard
 from gateway.dashboard.cost import parse_prices
 from gateway.dashboard.sampler import sampler as dashboard_sampler
-from gateway.edge import edge_middleware
 from gateway.errors import GatewayError, error_response
 from gateway.handlers import admin, alias, completions, ops, relay, tenancy
 from gateway.lease_fill import lease_ctx

@@ -6,8 +6,8 @@ then too few bytes, holds its connection (and a handler) for as long as it likes
 - Head: from a request's first byte (or the connection's start) until aiohttp hands the parsed request to the app,
   each read must come within `server.header_read_timeout_s` and the whole head within `server.header_total_s`. A
   per-process sweep (`EdgeServer`) closes offenders with a 408 JSON answer.
-- Body: the app's `body_deadline` middleware reads the whole body before any handler runs, each read within
-  `server.body_read_timeout_s` and all of it within `server.body_total_s` (and within `max_body_bytes`).
+- Body: the app's `edge_middleware` (`gateway.bodies`) reads the whole body before any handler runs, each read
+  within `server.body_read_timeout_s` and all of it within `server.body_total_s` (and within `max_body_bytes`).
 - At most `server.max_connections` open connections per process; more are closed at once.
 
 Each close is counted in `tokenedge_slow_clients_total{phase}` (header, body, capacity) and logged at debug level,
@@ -15,8 +15,10 @@ never as an error: slow clients are the Internet, not a gateway fault. aiohttp's
 Content-Length, bad Transfer-Encoding, bad method, oversized head) answer OpenAI-style JSON 400s, and a client that
 left is debug-logged without a traceback.
 
-`EdgeRunner` replaces aiohttp's `AppRunner` (the only seam that chooses the protocol class); `serve` replaces
-`web.run_app` for `python -m gateway`, and the tests' `start_gateway` uses the same runner.
+The fast lane (`gateway.fastlane`) answers known hits from a connection's reads, in front of aiohttp's parser,
+only when that is in order (`EdgeRequestHandler.in_order`). `EdgeRunner` replaces aiohttp's `AppRunner` (the
+only seam that chooses the protocol class); `serve` replaces `web.run_app` for `python -m gateway`, and the tests'
+`start_gateway` uses the same runner.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from gateway import aioseam
 from gateway.config import ServerConfig
-from gateway.errors import GatewayError, PayloadTooLarge, error_body, error_response
+from gateway.errors import error_body, error_response
 from gateway.fastlane import NOT_SERVED, PENDING, FastLane
 from gateway.framing import Framer
 from gateway.lookup import PRE_READ
@@ -52,12 +54,6 @@ _TIMEOUT_RESPONSE = (
     b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nConnection: close\r\n"
     b"Content-Length: " + str(len(_TIMEOUT_BODY)).encode() + b"\r\n\r\n" + _TIMEOUT_BODY
 )
-
-
-class SlowClient(GatewayError):
-    status = 408
-    type = "invalid_request_error"
-    code = "request_timeout"
 
 
 class EdgeRequestHandler(RequestHandler):
@@ -371,71 +367,6 @@ class EdgeTestServer(TestServer):
 
     async def _make_runner(self, **kwargs: Any) -> web.BaseRunner:
         return EdgeRunner(self.app, **kwargs)
-
-
-@web.middleware
-async def edge_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Marks the head as received (no more head deadline), then reads the body under its deadlines."""
-    protocol = request.protocol
-    edge = protocol if isinstance(protocol, EdgeRequestHandler) else None
-    if edge is not None:
-        edge.request_started()
-    try:
-        if request.body_exists:
-            try:
-                await read_body_within_deadlines(request)
-            except SlowClient as exc:
-                if edge is not None:
-                    edge.drop_after_response()
-                response = exc.to_response()
-                response.force_close()
-                return response
-        return await handler(request)
-    finally:
-        if edge is not None:
-            edge.request_finished()
-
-
-async def read_body_within_deadlines(request: web.Request) -> None:
-    """Read the whole body now; `request.read()` then returns it (aiohttp caches a read body in `_read_bytes`)."""
-    if aioseam.body_read(request) is not None:
-        return  # the fast lane already took the whole, buffered body (gateway.fastlane)
-    state = request.app[STATE]
-    server = state.config.server
-    declared = request.content_length
-    if declared is not None and declared > server.max_body_bytes:
-        raise PayloadTooLarge(
-            f"request body of {declared} bytes exceeds the limit of {server.max_body_bytes} bytes"
-        )
-    content = request.content
-    if content.is_eof() and content.exception() is None:  # all of it is buffered already: no read can stall
-        body = content.read_nowait()
-        if len(body) > server.max_body_bytes:
-            raise PayloadTooLarge(f"request body exceeds the limit of {server.max_body_bytes} bytes")
-        aioseam.set_body(request, body)
-        return
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + server.body_total_s
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        wait_s = min(server.body_read_timeout_s, deadline - loop.time())
-        try:
-            if wait_s <= 0:
-                raise TimeoutError
-            async with asyncio.timeout(wait_s):
-                chunk = await request.content.readany()
-        except TimeoutError:
-            state.metrics.slow_clients.labels("body").inc()
-            log.debug("closed a connection whose request body was too slow")
-            raise SlowClient("the request body was not received in time") from None
-        if not chunk:
-            break
-        size += len(chunk)
-        if size > server.max_body_bytes:
-            raise PayloadTooLarge(f"request body exceeds the limit of {server.max_body_bytes} bytes")
-        chunks.append(chunk)
-    aioseam.set_body(request, b"".join(chunks))
 
 
 def serve(app: web.Application, *, host: str, port: int, reuse_port: bool) -> None:
