@@ -57,6 +57,7 @@ async def fill(state: GatewayState, req: FillRequest) -> FillResult:
         max_entry_bytes=state.config.cache.max_entry_bytes,
         complete=facts is not None and not encoded,
         finish_reasons=facts[0] if facts else (),
+        has_usage=facts is not None and facts[1] is not None,
     )
     if refusal is None and revision_moved(state, req, resp.headers):
         refusal = Reason.REVISION

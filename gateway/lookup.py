@@ -15,7 +15,7 @@ from aiohttp import web
 from gateway.cache_control import RequestDirectives
 from gateway.dashboard.hotkeys import PROMPT
 from gateway.entry import Entry
-from gateway.policy import Freshness, Lookup, freshness, satisfies
+from gateway.policy import Freshness, Lookup, freshness, lacks, satisfies
 from gateway.state import GatewayState
 from gateway.tiers.tiered import Found
 from gateway.timing import lap
@@ -45,6 +45,8 @@ async def read_cache(
     if found is None:
         return CacheRead(None, None, now)
     entry = found.entry
+    if lacks(entry.usage, needs_usage=lookup.needs_usage) is not None:
+        return CacheRead(None, None, now)  # DESIGN §4: an entry missing what this request needs is a miss
     age = entry.age_s(now)
     fresh = freshness(age_s=age, ttl_s=entry.ttl_s, stale_if_error_s=entry.stale_if_error_s)
     if fresh is Freshness.FRESH and satisfies(age_s=age, directives=directives):

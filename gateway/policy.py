@@ -38,6 +38,9 @@ class Reason(StrEnum):
     ERROR = "error"  # the upstream reported an error inside a 200 response
     TOO_LARGE = "too-large"  # over the per-entry byte cap
     REVISION = "revision-changed"  # the answer names a newer model revision than the key: learned, not stored
+    NO_USAGE = (
+        "no-usage"  # the answer carries no usage: an entry must hold everything a later request may ask
+    )
     # lookup outcomes the handlers report (not returned here)
     NO_CACHE = "no-cache"  # Cache-Control: no-cache, lookup skipped, answer stored
     MAX_AGE = "max-age"  # an entry was found but is older than the request's max-age
@@ -88,12 +91,17 @@ class RoutePolicy:
 
 @dataclass(frozen=True, slots=True)
 class Lookup:
-    """Cacheable: look up unless `read` is False (no-cache), and store the answer with `ttl_s`."""
+    """Cacheable: look up unless `read` is False (no-cache), and store the answer with `ttl_s`.
+
+    `needs_usage`: the answer carries usage (every JSON answer; a stream only with `include_usage`), so an entry
+    without it cannot answer this request (`lacks`).
+    """
 
     ttl_s: int
     read: bool
     max_age_s: int | None
     only_if_cached: bool
+    needs_usage: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +139,25 @@ def decide(
         # RFC 9111 §5.2.1.1 (checked by `satisfies`) and §5.2.1.7 (504 on a miss, in the handler).
         max_age_s=directives.max_age_s,
         only_if_cached=directives.only_if_cached,
+        needs_usage=body.get("stream") is not True or wants_usage(body),
     )
+
+
+def wants_usage(body: Mapping[str, Any]) -> bool:
+    """A streamed request that asked for the closing usage chunk (`stream_options.include_usage`)."""
+    options = body.get("stream_options")
+    return isinstance(options, Mapping) and options.get("include_usage") is True
+
+
+def lacks(usage: Mapping[str, Any] | None, *, needs_usage: bool) -> Reason | None:
+    """Why an entry cannot answer a request, or None: a hit is the whole answer, never a partial one (DESIGN §4).
+
+    An entry without usage (written before the gateway asked every stream for it, or by an upstream that ignored
+    the ask) is a miss for any request whose answer carries usage; the fill then stores a whole entry.
+    """
+    if needs_usage and usage is None:
+        return Reason.NO_USAGE
+    return None
 
 
 def _sampling_reason(body: Mapping[str, Any], route: RoutePolicy) -> Reason | None:
@@ -165,11 +191,14 @@ def store_refusal(
     max_entry_bytes: int,
     complete: bool,
     finish_reasons: Iterable[str | None],
+    has_usage: bool,
 ) -> Reason | None:
-    """Why a response may not be stored, or None when it may: only complete, clean HTTP 200 answers.
+    """Why a response may not be stored, or None when it may: only complete, clean HTTP 200 answers with usage.
 
     `finish_reasons` are the choices' final finish reasons; None entries (a chunk without one) are
     ignored, since completeness is `complete`'s job (a non-stream body, or a stream that saw [DONE]).
+    `has_usage`: every later request may ask for usage (a JSON hit always carries it), so an answer without it
+    is relayed but never stored.
     """
     if status != 200:  # never errors, 429s, redirects or partial content
         return Reason.STATUS
@@ -182,6 +211,8 @@ def store_refusal(
         return Reason.ERROR
     if "abort" in reasons:  # vLLM's finish reason for an aborted request
         return Reason.INCOMPLETE
+    if not has_usage:
+        return Reason.NO_USAGE
     if body_bytes > max_entry_bytes:
         return Reason.TOO_LARGE
     return None

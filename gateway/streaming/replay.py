@@ -16,13 +16,9 @@ from typing import Any
 import orjson
 
 from gateway.entry import Entry
+from gateway.policy import wants_usage as wants_usage  # the policy's, named here for replay's importers
 from gateway.streaming.recorder import CHAT, is_usage_only
 from gateway.streaming.sse import DONE_FRAME, data_frame
-
-
-def wants_usage(body: Mapping[str, Any]) -> bool:
-    options = body.get("stream_options")
-    return isinstance(options, Mapping) and options.get("include_usage") is True
 
 
 def replay_frames(entry: Entry, *, include_usage: bool, chunk_chars: int) -> list[bytes]:

@@ -1,5 +1,8 @@
 """The tee: drive one upstream stream into a flight and a recorder, and store the entry on a clean end only.
 
+The stream it opens asks for usage whatever the client asked (`gateway.streaming.usage`), so the entry is whole;
+the usage chunk is published as a usage-only frame, which `pipe` gives only to the clients that asked for it.
+
 Each upstream event is published to the flight as soon as it is parsed (no buffering beyond one SSE event) and fed
 to the recorder. DESIGN §4: the entry is written only after `[DONE]`, with no error event, every choice finished
 (not by the content filter) and under `cache.max_entry_bytes`; it is written *before* the `[DONE]` frame is
@@ -12,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 
 import aiohttp
+import orjson
 
 from gateway.answer import FillRequest, make_entry, revision_moved
 from gateway.entry import Entry
@@ -23,6 +28,8 @@ from gateway.state import GatewayState
 from gateway.streaming.broadcast import Frame, Head, StreamFlight
 from gateway.streaming.recorder import Kind, Recorder
 from gateway.streaming.sse import DONE_FRAME, SSEParser, data_frame, error_frame
+from gateway.streaming.usage import asking_usage
+from gateway.tokens.path import TokenUpstream
 from gateway.transport import OpenResponse
 from gateway.upstream import translate
 
@@ -30,6 +37,7 @@ log = logging.getLogger("tokenedge.stream")
 
 
 async def tee(state: GatewayState, flight: StreamFlight, req: FillRequest) -> None:
+    req = usage_asked(req)
     cap = state.config.cache.max_entry_bytes
     recorder = Recorder(req.endpoint, cap)
     started = time.perf_counter()
@@ -99,6 +107,16 @@ async def _pump(resp: OpenResponse, flight: StreamFlight, recorder: Recorder, ca
         flight.publish(Frame(data_frame(event.data, event.name)), cap_bytes=cap)
 
 
+def usage_asked(req: FillRequest) -> FillRequest:
+    """The fill request with the usage ask (`gateway.streaming.usage`), through the token seam as well."""
+    body = orjson.loads(req.body)
+    raw, asked = asking_usage(req.body, body)
+    if raw is req.body:
+        return req
+    via = req.via.with_body(asked) if isinstance(req.via, TokenUpstream) else req.via
+    return replace(req, body=raw, via=via)
+
+
 def _stored_entry(
     state: GatewayState, req: FillRequest, recorder: Recorder
 ) -> tuple[Entry | None, Reason | None]:
@@ -114,6 +132,7 @@ def _stored_entry(
         max_entry_bytes=state.config.cache.max_entry_bytes,
         complete=recorder.complete,
         finish_reasons=recorder.finish_reasons,
+        has_usage=recorder.usage is not None,
     )
     if refusal is not None:
         return None, refusal

@@ -15,6 +15,7 @@ from gateway.policy import (
     RoutePolicy,
     decide,
     freshness,
+    lacks,
     satisfies,
     store_refusal,
 )
@@ -210,15 +211,72 @@ def test_store_refusal(
     status: int, size: int, complete: bool, finish: list[str | None], expected: Reason | None
 ) -> None:
     refusal = store_refusal(
-        status=status, body_bytes=size, max_entry_bytes=CAP, complete=complete, finish_reasons=finish
+        status=status,
+        body_bytes=size,
+        max_entry_bytes=CAP,
+        complete=complete,
+        finish_reasons=finish,
+        has_usage=True,
     )
     assert refusal == expected
+
+
+def test_an_answer_without_usage_is_not_stored() -> None:
+    """DESIGN §4: a later JSON hit (or streamed hit with include_usage) would lack it: relayed, never stored."""
+    refusal = store_refusal(
+        status=200,
+        body_bytes=10,
+        max_entry_bytes=CAP,
+        complete=True,
+        finish_reasons=["stop"],
+        has_usage=False,
+    )
+    assert refusal is Reason.NO_USAGE
+
+
+NEEDS_USAGE = [
+    ("JSON", msgs(temperature=0), True),
+    ("JSON with stream false", msgs(temperature=0, stream=False), True),
+    ("plain stream", msgs(temperature=0, stream=True), False),
+    (
+        "stream with include_usage",
+        msgs(temperature=0, stream=True, stream_options={"include_usage": True}),
+        True,
+    ),
+    ("include_usage false", msgs(temperature=0, stream=True, stream_options={"include_usage": False}), False),
+    (
+        "include_usage not a bool",
+        msgs(temperature=0, stream=True, stream_options={"include_usage": 1}),
+        False,
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "expected"), [c[1:] for c in NEEDS_USAGE], ids=[c[0] for c in NEEDS_USAGE])
+def test_what_answers_carry_usage(body: dict[str, Any], expected: bool) -> None:
+    decision = decide(CHAT, body, NONE, ROUTE)
+    assert isinstance(decision, Lookup) and decision.needs_usage is expected
+
+
+LACKS = [
+    ("whole entry, JSON request", {"total_tokens": 3}, True, None),
+    ("no usage, JSON request", None, True, Reason.NO_USAGE),
+    ("no usage, plain stream", None, False, None),
+    ("whole entry, plain stream", {"total_tokens": 3}, False, None),
+]
+
+
+@pytest.mark.parametrize(("usage", "needs", "expected"), [c[1:] for c in LACKS], ids=[c[0] for c in LACKS])
+def test_an_entry_missing_what_a_request_needs_is_a_miss(
+    usage: dict[str, Any] | None, needs: bool, expected: Reason | None
+) -> None:
+    assert lacks(usage, needs_usage=needs) == expected
 
 
 def test_store_refusal_accepts_a_generator() -> None:
     reasons = (r for r in ["stop", "content_filter"])
     assert store_refusal(
-        status=200, body_bytes=1, max_entry_bytes=CAP, complete=True, finish_reasons=reasons
+        status=200, body_bytes=1, max_entry_bytes=CAP, complete=True, finish_reasons=reasons, has_usage=True
     ) == (Reason.CONTENT_FILTER)
 
 

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from tests.support.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
@@ -195,3 +196,21 @@ async def make_openai(upstream_url: str, tmp_path: Path) -> AsyncIterator[Make]:
     yield factory
     for gw in started:
         await gw.close()
+
+
+@pytest.mark.parametrize("binary", [False, True])
+async def test_a_plain_stream_through_the_token_path_stores_usage(make: Make, binary: bool) -> None:
+    """The usage ask reaches the backend over either transport; the client that did not ask sees no usage chunk."""
+    gw = await make(binary_transport=binary)
+    body = chat("Usage for later")
+    streamed = await (await gw.client.post("/v1/chat/completions", json={**body, "stream": True})).read()
+    hit = await gw.client.post("/v1/chat/completions", json=body)
+    doc = await hit.json()
+
+    chunks = [orjson.loads(line[6:]) for line in streamed.split(b"\n\n") if line.startswith(b"data: {")]
+    assert streamed.endswith(b"data: [DONE]\n\n") and chunks
+    assert all(
+        c["choices"] and c.get("usage") is None for c in chunks
+    )  # no usage chunk (OpenAI's `usage: null`)
+    assert "hit" in hit.headers["Cache-Status"]
+    assert doc["usage"]["completion_tokens"] > 0 and doc["usage"]["prompt_tokens"] > 0

@@ -32,6 +32,9 @@ class FakeUpstream:
         None  # send this many chunks, then an OpenAI-style error event and [DONE]
     )
     finish_reason: str = "stop"
+    omit_usage: bool = (
+        False  # an upstream that reports no usage: none in JSON, the stream's usage ask ignored
+    )
     denied_tokens: set[str] = field(default_factory=set)  # Authorization values answered with 401
     calls: Counter[str] = field(default_factory=Counter)
     bodies: list[dict[str, Any]] = field(default_factory=list)
@@ -119,9 +122,12 @@ class FakeUpstream:
                 "created": 1700000000 + n,
                 "model": body["model"],
                 "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}],
-                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+                **self._usage({"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}),
             }
         )
+
+    def _usage(self, usage: dict[str, Any]) -> dict[str, Any]:
+        return {} if self.omit_usage else {"usage": usage}
 
     @staticmethod
     def _tool_call() -> dict[str, Any]:
@@ -179,7 +185,7 @@ class FakeUpstream:
 
         out = [text(piece) for piece in self.stream_pieces]
         out.append(text("", self.finish_reason))
-        return out + _usage_chunk(base, body, prompt_tokens=3)
+        return out + ([] if self.omit_usage else _usage_chunk(base, body, prompt_tokens=3))
 
     def _chunks(self, body: dict[str, Any], n: int) -> list[dict[str, Any]]:
         if "prompt" in body:
@@ -200,7 +206,7 @@ class FakeUpstream:
         else:
             out += [delta({"content": piece}) for piece in self.stream_pieces]
         out.append(delta({}, "tool_calls" if self.stream_tool_calls else self.finish_reason))
-        return out + _usage_chunk(base, body, prompt_tokens=10)
+        return out + ([] if self.omit_usage else _usage_chunk(base, body, prompt_tokens=10))
 
     def _tool_call_deltas(self) -> list[dict[str, Any]]:
         """The tool call as OpenAI streams it: id, type and name first, then the arguments in two pieces."""
