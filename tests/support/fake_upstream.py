@@ -39,6 +39,7 @@ class FakeUpstream:
     calls: Counter[str] = field(default_factory=Counter)
     bodies: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)  # raw paths of `GET /v1/models/{id}`
     chunks_sent: list[int] = field(default_factory=list)
     serial: itertools.count = field(default_factory=lambda: itertools.count(1))
     entered: asyncio.Event = field(default_factory=asyncio.Event)
@@ -46,6 +47,7 @@ class FakeUpstream:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model:.+}", self.model)  # as the backend: ids may hold '/' (org/name)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/embeddings", self.embeddings)
@@ -66,6 +68,14 @@ class FakeUpstream:
                     }
                 ],
             }
+        )
+
+    async def model(self, request: web.Request) -> web.Response:
+        """`GET /v1/models/{id}`: the id as this server decoded it, and the raw path it was sent."""
+        self.calls["model"] += 1
+        self.paths.append(request.raw_path)
+        return web.json_response(
+            {"id": request.match_info["model"], "object": "model", "created": 0, "owned_by": "org"}
         )
 
     async def files(self, request: web.Request) -> web.Response:
