@@ -300,6 +300,8 @@ class RouteConfig:
     scope: Literal["tenant", "public"] = "tenant"
     ttl_s: int = 3600
     enabled: bool = True
+    # Seeded sampled requests are cached where the upstream promises invariant seeded sampling (/v1/models
+    # `tokenedge.seeded_invariant`); true caches them on any upstream: unsafe on engines that are not invariant.
     allow_seeded: bool = False
     allow_n_gt_1: bool = False
 

@@ -29,7 +29,9 @@ class Reason(StrEnum):
     ROUTE_OFF = "route-off"  # caching disabled for the route
     NO_STORE = "no-store"  # the request's Cache-Control: no-store
     TEMPERATURE = "temperature"  # sampled: temperature is not 0 (absent means 1)
-    SEED = "seed"  # sampled but seeded, and the route does not cache seeded requests
+    SEED = (
+        "seed"  # sampled but seeded: the upstream does not promise invariant seeded sampling, nor the route
+    )
     N = "n"  # more than one choice requested
     # store_refusal(): the response is forwarded but not stored
     STATUS = "status"  # not HTTP 200
@@ -95,6 +97,7 @@ class Lookup:
 
     `needs_usage`: the answer carries usage (every JSON answer; a stream only with `include_usage`), so an entry
     without it cannot answer this request (`lacks`).
+    `seeded`: a seeded sampled request, cacheable only once the upstream's promise is known (`confirm_seeded`).
     """
 
     ttl_s: int
@@ -102,6 +105,7 @@ class Lookup:
     max_age_s: int | None
     only_if_cached: bool
     needs_usage: bool = True
+    seeded: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +132,12 @@ def decide(
     if directives.no_store:
         # RFC 9111 §5.2.1.5 only forbids storing; DESIGN §4 also skips the lookup ("neither").
         return Bypass(Reason.NO_STORE)
+    seeded = False
     if endpoint not in _DETERMINISTIC_ENDPOINTS:
-        reason = _sampling_reason(body, route)
-        if reason is not None:
-            return Bypass(reason)
+        sampling = _sampling(body, route)
+        if isinstance(sampling, Reason):
+            return Bypass(sampling)
+        seeded = sampling
     return Lookup(
         ttl_s=route.ttl_s,
         # RFC 9111 §5.2.1.4: no-cache forbids answering from a stored response; the new one may be stored.
@@ -140,7 +146,21 @@ def decide(
         max_age_s=directives.max_age_s,
         only_if_cached=directives.only_if_cached,
         needs_usage=body.get("stream") is not True or wants_usage(body),
+        seeded=seeded,
     )
+
+
+def confirm_seeded(lookup: Lookup, *, promised: bool) -> Lookup | Bypass:
+    """A seeded sampled request is deterministic only on an engine whose seeded sampling is batch-invariant.
+
+    `promised`: the upstream says so for the model (`tokenedge.seeded_invariant` in `/v1/models`). Elsewhere the
+    same seed can draw other tokens when the batch differs (vLLM's default kernels), so caching it would freeze one
+    draw and serve it as if it were the answer: a bypass, unless the route opted in (`allow_seeded`, decided in
+    `decide`, where `seeded` is then False).
+    """
+    if not lookup.seeded or promised:
+        return lookup
+    return Bypass(Reason.SEED)
 
 
 def wants_usage(body: Mapping[str, Any]) -> bool:
@@ -160,19 +180,20 @@ def lacks(usage: Mapping[str, Any] | None, *, needs_usage: bool) -> Reason | Non
     return None
 
 
-def _sampling_reason(body: Mapping[str, Any], route: RoutePolicy) -> Reason | None:
-    """None when a generation request is deterministic; a value of the wrong type counts as random."""
+def _sampling(body: Mapping[str, Any], route: RoutePolicy) -> Reason | bool:
+    """Why a generation request is random (a Reason), or whether it is cacheable only on the upstream's promise
+    of invariant seeded sampling (True: seeded and sampled, the route not opted in). A value of the wrong type
+    counts as random."""
     temperature = _number(body.get("temperature"), default=1)
+    seeded = False
     if temperature != 0:
-        seeded = _number(body.get("seed"), default=None) is not None
-        if not seeded:
+        if _number(body.get("seed"), default=None) is None:
             return Reason.TEMPERATURE
-        if not route.allow_seeded:
-            return Reason.SEED
+        seeded = not route.allow_seeded
     n = _number(body.get("n"), default=1)
     if n is None or (n != 1 and not route.allow_n_gt_1):
         return Reason.N
-    return None
+    return seeded
 
 
 def _number(value: Any, *, default: float | None) -> float | None:

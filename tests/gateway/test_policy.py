@@ -13,6 +13,7 @@ from gateway.policy import (
     Lookup,
     Reason,
     RoutePolicy,
+    confirm_seeded,
     decide,
     freshness,
     lacks,
@@ -24,6 +25,7 @@ CHAT = "chat/completions"
 ROUTE = RoutePolicy(ttl_s=600)
 NONE = RequestDirectives()
 HIT = Lookup(ttl_s=600, read=True, max_age_s=None, only_if_cached=False)
+SEEDED = Lookup(ttl_s=600, read=True, max_age_s=None, only_if_cached=False, seeded=True)
 
 
 def msgs(**fields: Any) -> dict[str, Any]:
@@ -40,7 +42,7 @@ DECISIONS = [
     ("temperature a string", CHAT, msgs(temperature="0"), NONE, ROUTE, Bypass(Reason.TEMPERATURE)),
     ("temperature false is not 0", CHAT, msgs(temperature=False), NONE, ROUTE, Bypass(Reason.TEMPERATURE)),
     ("temperature a list", CHAT, msgs(temperature=[0]), NONE, ROUTE, Bypass(Reason.TEMPERATURE)),
-    ("seeded, route disallows", CHAT, msgs(temperature=0.7, seed=42), NONE, ROUTE, Bypass(Reason.SEED)),
+    ("seeded: on the upstream's promise", CHAT, msgs(temperature=0.7, seed=42), NONE, ROUTE, SEEDED),
     (
         "seeded, route allows",
         CHAT,
@@ -177,6 +179,28 @@ def test_reasons_are_short_lowercase_header_tokens() -> None:
 def test_route_policy_validates_itself(field: str, value: int) -> None:
     with pytest.raises(ValueError, match=field):
         RoutePolicy(**{field: value})
+
+
+CONFIRM = [
+    ("seeded, promised", SEEDED, True, SEEDED),
+    ("seeded, not promised", SEEDED, False, Bypass(Reason.SEED)),
+    ("greedy needs no promise", HIT, False, HIT),
+    ("route opted in: no promise needed", HIT, False, HIT),
+]
+
+
+@pytest.mark.parametrize(
+    ("lookup", "promised", "expected"), [c[1:] for c in CONFIRM], ids=[c[0] for c in CONFIRM]
+)
+def test_seeded_requests_are_cached_only_on_the_upstreams_promise(
+    lookup: Lookup, promised: bool, expected: Lookup | Bypass
+) -> None:
+    assert confirm_seeded(lookup, promised=promised) == expected
+
+
+def test_a_route_that_opts_in_caches_seeded_requests_without_the_promise() -> None:
+    decision = decide(CHAT, msgs(temperature=0.7, seed=1), NONE, RoutePolicy(ttl_s=600, allow_seeded=True))
+    assert decision == HIT and confirm_seeded(decision, promised=False) == HIT
 
 
 # --- store_refusal ---------------------------------------------------------------------------------------

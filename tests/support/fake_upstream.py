@@ -32,9 +32,9 @@ class FakeUpstream:
         None  # send this many chunks, then an OpenAI-style error event and [DONE]
     )
     finish_reason: str = "stop"
-    omit_usage: bool = (
-        False  # an upstream that reports no usage: none in JSON, the stream's usage ask ignored
-    )
+    # An upstream that reports no usage: none in JSON, and the stream's usage ask ignored.
+    omit_usage: bool = False
+    seeded_invariant: bool = False  # /v1/models promises batch-invariant seeded sampling
     denied_tokens: set[str] = field(default_factory=set)  # Authorization values answered with 401
     calls: Counter[str] = field(default_factory=Counter)
     bodies: list[dict[str, Any]] = field(default_factory=list)
@@ -64,7 +64,11 @@ class FakeUpstream:
                         "id": "test-model",
                         "object": "model",
                         "owned_by": "tokenedge",
-                        "tokenedge": {"revision": self.revision, "max_model_len": 2048},
+                        "tokenedge": {
+                            "revision": self.revision,
+                            "max_model_len": 2048,
+                            **({"seeded_invariant": True} if self.seeded_invariant else {}),
+                        },
                     }
                 ],
             }
