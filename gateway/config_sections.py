@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from gateway.canonical import AUTO, ROUTE_LEVELS
 
-CACHEABLE_ENDPOINTS: tuple[str, ...] = ("chat/completions", "completions", "embeddings")
+CACHEABLE_ENDPOINTS: tuple[str, ...] = ("chat/completions", "completions", "embeddings", "responses")
 RouteLevel = Literal["auto", "exact", "tokens", "normalized", "aggressive"]  # gateway.canonical.ROUTE_LEVELS
 # Values that used to be valid: the message says what they are called now.
 RENAMED_VALUES: dict[Any, str] = {

@@ -14,7 +14,10 @@ from typing import Any
 
 from gateway.cache_control import RequestDirectives
 
-CACHEABLE_ENDPOINTS = frozenset({"chat/completions", "completions", "embeddings"})
+CACHEABLE_ENDPOINTS = frozenset({"chat/completions", "completions", "embeddings", "responses"})
+RESPONSES = "responses"
+# Responses tools the upstream runs itself: their results follow the world (a search, a file store), not the input.
+_CLIENT_TOOLS = frozenset({"function", "custom"})
 _DETERMINISTIC_ENDPOINTS = frozenset({"embeddings"})  # the same input always embeds to the same vector
 # Upstream answers about the caller, not about the request: on a public route a coalesced follower (maybe another
 # tenant) must not be handed the leader's refusal.
@@ -33,6 +36,10 @@ class Reason(StrEnum):
         "seed"  # sampled but seeded: the upstream does not promise invariant seeded sampling, nor the route
     )
     N = "n"  # more than one choice requested
+    STATEFUL = (
+        "stateful"  # a Responses request the upstream keeps or continues (store, previous_response_id, ...)
+    )
+    HOSTED_TOOL = "hosted-tool"  # a Responses tool the upstream runs (web search, file search, ...)
     # store_refusal(): the response is forwarded but not stored
     STATUS = "status"  # not HTTP 200
     INCOMPLETE = "incomplete"  # the stream ended without [DONE], or a choice was aborted
@@ -132,6 +139,10 @@ def decide(
     if directives.no_store:
         # RFC 9111 §5.2.1.5 only forbids storing; DESIGN §4 also skips the lookup ("neither").
         return Bypass(Reason.NO_STORE)
+    if endpoint == RESPONSES:
+        reason = _responses_reason(body)
+        if reason is not None:
+            return Bypass(reason)
     seeded = False
     if endpoint not in _DETERMINISTIC_ENDPOINTS:
         sampling = _sampling(body, route)
@@ -145,7 +156,8 @@ def decide(
         # RFC 9111 §5.2.1.1 (checked by `satisfies`) and §5.2.1.7 (504 on a miss, in the handler).
         max_age_s=directives.max_age_s,
         only_if_cached=directives.only_if_cached,
-        needs_usage=body.get("stream") is not True or wants_usage(body),
+        # a Responses stream always ends with the whole response, usage included
+        needs_usage=endpoint == RESPONSES or body.get("stream") is not True or wants_usage(body),
         seeded=seeded,
     )
 
@@ -161,6 +173,24 @@ def confirm_seeded(lookup: Lookup, *, promised: bool) -> Lookup | Bypass:
     if not lookup.seeded or promised:
         return lookup
     return Bypass(Reason.SEED)
+
+
+def _responses_reason(body: Mapping[str, Any]) -> Reason | None:
+    """A Responses request is cacheable only when stateless: the upstream neither keeps the answer (a cached hit
+    would hand out a response id nothing can retrieve) nor continues a conversation it holds (the input the model
+    sees is not in the request), and no tool the upstream runs itself feeds the answer."""
+    if body.get("store") is not False:  # OpenAI's default is store: true
+        return Reason.STATEFUL
+    if any(body.get(name) is not None for name in ("previous_response_id", "conversation", "prompt")):
+        return Reason.STATEFUL  # `prompt`: a stored prompt template, which its owner may edit
+    if body.get("background") is True:
+        return Reason.STATEFUL
+    tools = body.get("tools")
+    if isinstance(tools, list) and any(
+        not isinstance(t, dict) or t.get("type") not in _CLIENT_TOOLS for t in tools
+    ):
+        return Reason.HOSTED_TOOL
+    return None
 
 
 def wants_usage(body: Mapping[str, Any]) -> bool:

@@ -348,3 +348,11 @@ def test_route_levels_are_the_canonicalization_levels_plus_auto() -> None:
 def test_the_start_up_line_names_the_l2_in_use(cache: dict[str, object], named: str) -> None:
     config = GatewayConfig.from_mapping({"upstream": {"url": "http://u:8000"}, "cache": cache})
     assert l2_description(config.cache) == named
+
+
+@pytest.mark.parametrize("level", ["tokens", "normalized", "aggressive"])
+def test_the_responses_route_keys_at_exact_only(level: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape("routes.responses: level")):
+        GatewayConfig.from_mapping(
+            {"upstream": {"url": "http://u:8000"}, "routes": {"responses": {"level": level}}}
+        )
