@@ -32,7 +32,7 @@ from gateway.handlers.ops import DEBUG_HEADER, finish_request
 from gateway.handlers.tenancy import scope_of
 from gateway.keys import PUBLIC_SCOPE
 from gateway.memo import ParsedRequest
-from gateway.policy import Freshness, Lookup, decide, freshness, lacks
+from gateway.policy import USAGE_ENDPOINTS, Freshness, Lookup, decide, freshness, lacks
 from gateway.state import GatewayState
 from gateway.timing import StageTimer, timer_of
 from gateway.warm import count_hit
@@ -292,8 +292,8 @@ def keyed(state: GatewayState, endpoint: str, raw: bytes, scope: Callable[[], st
 
 
 def is_fresh(entry: Entry, now: float) -> bool:
-    """Fresh, and whole for the JSON answers the fast lanes serve (policy.lacks: a JSON answer carries usage)."""
-    return lacks(entry.usage, needs_usage=True) is None and (
+    """Fresh, and whole for the JSON answers the fast lanes serve (policy.lacks: a generation's carries usage)."""
+    return lacks(entry.usage, needs_usage=entry.endpoint in USAGE_ENDPOINTS) is None and (
         freshness(age_s=entry.age_s(now), ttl_s=entry.ttl_s, stale_if_error_s=entry.stale_if_error_s)
         is Freshness.FRESH
     )

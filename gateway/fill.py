@@ -14,7 +14,7 @@ import orjson
 
 from gateway.answer import FillRequest, make_entry, revision_moved
 from gateway.entry import Entry
-from gateway.policy import Reason, store_refusal
+from gateway.policy import USAGE_ENDPOINTS, Reason, store_refusal
 from gateway.state import GatewayState
 from gateway.streaming.responses import response_finish
 from gateway.upstream import UpstreamResponse
@@ -61,7 +61,7 @@ async def fill(state: GatewayState, req: FillRequest) -> FillResult:
         max_entry_bytes=state.config.cache.max_entry_bytes,
         complete=facts is not None and not encoded,
         finish_reasons=facts[0] if facts else (),
-        has_usage=facts is not None and facts[1] is not None,
+        has_usage=(facts is not None and facts[1] is not None) or req.endpoint not in USAGE_ENDPOINTS,
     )
     if refusal is None and revision_moved(state, req, resp.headers):
         refusal = Reason.REVISION

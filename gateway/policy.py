@@ -16,6 +16,9 @@ from gateway.cache_control import RequestDirectives
 
 CACHEABLE_ENDPOINTS = frozenset({"chat/completions", "completions", "embeddings", "responses"})
 RESPONSES = "responses"
+# Generation: an entry may answer a later request whose answer carries usage (a JSON one, a stream with
+# `include_usage`). An embeddings entry is the upstream's own JSON, the whole of what any later request gets.
+USAGE_ENDPOINTS = frozenset({"chat/completions", "completions", RESPONSES})
 # Responses tools the upstream runs itself: their results follow the world (a search, a file store), not the input.
 _CLIENT_TOOLS = frozenset({"function", "custom"})
 _DETERMINISTIC_ENDPOINTS = frozenset({"embeddings"})  # the same input always embeds to the same vector
@@ -157,7 +160,8 @@ def decide(
         max_age_s=directives.max_age_s,
         only_if_cached=directives.only_if_cached,
         # a Responses stream always ends with the whole response, usage included
-        needs_usage=endpoint == RESPONSES or body.get("stream") is not True or wants_usage(body),
+        needs_usage=endpoint in USAGE_ENDPOINTS
+        and (endpoint == RESPONSES or body.get("stream") is not True or wants_usage(body)),
         seeded=seeded,
     )
 
@@ -248,8 +252,8 @@ def store_refusal(
 
     `finish_reasons` are the choices' final finish reasons; None entries (a chunk without one) are
     ignored, since completeness is `complete`'s job (a non-stream body, or a stream that saw [DONE]).
-    `has_usage`: every later request may ask for usage (a JSON hit always carries it), so an answer without it
-    is relayed but never stored.
+    `has_usage`: a later request may ask for usage (a generation's JSON hit always carries it), so a generation
+    without it is relayed but never stored (callers pass True for endpoints outside `USAGE_ENDPOINTS`).
     """
     if status != 200:  # never errors, 429s, redirects or partial content
         return Reason.STATUS

@@ -88,8 +88,7 @@ async def confirmed(request: web.Request, state: GatewayState, prep: Prepared) -
     """A seeded sampled request stays a Lookup only where the upstream promises invariant seeded sampling
     (`policy.confirm_seeded`); the catalog is asked for those requests only."""
     decision = prep.decision
-    if not isinstance(decision, Lookup) or not decision.seeded:
-        return prep
+    assert isinstance(decision, Lookup)
     fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
     promised = await state.catalog.seeded_invariant(prep.body["model"], fwd)
     return replace(prep, decision=confirm_seeded(decision, promised=promised))
@@ -146,7 +145,9 @@ def make_handler(endpoint: str):
             if fast is not None:  # a known request's fresh L1 hit, written in one piece (gateway.fastpath)
                 result, reason = Result.HIT, "l1"
                 return fast
-            prep = await confirmed(request, state, prepare(request, state, endpoint, raw))
+            prep = prepare(request, state, endpoint, raw)
+            if isinstance(prep.decision, Lookup) and prep.decision.seeded:  # on the upstream's promise only
+                prep = await confirmed(request, state, prep)
             if (
                 state.config.dashboard.show_prompts
             ):  # the operator opted in: the hot-keys table shows the text

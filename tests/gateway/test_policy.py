@@ -26,6 +26,7 @@ ROUTE = RoutePolicy(ttl_s=600)
 NONE = RequestDirectives()
 HIT = Lookup(ttl_s=600, read=True, max_age_s=None, only_if_cached=False)
 SEEDED = Lookup(ttl_s=600, read=True, max_age_s=None, only_if_cached=False, seeded=True)
+EMBED = Lookup(ttl_s=600, read=True, max_age_s=None, only_if_cached=False, needs_usage=False)
 
 
 def msgs(**fields: Any) -> dict[str, Any]:
@@ -98,9 +99,9 @@ DECISIONS = [
     ),
     ("completions temperature 0", "completions", {"prompt": "a", "temperature": 0}, NONE, ROUTE, HIT),
     ("completions sampled", "completions", {"prompt": "a"}, NONE, ROUTE, Bypass(Reason.TEMPERATURE)),
-    ("embeddings, no temperature", "embeddings", {"input": "a"}, NONE, ROUTE, HIT),
-    ("embeddings, any temperature", "embeddings", {"input": "a", "temperature": 0.9}, NONE, ROUTE, HIT),
-    ("embeddings, n ignored", "embeddings", {"input": "a", "n": 3}, NONE, ROUTE, HIT),
+    ("embeddings, no temperature", "embeddings", {"input": "a"}, NONE, ROUTE, EMBED),
+    ("embeddings, any temperature", "embeddings", {"input": "a", "temperature": 0.9}, NONE, ROUTE, EMBED),
+    ("embeddings, n ignored", "embeddings", {"input": "a", "n": 3}, NONE, ROUTE, EMBED),
     ("uncacheable endpoint", "images/generations", msgs(temperature=0), NONE, ROUTE, Bypass(Reason.ENDPOINT)),
     ("route off", CHAT, msgs(temperature=0), NONE, RoutePolicy(enabled=False), Bypass(Reason.ROUTE_OFF)),
     (
@@ -274,6 +275,12 @@ NEEDS_USAGE = [
         False,
     ),
 ]
+
+
+def test_an_embeddings_entry_needs_no_usage() -> None:
+    """Its JSON is the upstream's own, the whole of what any later request gets: no stream form asks for more."""
+    decision = decide("embeddings", {"model": "m", "input": "a"}, NONE, ROUTE)
+    assert isinstance(decision, Lookup) and not decision.needs_usage
 
 
 @pytest.mark.parametrize(("body", "expected"), [c[1:] for c in NEEDS_USAGE], ids=[c[0] for c in NEEDS_USAGE])

@@ -16,7 +16,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from gateway.streaming.usage import asking_usage
-from tests.gateway.conftest import CHAT
+from tests.gateway.conftest import AUTH_A, CHAT
 from tests.gateway.test_openai_client import KINDS, MESSAGES, ask
 from tests.gateway.test_stream import STREAM, collect, post, sse, stored
 from tests.support.fake_upstream import FakeUpstream
@@ -157,6 +157,17 @@ async def test_an_answer_without_usage_is_relayed_and_not_stored(
         assert await stored(gw, first.headers["X-Cache-Key"]) is None
     else:
         assert first.headers["Cache-Status"] == "tokenedge; fwd=miss; detail=no-usage.exact"
+
+
+async def test_embeddings_without_usage_are_still_cached(gw: RunningGateway, fake: FakeUpstream) -> None:
+    """An embeddings entry is the upstream's own JSON, the whole of what any later request gets."""
+    fake.omit_usage = True
+    body = {"model": "test-model", "input": "hello"}
+    first = await (await gw.client.post("/v1/embeddings", json=body, headers=AUTH_A)).json()
+    again = await gw.client.post("/v1/embeddings", json=body, headers=AUTH_A)
+
+    assert "hit" in again.headers["Cache-Status"] and await again.json() == first and "usage" not in first
+    assert fake.calls["embeddings"] == 1
 
 
 async def lacking_entry(gw: RunningGateway) -> str:

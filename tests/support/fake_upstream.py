@@ -183,7 +183,7 @@ class FakeUpstream:
                 "object": "list",
                 "model": body["model"],
                 "data": [{"object": "embedding", "index": 0, "embedding": [n / 10, 0.5]}],
-                "usage": {"prompt_tokens": 2, "total_tokens": 2},
+                **self._usage({"prompt_tokens": 2, "total_tokens": 2}),
             }
         )
 
