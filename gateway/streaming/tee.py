@@ -28,7 +28,7 @@ from gateway.state import GatewayState
 from gateway.streaming.broadcast import Frame, Head, StreamFlight
 from gateway.streaming.recorder import Kind, Recorder, StreamRecorder
 from gateway.streaming.responses import ResponsesRecorder
-from gateway.streaming.sse import SSEParser, data_frame, error_frame
+from gateway.streaming.sse import DONE, DONE_FRAME, Event, SSEParser, data_frame, error_frame
 from gateway.streaming.usage import asking_usage
 from gateway.tokens.path import TokenUpstream
 from gateway.transport import OpenResponse
@@ -101,7 +101,7 @@ async def _pump(resp: OpenResponse, flight: StreamFlight, recorder: StreamRecord
         for event in parser.feed(data):
             kind = recorder.feed(event.data)
             if kind is Kind.DONE:
-                return data_frame(event.data, event.name)
+                return _closing(event)
             flight.publish(
                 Frame(data_frame(event.data, event.name), usage_only=kind is Kind.USAGE), cap_bytes=cap
             )
@@ -109,9 +109,14 @@ async def _pump(resp: OpenResponse, flight: StreamFlight, recorder: StreamRecord
                 return None
     for event in parser.close():
         if recorder.feed(event.data) is Kind.DONE:
-            return data_frame(event.data, event.name)
+            return _closing(event)
         flight.publish(Frame(data_frame(event.data, event.name)), cap_bytes=cap)
     return None
+
+
+def _closing(event: Event) -> bytes:
+    """The stream's last frame: `[DONE]` as every client reads it, or the terminal Responses event as sent."""
+    return DONE_FRAME if event.data.strip() == DONE else data_frame(event.data, event.name)
 
 
 def usage_asked(req: FillRequest) -> FillRequest:
