@@ -6,13 +6,16 @@ forwarded as sent, while every traversal spelling stays refused and never reache
 
 from __future__ import annotations
 
+import openai
 import pytest
 from openai import AsyncOpenAI
 
 from gateway.paths import check_path
 from tests.gateway.test_relay import exchange, request_bytes
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import RunningGateway
+from tests.support.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
+from tests.support.services import serving
+from tests.support.token_backend import EchoEngine, backend_app, chatml_byte_tokenizer
 
 ID_PATHS = [
     "/v1/models/org%2Fname",
@@ -75,3 +78,21 @@ async def test_a_dot_part_in_an_id_is_refused_before_the_upstream(
 
     assert answer.status == 400 and answer.json()["error"]["code"] == "invalid_path"
     assert fake.calls["model"] == 0
+
+
+async def test_the_real_backend_serves_its_org_name_model_through_the_gateway(clock: FakeClock) -> None:
+    """The co-deployed backend's `/v1/models/{model:.+}` reads the id the gateway forwards as sent."""
+    tokenizer = chatml_byte_tokenizer()
+    model_id = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    app = backend_app(tokenizer, EchoEngine(tokenizer), model_id=model_id)
+    async with serving(app) as url:
+        gw = await start_gateway(gateway_config(url), clock)
+        try:
+            async with AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client:
+                model = await client.models.retrieve(model_id)
+                with pytest.raises(openai.NotFoundError):
+                    await client.models.retrieve("HuggingFaceTB/other")
+        finally:
+            await gw.close()
+
+    assert model.id == model_id and model.owned_by == "tokenedge"
