@@ -15,7 +15,9 @@ from openai import AsyncOpenAI
 from gateway.catalog import parse_models
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import RunningGateway
+from tests.support.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
+from tests.support.services import serving
+from tests.support.token_backend import EchoEngine, backend_app, chatml_byte_tokenizer
 
 SEEDED = {**CHAT, "temperature": 0.7, "seed": 42}
 
@@ -120,3 +122,20 @@ async def test_a_new_revision_drops_the_promise_until_the_catalog_says_it_again(
     assert (
         await catalog.seeded_invariant("test-model", {}) is True
     )  # asked again: the upstream still promises
+
+
+async def test_the_real_backend_promises_and_its_seeded_answers_are_cached(clock: FakeClock) -> None:
+    """The co-deployed backend's /v1/models says `seeded_invariant` (its engine runs batch-invariant)."""
+    tokenizer = chatml_byte_tokenizer()
+    engine = EchoEngine(tokenizer)
+    body = {"model": "tiny", "temperature": 0.9, "seed": 5, "messages": [{"role": "user", "content": "hi"}]}
+    async with serving(backend_app(tokenizer, engine)) as url:
+        gw = await start_gateway(gateway_config(url, tokens={"enabled": False}), clock)
+        try:
+            statuses = [(await ask(gw, body))[0] for _ in range(2)]
+            other = (await ask(gw, {**body, "seed": 6}))[0]
+        finally:
+            await gw.close()
+
+    assert statuses[0].startswith("tokenedge; fwd=miss; stored") and statuses[1].startswith("tokenedge; hit")
+    assert other.startswith("tokenedge; fwd=miss; stored") and len(engine.prompts) == 2
