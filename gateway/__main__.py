@@ -18,9 +18,11 @@ import socket
 import sys
 import tempfile
 from pathlib import Path
+from typing import assert_never
 
 from gateway.coherence.local_bus import LocalBusEnd, LocalHub
 from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.config_sections import CacheConfig
 
 PROG = "tokenedge-gateway"
 _FLAGS = {
@@ -28,6 +30,20 @@ _FLAGS = {
     "host": "TOKENEDGE_SERVER_HOST",
     "port": "TOKENEDGE_SERVER_PORT",
 }
+
+
+def l2_description(cache: CacheConfig) -> str:
+    """The start-up line's name for the shared tier in use (`CacheConfig.l2_kind`, which `cache.l2` may pin)."""
+    match cache.l2_kind:
+        case "redis":
+            return "redis cluster" if "+cluster://" in cache.redis_url else "redis"
+        case "memcached":
+            count = len(cache.memcached_servers)
+            return f"memcached ({count} server{'s' if count != 1 else ''})"
+        case "":
+            return "off"
+        case _ as unreachable:
+            assert_never(unreachable)
 
 
 def check_bind(host: str, port: int) -> None:
@@ -201,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         ", ".join(t.url for t in config.upstream.targets),
         config.server.workers,
         config.cache.l1_max_bytes >> 20,
-        "redis" if config.cache.redis_url else "off",
+        l2_description(config.cache),
     )
     if config.server.workers > 1:
         return run_workers(config)

@@ -207,6 +207,7 @@ def create_app(
     app.router.add_post("/v1/chat/completions", completions.make_handler("chat/completions"))
     app.router.add_post("/v1/completions", completions.make_handler("completions"))
     app.router.add_post("/v1/embeddings", completions.make_handler("embeddings"))
+    app.router.add_post("/v1/responses", completions.make_handler("responses"))  # cached only when stateless
     app.router.add_get("/v1/models", ops.models)
     app.router.add_post("/v1/cache/explain", alias.explain)
     app.router.add_get("/v1/cache/{key}", alias.get_alias)

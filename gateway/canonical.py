@@ -43,7 +43,7 @@ AUTO: Final = (
 )
 ROUTE_LEVELS: Final = (AUTO, *(level.value for level in Level))
 TEXT_FIELDS: Final[Mapping[str, str]] = MappingProxyType(
-    {"chat/completions": "messages", "completions": "prompt", "embeddings": "input"}
+    {"chat/completions": "messages", "completions": "prompt", "embeddings": "input", "responses": "input"}
 )
 
 
@@ -117,6 +117,10 @@ _DEFAULTS: Final[Mapping[str, Mapping[str, Any]]] = MappingProxyType(
         ),
         "completions": MappingProxyType({**_SAMPLING_DEFAULTS, "echo": False, "best_of": 1}),
         "embeddings": MappingProxyType({"encoding_format": "float"}),
+        # Responses: exact only (config refuses the text levels), so only its documented defaults are elided.
+        "responses": MappingProxyType(
+            {"temperature": 1, "top_p": 1, "parallel_tool_calls": True, "truncation": "disabled"}
+        ),
     }
 )
 ENDPOINTS: Final = frozenset(_DEFAULTS)
@@ -127,7 +131,7 @@ _FOLD_PASSES: Final = 4
 
 
 def canonicalize(endpoint: str, body: Mapping[str, Any], level: Level) -> dict[str, Any]:
-    """The canonical request for `endpoint` ("chat/completions", "completions" or "embeddings").
+    """The canonical request for `endpoint` ("chat/completions", "completions", "embeddings" or "responses").
 
     `Level.TOKENS` needs the model's ids: build it with `tokens_form` over the `exact` form.
     """

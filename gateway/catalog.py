@@ -42,6 +42,7 @@ class ModelInfo:
     max_model_len: int | None = None
     tokenizer: str | None = None
     transports: tuple[str, ...] = ("json",)
+    seeded_invariant: bool = False  # `tokenedge.seeded_invariant`: a seed repeats its draw whatever the batch
 
 
 def parse_models(body: bytes) -> dict[str, ModelInfo]:
@@ -64,6 +65,7 @@ def parse_models(body: bytes) -> dict[str, ModelInfo]:
                 max_model_len=max_len if isinstance(max_len, int) else None,
                 tokenizer=extra.get("tokenizer") if isinstance(extra.get("tokenizer"), str) else None,
                 transports=tuple(transports) if isinstance(transports, list) else ("json",),
+                seeded_invariant=extra.get("seeded_invariant") is True,
             )
     return out
 
@@ -98,7 +100,10 @@ class ModelCatalog:
             return False  # an answer from a backend still at an older revision: the key keeps the current one
         self._models = {
             **self._models,
-            model: dataclasses.replace(info, revision=revision) if info else ModelInfo(revision=revision),
+            # A new revision may be served by another engine: its promises hold again only once /v1/models says so.
+            model: dataclasses.replace(info, revision=revision, seeded_invariant=False)
+            if info
+            else ModelInfo(revision=revision),
         }
         self._responses.clear()  # a cached /v1/models body would still name the old revision
         self._fetched_at = None  # the rest of the model's details (tokenizer, ...) may have changed: ask once
@@ -135,6 +140,11 @@ class ModelCatalog:
     async def info(self, model: str, headers: Mapping[str, str]) -> ModelInfo | None:
         await self._ensure_fresh(headers)
         return self._models.get(model)
+
+    async def seeded_invariant(self, model: str, headers: Mapping[str, str]) -> bool:
+        """Does the upstream promise batch-invariant seeded sampling for `model`? False when it does not say."""
+        info = await self.info(model, headers)
+        return info is not None and info.seeded_invariant
 
     async def revision(self, model: str, headers: Mapping[str, str]) -> str:
         if self.push_seen and not self.push_live:

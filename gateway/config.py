@@ -68,6 +68,12 @@ class GatewayConfig:
                 f"routes.{endpoint!r}: cacheable routes are "
                 f"{', '.join(CACHEABLE_ENDPOINTS)}{did_you_mean(endpoint, CACHEABLE_ENDPOINTS)}",
             )
+        responses = self.routes.get("responses")
+        require(
+            responses is None or responses.level in ("auto", "exact"),
+            "routes.responses: level must be 'auto' or 'exact' (the gateway knows neither the model input a Responses "
+            "request renders to nor a safe text normalization of its items)",
+        )
         missing = [e for e in CACHEABLE_ENDPOINTS if e not in self.routes]
         if missing:
             object.__setattr__(self, "routes", {**self.routes, **{e: RouteConfig() for e in missing}})

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from gateway.canonical import AUTO, ROUTE_LEVELS
 
-CACHEABLE_ENDPOINTS: tuple[str, ...] = ("chat/completions", "completions", "embeddings")
+CACHEABLE_ENDPOINTS: tuple[str, ...] = ("chat/completions", "completions", "embeddings", "responses")
 RouteLevel = Literal["auto", "exact", "tokens", "normalized", "aggressive"]  # gateway.canonical.ROUTE_LEVELS
 # Values that used to be valid: the message says what they are called now.
 RENAMED_VALUES: dict[Any, str] = {
@@ -300,6 +300,8 @@ class RouteConfig:
     scope: Literal["tenant", "public"] = "tenant"
     ttl_s: int = 3600
     enabled: bool = True
+    # Seeded sampled requests are cached where the upstream promises invariant seeded sampling (/v1/models
+    # `tokenedge.seeded_invariant`); true caches them on any upstream: unsafe on engines that are not invariant.
     allow_seeded: bool = False
     allow_n_gt_1: bool = False
 

@@ -43,7 +43,7 @@ from gateway.hits import record, render
 from gateway.hits.verdict import Verdict, judge
 from gateway.keys import PUBLIC_SCOPE
 from gateway.memo import MAX_MEMO_BODY_BYTES, ParsedRequest
-from gateway.policy import Lookup, decide
+from gateway.policy import CACHEABLE_ENDPOINTS, Lookup, decide
 from gateway.reqrecord import DEBUG_HEADER, handler_done
 from gateway.state import GatewayState
 from gateway.tiers.base import L2Unavailable
@@ -55,8 +55,9 @@ NOT_SERVED, SERVED, PENDING = 0, 1, 2
 NO_DIRECTIVES = RequestDirectives()
 # A plain HTTP/1.1 POST head to a cacheable route, every field line well formed (RFC 9110 §5.1 token names; values
 # without control characters but tab). Anything else is aiohttp's to parse (and to refuse).
+_ROUTES = b"|".join(re.escape(e.encode()) for e in sorted(CACHEABLE_ENDPOINTS, key=len, reverse=True))
 _HEAD = re.compile(
-    rb"POST /v1/(chat/completions|completions|embeddings) HTTP/1\.1\r\n"
+    rb"POST /v1/(" + _ROUTES + rb") HTTP/1\.1\r\n"
     rb"((?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[^\x00-\x08\x0a-\x1f\x7f]*\r\n)*)\r\n"
 )
 SLOW, CREDENTIAL, LENGTH, CTYPE, CONNECTION = range(5)
@@ -97,6 +98,7 @@ class Known:
     key: str
     revision: str
     endpoint: str
+    needs_usage: bool  # the JSON answer carries usage: an entry without it is not a hit (policy.lacks)
 
 
 @functools.lru_cache(maxsize=16)
@@ -160,7 +162,13 @@ def _lookup(parsed: ParsedRequest, state: GatewayState, endpoint: str) -> Lookup
     fast = parsed.fast
     if fast is None:
         decision = decide(endpoint, parsed.body, NO_DIRECTIVES, state.policies[endpoint])
-        usable = isinstance(decision, Lookup) and decision.read and parsed.body.get("stream") is not True
+        # A seeded lookup is the ordinary path's: it asks the upstream's promise each time (policy.confirm_seeded).
+        usable = (
+            isinstance(decision, Lookup)
+            and decision.read
+            and not decision.seeded
+            and parsed.body.get("stream") is not True
+        )
         fast = parsed.fast = decision if usable else False
     return fast if isinstance(fast, Lookup) else None
 
@@ -169,7 +177,8 @@ def keyed(state: GatewayState, endpoint: str, raw: bytes, scope: Callable[[], st
     """The key the ordinary path last derived for these body bytes, when it was for this caller (`scope`, asked
     only once the rest holds) and the model's current revision; else None (the ordinary path derives it)."""
     parsed = state.memo.get(endpoint, raw)
-    if parsed is None or _lookup(parsed, state, endpoint) is None:
+    lookup = _lookup(parsed, state, endpoint) if parsed is not None else None
+    if parsed is None or lookup is None:
         return None
     revision = state.catalog.fresh_revision(parsed.body["model"])
     if revision is None:
@@ -177,7 +186,7 @@ def keyed(state: GatewayState, endpoint: str, raw: bytes, scope: Callable[[], st
     key, context = parsed.key, parsed.key_context
     if key is None or context is None or context[1] != revision or context[0] != scope():
         return None
-    return Known(parsed, key.key, revision, endpoint)
+    return Known(parsed, key.key, revision, endpoint, lookup.needs_usage)
 
 
 def _headers_of(fields: bytes) -> CIMultiDict[str]:
@@ -221,7 +230,10 @@ class FastLane:
         entry = cache.l1.get(known.key) if cache.l1.enabled else None
         if entry is not None:
             now = state.clock()
-            if judge(entry, now, NO_DIRECTIVES, known.revision) is not Verdict.HIT:
+            if (
+                judge(entry, now, NO_DIRECTIVES, known.revision, needs_usage=known.needs_usage)
+                is not Verdict.HIT
+            ):
                 return NOT_SERVED, 0  # the ordinary path reads it again and decides (stale-if-error, ...)
             if not self._write(conn, known, entry, now, "l1", timer, keyed_at):
                 return NOT_SERVED, 0
@@ -282,7 +294,11 @@ class FastLane:
             handler_done(state, timer, known.endpoint, "client_gone", "client_gone")
             return
         now = state.clock()
-        fresh = found is not None and judge(found.entry, now, NO_DIRECTIVES, known.revision) is Verdict.HIT
+        fresh = (
+            found is not None
+            and judge(found.entry, now, NO_DIRECTIVES, known.revision, needs_usage=known.needs_usage)
+            is Verdict.HIT
+        )
         if (
             fresh
             and found is not None

@@ -14,8 +14,9 @@ import orjson
 
 from gateway.answer import FillRequest, make_entry, revision_moved
 from gateway.entry import Entry
-from gateway.policy import Reason, store_refusal
+from gateway.policy import USAGE_ENDPOINTS, Reason, store_refusal
 from gateway.state import GatewayState
+from gateway.streaming.responses import response_finish
 from gateway.upstream import UpstreamResponse
 
 __all__ = ["FillRequest", "FillResult", "completion_facts", "fill"]  # FillRequest lives in gateway.answer
@@ -37,6 +38,9 @@ def completion_facts(body: bytes) -> tuple[list[str | None], Mapping[str, Any] |
         return None
     if not isinstance(doc, dict):
         return None
+    if doc.get("object") == "response":
+        usage = doc.get("usage")
+        return [response_finish(doc)], usage if isinstance(usage, dict) else None
     choices = doc.get("choices")
     reasons = (
         [c.get("finish_reason") for c in choices if isinstance(c, dict)] if isinstance(choices, list) else []
@@ -57,6 +61,7 @@ async def fill(state: GatewayState, req: FillRequest) -> FillResult:
         max_entry_bytes=state.config.cache.max_entry_bytes,
         complete=facts is not None and not encoded,
         finish_reasons=facts[0] if facts else (),
+        has_usage=(facts is not None and facts[1] is not None) or req.endpoint not in USAGE_ENDPOINTS,
     )
     if refusal is None and revision_moved(state, req, resp.headers):
         refusal = Reason.REVISION

@@ -29,6 +29,7 @@ from prometheus_client import Counter
 from redis.exceptions import RedisError
 
 from gateway.keys import ANONYMOUS_SCOPE, PUBLIC_SCOPE
+from gateway.ratelog import RateLimitedLog
 
 log = logging.getLogger("tokenedge.hotrecord")
 SCORES = "te1:{hot}:scores"
@@ -140,6 +141,8 @@ class HotRecord:
         self._requests: dict[str, bytes] = {}
         self._flushing: asyncio.Task[None] | None = None
         self._script = client.register_script(_FLUSH)
+        # While Redis is down every batch fails (a full batch per few ms under load): one line per interval.
+        self._log = RateLimitedLog(log, 10.0, clock)
 
     def hit(self, key: str) -> None:
         """Count one access (no I/O); a full batch starts a background flush."""
@@ -189,7 +192,7 @@ class HotRecord:
             )
         except (RedisError, OSError, TimeoutError) as exc:
             self._flushes.labels("error").inc()
-            log.warning("hot-key record flush dropped %d keys: %s", len(counts), exc)
+            self._log.warning("flush", "hot-key record flush dropped %d keys: %s", len(counts), exc)
             return
         self._flushes.labels("ok").inc()
 

@@ -129,7 +129,7 @@ async def _leased_tee(state: GatewayState, flight: StreamFlight, req: FillReques
 def _replay_into(state: GatewayState, flight: StreamFlight, entry: Entry) -> None:
     """The whole entry as the flight's frames: subscribers that did not ask for usage skip the usage frame."""
     chunk_chars = state.config.stream.replay_chunk_chars
-    with_usage = replay_frames(entry, include_usage=flight.key[1], chunk_chars=chunk_chars)
+    with_usage = replay_frames(entry, include_usage=True, chunk_chars=chunk_chars)
     plain = set(replay_frames(entry, include_usage=False, chunk_chars=chunk_chars))
     flight.head.set_result(Head(200, CIMultiDictProxy(CIMultiDict({"Content-Type": "text/event-stream"}))))
     cap = state.config.cache.max_entry_bytes * 2

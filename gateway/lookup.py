@@ -48,7 +48,7 @@ async def read_cache(
     now = state.clock()  # after the (possibly remote) read: the age is the entry's age as served
     if found is None:
         return CacheRead(None, None, now)
-    verdict = judge(found.entry, now, directives, revision)
+    verdict = judge(found.entry, now, directives, revision, needs_usage=lookup.needs_usage)
     if verdict is Verdict.HIT:
         return CacheRead(found, None, now)
     return CacheRead(None, found.entry if verdict is Verdict.STALE else None, now)

@@ -42,6 +42,7 @@ ROUTES: tuple[str, ...] = (
     "chat/completions",
     "completions",
     "embeddings",
+    "responses",
 )  # gateway.config.CACHEABLE_ENDPOINTS
 TIERS: tuple[str, ...] = ("l1", "l2")
 LOOKUP_OUTCOMES: tuple[str, ...] = ("hit", "miss", "error")

@@ -8,6 +8,12 @@ accepts a path only when it is already in normal form, so every parser reads the
 - each segment is percent-decoded exactly once (invalid escapes are refused);
 - no segment, raw or decoded, is empty (`//`), `.` or `..`, or holds `/`, `\\`, `;`, `%` (a double encoding),
   or a control character: encoded separators, backslashes, matrix parameters and dot segments are refused;
+- one exception: the id segment of an OpenAI resource (`/v1/models/{id}`, `/v1/files/{id}/...`; `ID_COLLECTIONS`)
+  may hold an encoded `/` (`%2F`), because vLLM serves `org/name` model ids and the SDKs send
+  `models.retrieve("org/name")` as `/v1/models/org%2Fname`. The id is decoded once, and each part its slashes
+  separate is held to the rules of a segment (not empty, `.` or `..`), so `%2F..%2F` is refused as `/../` is;
+  `\\`, `;` and `%` (so `%252F`) stay refused there too. The segment is forwarded as sent, still encoded, which is
+  what OpenAI and the co-deployed backend (`/v1/models/{model:.+}`) expect;
 - a trailing slash is allowed (an empty last segment) so `/` itself is valid.
 
 A refused path is a 400 and is never forwarded; `escapes_v1` tells the caller when the path, resolved the way a
@@ -21,6 +27,18 @@ from dataclasses import dataclass
 from urllib.parse import unquote_to_bytes
 
 _FORBIDDEN_DECODED = frozenset("/\\;%")
+_FORBIDDEN_IN_ID = frozenset("\\;%")  # an id segment may hold a decoded '/', nothing else more
+# The collections under /v1/ whose next segment is a resource id (the OpenAI API's `{id}` path parameters).
+ID_COLLECTIONS: frozenset[tuple[str, ...]] = frozenset(
+    {
+        ("v1", "models"),
+        ("v1", "files"),
+        ("v1", "batches"),
+        ("v1", "uploads"),
+        ("v1", "responses"),
+        ("v1", "chat", "completions"),
+    }
+)
 _HEX = frozenset("0123456789abcdefABCDEF")
 
 
@@ -54,13 +72,13 @@ def check_path(raw_path: str) -> PathRefusal | None:
             if index == len(segments) - 1:
                 continue  # a trailing slash
             return PathRefusal("empty path segments ('//') are not accepted", _escapes_v1(raw_path))
-        refusal = _check_segment(raw)
+        refusal = _check_segment(raw, is_id=tuple(segments[:index]) in ID_COLLECTIONS)
         if refusal is not None:
             return PathRefusal(refusal, _escapes_v1(raw_path))
     return None
 
 
-def _check_segment(raw: str) -> str | None:
+def _check_segment(raw: str, *, is_id: bool = False) -> str | None:
     if "\\" in raw:
         return "backslashes are not accepted in the request path"
     if ";" in raw:
@@ -72,10 +90,23 @@ def _check_segment(raw: str) -> str | None:
         return "the request path holds an invalid percent-encoding"
     if decoded in (".", ".."):
         return "dot segments ('.', '..') are not accepted in the request path, encoded or not"
+    if is_id and "/" in decoded:
+        return _check_id(decoded)
     if not _FORBIDDEN_DECODED.isdisjoint(decoded):
         return "encoded separators ('%2F', '%5C', '%3B') and double encodings ('%25') are not accepted"
     if any(ch < " " or ch == "\x7f" for ch in decoded):
         return "control characters are not accepted in the request path"
+    return None
+
+
+def _check_id(decoded: str) -> str | None:
+    """A decoded id with slashes (`org/name`): each part must pass as a segment would, so no traversal reopens."""
+    if not _FORBIDDEN_IN_ID.isdisjoint(decoded):
+        return "encoded separators ('%5C', '%3B') and double encodings ('%25') are not accepted"
+    if any(ch < " " or ch == "\x7f" for ch in decoded):
+        return "control characters are not accepted in the request path"
+    if any(part in ("", ".", "..") for part in decoded.split("/")):
+        return "an id's encoded '/' must separate names: empty and dot parts ('%2F..%2F') are not accepted"
     return None
 
 

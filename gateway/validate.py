@@ -151,3 +151,16 @@ def validate(endpoint: str, body: Mapping[str, Any]) -> None:
             raise _fail("prompt", "a string, a list of strings or a list of token ids", body.get("prompt"))
     elif endpoint == "embeddings" and not _is_text_or_tokens(body.get("input")):
         raise _fail("input", "a string, a list of strings or a list of token ids", body.get("input"))
+    elif endpoint == "responses":
+        _check_responses(body)
+
+
+def _check_responses(body: Mapping[str, Any]) -> None:
+    """The shape the policy reads (`store`, `previous_response_id`, `tools`); the rest is the upstream's to judge."""
+    value = body.get("input")
+    if value is not None and not isinstance(value, str | list):
+        raise _fail("input", "a string or a list of input items", value)
+    if body.get("store") is not None and not isinstance(body["store"], bool):
+        raise _fail("store", "a boolean", body["store"])
+    if body.get("previous_response_id") is not None and not isinstance(body["previous_response_id"], str):
+        raise _fail("previous_response_id", "a string", body["previous_response_id"])

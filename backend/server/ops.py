@@ -40,6 +40,10 @@ def _model_entry(model: ServedModel) -> dict[str, Any]:
             "embeddings": embeddings.describe(model),
             "runtime": dict(model.runtime),
             "batch_invariant": model.batch_invariant,
+            # Seeded sampling repeats exactly when the logits are batch-invariant: each sequence samples its own row
+            # with its own generator (backend/engine/sampling.py) and sampled rows never speculate. The gateway
+            # caches `seed` + `temperature > 0` by default only where this is true (DESIGN §4).
+            "seeded_invariant": model.batch_invariant,
         },
     }
 

@@ -19,7 +19,7 @@ from gateway.hits.respond import json_answer
 from gateway.hits.scope import key_scope, scope_of
 from gateway.hits.verdict import Verdict, judge
 from gateway.keys import PUBLIC_SCOPE, derive_key, parse_key
-from gateway.policy import Lookup, decide
+from gateway.policy import USAGE_ENDPOINTS, Lookup, decide
 from gateway.state import STATE
 from gateway.tokens.keyform import TOKEN_LEVELS, canonical_form, key_encoder
 from gateway.upstream import forward_headers
@@ -35,7 +35,10 @@ async def get_alias(request: web.Request) -> web.StreamResponse:
         raise NotFound("no such cache entry")
     found = await state.cache.get(parsed.key)
     now = state.clock()
-    if found is None or judge(found.entry, now) is not Verdict.HIT:
+    if (
+        found is None
+        or judge(found.entry, now, needs_usage=found.entry.endpoint in USAGE_ENDPOINTS) is not Verdict.HIT
+    ):
         raise NotFound("no such cache entry")
     return json_answer(request, state, found.entry, now, found.tier, None)
 

@@ -7,7 +7,7 @@ The upstream always receives the client's own bytes; only the key is built from 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, assert_never
 
 from aiohttp import web
@@ -38,7 +38,7 @@ from gateway.keys import PUBLIC_SCOPE, CacheKey, derive_key_from_bytes
 from gateway.lease_fill import leased_fill
 from gateway.lookup import read_cache
 from gateway.memo import ParsedRequest
-from gateway.policy import Bypass, Lookup, Outcome, Result, decide
+from gateway.policy import Bypass, Lookup, Outcome, Result, confirm_seeded, decide
 from gateway.reqrecord import handler_done
 from gateway.state import STATE, GatewayState
 from gateway.streaming.handler import serve_stream
@@ -82,6 +82,16 @@ def prepare(request: web.Request, state: GatewayState, endpoint: str, raw: bytes
     )
     decision = decide(endpoint, parsed.body, directives, state.policies[endpoint])
     return Prepared(endpoint, raw, parsed.body, directives, decision, parsed)
+
+
+async def confirmed(request: web.Request, state: GatewayState, prep: Prepared) -> Prepared:
+    """A seeded sampled request stays a Lookup only where the upstream promises invariant seeded sampling
+    (`policy.confirm_seeded`); the catalog is asked for those requests only."""
+    decision = prep.decision
+    assert isinstance(decision, Lookup)
+    fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
+    promised = await state.catalog.seeded_invariant(prep.body["model"], fwd)
+    return replace(prep, decision=confirm_seeded(decision, promised=promised))
 
 
 async def cache_key(
@@ -132,6 +142,8 @@ def make_handler(endpoint: str):
         try:
             raw = await read_request(request, state)
             prep = prepare(request, state, endpoint, raw)
+            if isinstance(prep.decision, Lookup) and prep.decision.seeded:  # on the upstream's promise only
+                prep = await confirmed(request, state, prep)
             if (
                 state.config.dashboard.show_prompts
             ):  # the operator opted in: the hot-keys table shows the text

@@ -11,7 +11,7 @@ from enum import Enum
 
 from gateway.cache_control import RequestDirectives
 from gateway.entry import Entry
-from gateway.policy import Freshness, freshness, satisfies
+from gateway.policy import Freshness, freshness, lacks, satisfies
 
 NO_DIRECTIVES = RequestDirectives()
 
@@ -29,12 +29,20 @@ class Condition(Enum):
 
 
 def judge(
-    entry: Entry, now: float, directives: RequestDirectives = NO_DIRECTIVES, revision: str | None = None
+    entry: Entry,
+    now: float,
+    directives: RequestDirectives = NO_DIRECTIVES,
+    revision: str | None = None,
+    *,
+    needs_usage: bool = False,
 ) -> Verdict:
     """The entry's verdict for a request with `directives`, when the model's current revision is `revision`
-    (None: not known here; the key already names the revision it was derived for)."""
+    (None: not known here; the key already names the revision it was derived for) and the request's answer
+    carries usage (`needs_usage`)."""
     if revision is not None and entry.revision != revision:
         return Verdict.MISS  # an old revision's answer is never served once the new one is known
+    if lacks(entry.usage, needs_usage=needs_usage) is not None:
+        return Verdict.MISS  # DESIGN §4: a hit is the whole answer; an entry missing what it needs is a miss
     age = entry.age_s(now)
     fresh = freshness(age_s=age, ttl_s=entry.ttl_s, stale_if_error_s=entry.stale_if_error_s)
     if fresh is Freshness.FRESH:
@@ -42,11 +50,6 @@ def judge(
         # and not a stale fallback either (it is fresh: the client asked for something younger).
         return Verdict.HIT if satisfies(age_s=age, directives=directives) else Verdict.MISS
     return Verdict.STALE if fresh is Freshness.STALE else Verdict.MISS
-
-
-def is_fresh(entry: Entry, now: float) -> bool:
-    """A hit for a request without directives (the fast lane's requests carry none)."""
-    return judge(entry, now) is Verdict.HIT
 
 
 def etag_matches(if_none_match: str, etag: str) -> bool:

@@ -132,4 +132,21 @@ def merge(bodies: list[bytes], book: RevisionBook) -> bytes:
         if current and revisions_of(orjson.dumps({"data": [item]})).get(model) != current:
             extra: dict[str, Any] = item["tokenedge"] if isinstance(item.get("tokenedge"), dict) else {}
             merged[model] = {**item, "tokenedge": {**extra, "revision": current}}
+    for model in _unpromised(
+        bodies
+    ):  # a seeded request may reach any backend: the promise must be every one's
+        extra = merged[model]["tokenedge"] if isinstance(merged[model].get("tokenedge"), dict) else {}
+        if "seeded_invariant" in extra:
+            merged[model] = {**merged[model], "tokenedge": {**extra, "seeded_invariant": False}}
     return orjson.dumps({"object": "list", "data": list(merged.values())})
+
+
+def _unpromised(bodies: list[bytes]) -> set[str]:
+    """Models some backend lists without promising invariant seeded sampling (`tokenedge.seeded_invariant`)."""
+    out: set[str] = set()
+    for body in bodies:
+        infos = parse_models(body)
+        out.update(
+            model for model in listed_ids(body) if model not in infos or not infos[model].seeded_invariant
+        )
+    return out

@@ -10,8 +10,9 @@ A slow client only delays itself. Lifetime rules:
   keeps going for at most `abandoned_stream_max_s` (a new subscriber in that window stops the clock);
 - the flight leaves the registry when it finishes, is cancelled, or its buffer passes the entry byte cap (from then
   on a new request starts its own stream, since a follower could not get every event from the start).
-The registry key is (cache key, include_usage): a request that wants the usage chunk joins only a stream that will
-carry one; a request that does not may join either, and its usage chunk is filtered out.
+The registry key is the cache key: every stream asks the upstream for usage (`gateway.streaming.usage`), so any
+request may join any flight of its key; the usage chunk is a usage-only frame, filtered out for those that did
+not ask for it.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class StreamFlight:
     def __init__(
         self,
         registry: StreamFlights,
-        key: tuple[str, bool],
+        key: str,
         *,
         complete_abandoned: bool,
         abandoned_max_s: float,
@@ -159,10 +160,10 @@ class StreamFlight:
 
 
 class StreamFlights:
-    """The in-flight streams of one process, by (cache key, include_usage)."""
+    """The in-flight streams of one process, by cache key."""
 
     def __init__(self) -> None:
-        self._flights: dict[tuple[str, bool], StreamFlight] = {}
+        self._flights: dict[str, StreamFlight] = {}
 
     def __len__(self) -> int:
         return len(self._flights)
@@ -170,23 +171,19 @@ class StreamFlights:
     def values(self) -> list[StreamFlight]:
         return list(self._flights.values())
 
-    def join(self, key: str, *, include_usage: bool) -> StreamFlight | None:
-        flight = self._flights.get((key, True))
-        if flight is None and not include_usage:
-            flight = self._flights.get((key, False))
-        return flight
+    def join(self, key: str) -> StreamFlight | None:
+        return self._flights.get(key)
 
     def start(
         self,
         key: str,
         *,
-        include_usage: bool,
         complete_abandoned: bool,
         abandoned_max_s: float,
         producer: Callable[[StreamFlight], Coroutine[Any, Any, None]],
     ) -> StreamFlight:
         flight = StreamFlight(
-            self, (key, include_usage), complete_abandoned=complete_abandoned, abandoned_max_s=abandoned_max_s
+            self, key, complete_abandoned=complete_abandoned, abandoned_max_s=abandoned_max_s
         )
         self._flights[flight.key] = flight
         flight.start(producer)

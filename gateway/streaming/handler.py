@@ -83,13 +83,12 @@ async def stream_miss(
 ) -> Answered:
     """Join the key's stream in flight, or start one (always, with `lead`), and pipe it to the client."""
     flights = state.stream_flights
-    flight = None if lead else flights.join(req.key.key, include_usage=include_usage)
+    flight = None if lead else flights.join(req.key.key)
     leader = flight is None
     if flight is None:
         config = state.config.stream
         flight = flights.start(
             req.key.key,
-            include_usage=include_usage,
             complete_abandoned=config.complete_abandoned_streams,
             abandoned_max_s=config.abandoned_stream_max_s,
             producer=lambda f: leased_tee(state, f, req),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -35,6 +35,31 @@ class _Choice:
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     logprobs: dict[str, Any] | None = None
     finish_reason: str | None = None
+
+
+class StreamRecorder(Protocol):
+    """What the tee needs of a recorder: this module's for completions, `gateway.streaming.responses`' for Responses."""
+
+    chunks: list[bytes]
+    usage: dict[str, Any] | None
+    done: bool
+    error: bool
+    too_large: bool
+
+    def feed(self, payload: bytes) -> Kind: ...
+
+    @property
+    def complete(self) -> bool: ...
+
+    @property
+    def finish_reasons(self) -> list[str | None]: ...
+
+    @property
+    def recorded_bytes(self) -> int: ...
+
+    def discard(self) -> None: ...
+
+    def body(self) -> bytes: ...
 
 
 def is_usage_only(doc: Any) -> bool:

@@ -16,16 +16,16 @@ from typing import Any
 import orjson
 
 from gateway.entry import Entry
+from gateway.policy import RESPONSES
+from gateway.policy import wants_usage as wants_usage  # the policy's, named here for replay's importers
 from gateway.streaming.recorder import CHAT, is_usage_only
+from gateway.streaming.responses import response_frames
 from gateway.streaming.sse import DONE_FRAME, data_frame
 
 
-def wants_usage(body: Mapping[str, Any]) -> bool:
-    options = body.get("stream_options")
-    return isinstance(options, Mapping) and options.get("include_usage") is True
-
-
 def replay_frames(entry: Entry, *, include_usage: bool, chunk_chars: int) -> list[bytes]:
+    if entry.endpoint == RESPONSES:  # typed events ending with the whole response: no usage chunk, no [DONE]
+        return response_frames(entry.body, entry.stream_chunks, chunk_chars=chunk_chars)
     if entry.stream_chunks is not None:
         payloads = list(recorded(entry.stream_chunks, entry.usage, include_usage=include_usage))
     else:

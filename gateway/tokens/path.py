@@ -44,6 +44,10 @@ class TokenUpstream:
         self._body = body
         self._tenant = tenant
 
+    def with_body(self, body: Mapping[str, Any]) -> TokenUpstream:
+        """The same seam for another body of the same request (the tee's usage ask, `gateway.streaming.usage`)."""
+        return TokenUpstream(self._path, self._upstream, self._endpoint, body, self._tenant)
+
     async def _plan(self, headers: Mapping[str, str]) -> Plan | UpstreamResponse:
         try:
             return await self._path.plan(self._endpoint, self._body, headers, self._tenant)

@@ -274,6 +274,7 @@ async def test_models_reports_revision_and_tokenizer(client: TestClient) -> None
         "embeddings": {"pooling": "last", "normalization": "l2", "dimensions": None},
         "runtime": RUNTIME,
         "batch_invariant": True,
+        "seeded_invariant": True,
     }
     export = await (await client.get("/v1/tokenizer")).json()
     assert export["version"] == byte_tokenizer().version and len(export["mergeable_ranks"]) == 256

@@ -50,9 +50,19 @@ def requests() -> list[list[dict[str, str]]]:
     return plain + [[{"role": "system", "content": SYSTEM}, *m] for m in plain]
 
 
-async def chat(client: TestClient, messages: list[dict[str, str]], started: asyncio.Queue[int] | None) -> str:
-    """Stream one greedy answer; put each chunk's index on `started` (how far this request has got)."""
-    body = {"messages": messages, "temperature": 0, "max_tokens": MAX_TOKENS, "stream": True}
+async def chat(
+    client: TestClient,
+    messages: list[dict[str, str]],
+    started: asyncio.Queue[int] | None,
+    sampling: dict[str, float] | None = None,
+) -> str:
+    """Stream one answer (greedy unless `sampling`); put each chunk's index on `started` (how far it has got)."""
+    body = {
+        "messages": messages,
+        "max_tokens": MAX_TOKENS,
+        "stream": True,
+        **(sampling or {"temperature": 0}),
+    }
     resp = await client.post("/v1/chat/completions", json=body)
     assert resp.status == 200, await resp.text()
     text, chunks = [], 0
@@ -119,6 +129,22 @@ async def test_tiny_model_answers_the_same_alone_together_and_staggered(tiny_cli
     entry = (await (await tiny_client.get("/v1/models")).json())["data"][0]
     assert entry["tokenedge"]["batch_invariant"] is True
     await check_protocol(tiny_client)
+
+
+async def test_tiny_model_seeded_sampling_is_the_same_alone_and_together(tiny_client: TestClient) -> None:
+    """What `tokenedge.seeded_invariant` promises the gateway: a seeded sampled answer whatever else is batched."""
+    entry = (await (await tiny_client.get("/v1/models")).json())["data"][0]
+    assert entry["tokenedge"]["seeded_invariant"] is True
+    batch = requests()[:8]
+    seeded = [{"temperature": 1.0, "top_p": 0.95, "seed": 100 + i} for i in range(len(batch))]
+    alone = [await chat(tiny_client, m, None, s) for m, s in zip(batch, seeded, strict=True)]
+    together = await asyncio.gather(
+        *(chat(tiny_client, m, None, s) for m, s in zip(batch, seeded, strict=True))
+    )
+    reseeded = await chat(tiny_client, batch[0], None, {**seeded[0], "seed": 7})
+
+    assert together == alone
+    assert reseeded != alone[0]  # the seed is what pins the draw
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cdn.purge.env import CDN_ENV_NAMES
-from gateway.__main__ import build_parser, check_bind, main
+from gateway.__main__ import build_parser, check_bind, l2_description, main
 from gateway.canonical import AUTO, ROUTE_LEVELS
 from gateway.config import (
     CACHEABLE_ENDPOINTS,
@@ -330,3 +330,29 @@ def test_route_levels_are_the_canonicalization_levels_plus_auto() -> None:
         )
     with pytest.raises(ConfigError, match="'standard' is now called 'normalized'"):
         RouteConfig(level="standard")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("cache", "named"),
+    [
+        ({}, "off"),
+        ({"redis_url": "redis://localhost:6379/0"}, "redis"),
+        ({"redis_url": "redis+cluster://a:7000,b:7001"}, "redis cluster"),
+        ({"memcached_servers": ["127.0.0.1:11211", "127.0.0.1:11212"]}, "memcached (2 servers)"),
+        (
+            {"l2": "memcached", "memcached_servers": ["m:11211"], "redis_url": "redis://r:6379"},
+            "memcached (1 server)",
+        ),
+    ],
+)
+def test_the_start_up_line_names_the_l2_in_use(cache: dict[str, object], named: str) -> None:
+    config = GatewayConfig.from_mapping({"upstream": {"url": "http://u:8000"}, "cache": cache})
+    assert l2_description(config.cache) == named
+
+
+@pytest.mark.parametrize("level", ["tokens", "normalized", "aggressive"])
+def test_the_responses_route_keys_at_exact_only(level: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape("routes.responses: level")):
+        GatewayConfig.from_mapping(
+            {"upstream": {"url": "http://u:8000"}, "routes": {"responses": {"level": level}}}
+        )

@@ -294,8 +294,9 @@ async def test_window_series_equal_metrics_scraped_at_each_step(
     totals = expected_figures(second)
     assert_figures_equal(window["totals"], totals)
     assert totals["requests"] == {"hit": 8, "miss": 8, "coalesced": 0, "stale": 0, "bypass": 2, "error": 2}
-    # 6 JSON hits priced; the streamed miss was recorded without usage (no include_usage), so its hits save none
-    assert totals["hit_rate"] == 0.5 and totals["cost_saved_usd"] == pytest.approx(6 * 0.02)
+    # 6 JSON hits at $0.02 and 2 streamed hits at $0.018: the plain streamed miss was recorded with usage (the
+    # gateway asks every stream for it), the stream's 10 + 4 tokens
+    assert totals["hit_rate"] == 0.5 and totals["cost_saved_usd"] == pytest.approx(6 * 0.02 + 2 * 0.018)
     assert {"result": "bypass", "reason": "temperature", "count": 2} in window["totals"]["reasons"]
     assert data["hit_ratio"] == 0.5  # since start: the same definition
 

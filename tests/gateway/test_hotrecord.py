@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 
 import pytest
@@ -128,3 +129,25 @@ async def test_a_redis_error_drops_the_batch_and_counts_it(redis_url: str) -> No
     assert flushes.labels("error")._value.get() == 1
     assert hot._counts == {}
     await broken.aclose()
+
+
+async def test_flush_failures_while_redis_is_down_log_once_per_interval(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = aioredis.Redis.from_url("redis://127.0.0.1:1", socket_connect_timeout=0.5)
+    flushes = Counter("flushes", "", ["outcome"], registry=CollectorRegistry())
+    clock = FakeClock()
+    hot = HotRecord(broken, settings(), clock, flushes)
+    with caplog.at_level(logging.WARNING, logger="tokenedge.hotrecord"):
+        for n in range(7):  # an outage second's worth of failing batches
+            hot.hit(f"k{n}")
+            await hot.flush()
+            clock.advance(0.14)
+        clock.advance(10.0)
+        hot.hit("later")
+        await hot.flush()
+    await broken.aclose()
+
+    lines = [r.getMessage() for r in caplog.records if "hot-key record flush" in r.getMessage()]
+    assert flushes.labels("error")._value.get() == 8  # every dropped batch still counts
+    assert len(lines) == 2 and "(6 similar suppressed)" in lines[1]

@@ -128,6 +128,35 @@ async def test_a_streamed_miss_on_another_replica_replays_the_holders_entry(
     assert text  # the holder streamed real chunks
 
 
+async def test_a_responses_stream_on_another_replica_replays_the_holders_events(
+    fake: FakeUpstream, upstream_url: str, redis_url: str
+) -> None:
+    fake.gate = asyncio.Event()
+    body = orjson.dumps(
+        {"model": "test-model", "input": "once", "temperature": 0, "store": False, "stream": True}
+    )
+
+    async def respond(session: aiohttp.ClientSession, url: str) -> bytes:
+        async with session.post(url + "/v1/responses", data=body, headers=HEADERS) as resp:
+            assert resp.status == 200
+            return await resp.read()
+
+    async with replicas(upstream_url, 2, env(redis_url)) as (a, b), aiohttp.ClientSession() as session:
+        first = asyncio.ensure_future(respond(session, a.url))
+        await fake.entered.wait()
+        second = asyncio.ensure_future(respond(session, b.url))
+        await until_waiting(session, [b.url])
+        fake.gate.set()
+        raw1, raw2 = await asyncio.gather(first, second)
+
+    def frames(raw: bytes) -> list[bytes]:
+        return [f for f in raw.split(b"\n\n") if f and not f.startswith(b":")]
+
+    assert fake.calls["responses"] == 1
+    assert frames(raw2) == frames(raw1)  # the holder's events, under their own names, from its entry
+    assert frames(raw2)[-1].startswith(b"event: response.completed\n") and b"[DONE]" not in raw2
+
+
 def make_leases(client: aioredis.Redis, *, ttl_s: float = 5.0, max_wait_s: float = 5.0) -> Leases:
     counter = Counter("tokenedge_lease", "test", ["outcome"], registry=CollectorRegistry())
     return Leases(

@@ -13,8 +13,10 @@ from gateway.policy import (
     Lookup,
     Reason,
     RoutePolicy,
+    confirm_seeded,
     decide,
     freshness,
+    lacks,
     satisfies,
     store_refusal,
 )
@@ -23,6 +25,8 @@ CHAT = "chat/completions"
 ROUTE = RoutePolicy(ttl_s=600)
 NONE = RequestDirectives()
 HIT = Lookup(ttl_s=600, read=True, max_age_s=None, only_if_cached=False)
+SEEDED = Lookup(ttl_s=600, read=True, max_age_s=None, only_if_cached=False, seeded=True)
+EMBED = Lookup(ttl_s=600, read=True, max_age_s=None, only_if_cached=False, needs_usage=False)
 
 
 def msgs(**fields: Any) -> dict[str, Any]:
@@ -39,7 +43,7 @@ DECISIONS = [
     ("temperature a string", CHAT, msgs(temperature="0"), NONE, ROUTE, Bypass(Reason.TEMPERATURE)),
     ("temperature false is not 0", CHAT, msgs(temperature=False), NONE, ROUTE, Bypass(Reason.TEMPERATURE)),
     ("temperature a list", CHAT, msgs(temperature=[0]), NONE, ROUTE, Bypass(Reason.TEMPERATURE)),
-    ("seeded, route disallows", CHAT, msgs(temperature=0.7, seed=42), NONE, ROUTE, Bypass(Reason.SEED)),
+    ("seeded: on the upstream's promise", CHAT, msgs(temperature=0.7, seed=42), NONE, ROUTE, SEEDED),
     (
         "seeded, route allows",
         CHAT,
@@ -95,9 +99,9 @@ DECISIONS = [
     ),
     ("completions temperature 0", "completions", {"prompt": "a", "temperature": 0}, NONE, ROUTE, HIT),
     ("completions sampled", "completions", {"prompt": "a"}, NONE, ROUTE, Bypass(Reason.TEMPERATURE)),
-    ("embeddings, no temperature", "embeddings", {"input": "a"}, NONE, ROUTE, HIT),
-    ("embeddings, any temperature", "embeddings", {"input": "a", "temperature": 0.9}, NONE, ROUTE, HIT),
-    ("embeddings, n ignored", "embeddings", {"input": "a", "n": 3}, NONE, ROUTE, HIT),
+    ("embeddings, no temperature", "embeddings", {"input": "a"}, NONE, ROUTE, EMBED),
+    ("embeddings, any temperature", "embeddings", {"input": "a", "temperature": 0.9}, NONE, ROUTE, EMBED),
+    ("embeddings, n ignored", "embeddings", {"input": "a", "n": 3}, NONE, ROUTE, EMBED),
     ("uncacheable endpoint", "images/generations", msgs(temperature=0), NONE, ROUTE, Bypass(Reason.ENDPOINT)),
     ("route off", CHAT, msgs(temperature=0), NONE, RoutePolicy(enabled=False), Bypass(Reason.ROUTE_OFF)),
     (
@@ -178,6 +182,28 @@ def test_route_policy_validates_itself(field: str, value: int) -> None:
         RoutePolicy(**{field: value})
 
 
+CONFIRM = [
+    ("seeded, promised", SEEDED, True, SEEDED),
+    ("seeded, not promised", SEEDED, False, Bypass(Reason.SEED)),
+    ("greedy needs no promise", HIT, False, HIT),
+    ("route opted in: no promise needed", HIT, False, HIT),
+]
+
+
+@pytest.mark.parametrize(
+    ("lookup", "promised", "expected"), [c[1:] for c in CONFIRM], ids=[c[0] for c in CONFIRM]
+)
+def test_seeded_requests_are_cached_only_on_the_upstreams_promise(
+    lookup: Lookup, promised: bool, expected: Lookup | Bypass
+) -> None:
+    assert confirm_seeded(lookup, promised=promised) == expected
+
+
+def test_a_route_that_opts_in_caches_seeded_requests_without_the_promise() -> None:
+    decision = decide(CHAT, msgs(temperature=0.7, seed=1), NONE, RoutePolicy(ttl_s=600, allow_seeded=True))
+    assert decision == HIT and confirm_seeded(decision, promised=False) == HIT
+
+
 # --- store_refusal ---------------------------------------------------------------------------------------
 
 CAP = 1000
@@ -210,15 +236,78 @@ def test_store_refusal(
     status: int, size: int, complete: bool, finish: list[str | None], expected: Reason | None
 ) -> None:
     refusal = store_refusal(
-        status=status, body_bytes=size, max_entry_bytes=CAP, complete=complete, finish_reasons=finish
+        status=status,
+        body_bytes=size,
+        max_entry_bytes=CAP,
+        complete=complete,
+        finish_reasons=finish,
+        has_usage=True,
     )
     assert refusal == expected
+
+
+def test_an_answer_without_usage_is_not_stored() -> None:
+    """DESIGN §4: a later JSON hit (or streamed hit with include_usage) would lack it: relayed, never stored."""
+    refusal = store_refusal(
+        status=200,
+        body_bytes=10,
+        max_entry_bytes=CAP,
+        complete=True,
+        finish_reasons=["stop"],
+        has_usage=False,
+    )
+    assert refusal is Reason.NO_USAGE
+
+
+NEEDS_USAGE = [
+    ("JSON", msgs(temperature=0), True),
+    ("JSON with stream false", msgs(temperature=0, stream=False), True),
+    ("plain stream", msgs(temperature=0, stream=True), False),
+    (
+        "stream with include_usage",
+        msgs(temperature=0, stream=True, stream_options={"include_usage": True}),
+        True,
+    ),
+    ("include_usage false", msgs(temperature=0, stream=True, stream_options={"include_usage": False}), False),
+    (
+        "include_usage not a bool",
+        msgs(temperature=0, stream=True, stream_options={"include_usage": 1}),
+        False,
+    ),
+]
+
+
+def test_an_embeddings_entry_needs_no_usage() -> None:
+    """Its JSON is the upstream's own, the whole of what any later request gets: no stream form asks for more."""
+    decision = decide("embeddings", {"model": "m", "input": "a"}, NONE, ROUTE)
+    assert isinstance(decision, Lookup) and not decision.needs_usage
+
+
+@pytest.mark.parametrize(("body", "expected"), [c[1:] for c in NEEDS_USAGE], ids=[c[0] for c in NEEDS_USAGE])
+def test_what_answers_carry_usage(body: dict[str, Any], expected: bool) -> None:
+    decision = decide(CHAT, body, NONE, ROUTE)
+    assert isinstance(decision, Lookup) and decision.needs_usage is expected
+
+
+LACKS = [
+    ("whole entry, JSON request", {"total_tokens": 3}, True, None),
+    ("no usage, JSON request", None, True, Reason.NO_USAGE),
+    ("no usage, plain stream", None, False, None),
+    ("whole entry, plain stream", {"total_tokens": 3}, False, None),
+]
+
+
+@pytest.mark.parametrize(("usage", "needs", "expected"), [c[1:] for c in LACKS], ids=[c[0] for c in LACKS])
+def test_an_entry_missing_what_a_request_needs_is_a_miss(
+    usage: dict[str, Any] | None, needs: bool, expected: Reason | None
+) -> None:
+    assert lacks(usage, needs_usage=needs) == expected
 
 
 def test_store_refusal_accepts_a_generator() -> None:
     reasons = (r for r in ["stop", "content_filter"])
     assert store_refusal(
-        status=200, body_bytes=1, max_entry_bytes=CAP, complete=True, finish_reasons=reasons
+        status=200, body_bytes=1, max_entry_bytes=CAP, complete=True, finish_reasons=reasons, has_usage=True
     ) == (Reason.CONTENT_FILTER)
 
 

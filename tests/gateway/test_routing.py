@@ -150,6 +150,20 @@ def test_merge_lists_each_model_once_at_its_current_revision() -> None:
     assert orjson.loads(merge([one, two], book))["data"][0]["tokenedge"]["revision"] == "r9"
 
 
+def test_merge_promises_seeded_invariance_only_where_every_backend_does() -> None:
+    def listing(model: str, promise: bool) -> bytes:
+        item = {"id": model, "tokenedge": {"revision": "r1", "seeded_invariant": promise}}
+        return orjson.dumps({"data": [item]})
+
+    book = RevisionBook(3)
+    for index in range(3):
+        book.report(index, {"m": "r1", "both": "r1"})
+    bodies = [listing("m", True), listing("m", False), listing("both", True), listing("both", True)]
+    merged = {i["id"]: i["tokenedge"] for i in orjson.loads(merge(bodies, book))["data"]}
+    assert merged["m"]["seeded_invariant"] is False  # one backend of m draws batch-dependent seeded samples
+    assert merged["both"]["seeded_invariant"] is True
+
+
 def test_facts_read_the_model_and_the_prompt_of_json_and_binary_bodies() -> None:
     body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 100}]})
     facts = facts_of("POST", "/v1/chat/completions", body, block_chars=16, block_tokens=4, affinity=True)

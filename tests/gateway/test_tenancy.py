@@ -70,6 +70,7 @@ async def credential_upstream_chat(request: web.Request) -> web.Response:
                     },
                 }
             ],
+            "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3},
         }
     )
 

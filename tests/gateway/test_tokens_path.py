@@ -8,7 +8,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import orjson
 import pytest
+from openai import AsyncOpenAI
 
 from tests.support.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
 from tests.support.services import serving
@@ -195,3 +198,54 @@ async def make_openai(upstream_url: str, tmp_path: Path) -> AsyncIterator[Make]:
     yield factory
     for gw in started:
         await gw.close()
+
+
+@pytest.mark.parametrize("binary", [False, True])
+async def test_a_plain_stream_through_the_token_path_stores_usage(make: Make, binary: bool) -> None:
+    """The usage ask reaches the backend over either transport; the client that did not ask sees no usage chunk."""
+    gw = await make(binary_transport=binary)
+    body = chat("Usage for later")
+    streamed = await (await gw.client.post("/v1/chat/completions", json={**body, "stream": True})).read()
+    hit = await gw.client.post("/v1/chat/completions", json=body)
+    doc = await hit.json()
+
+    chunks = [orjson.loads(line[6:]) for line in streamed.split(b"\n\n") if line.startswith(b"data: {")]
+    assert streamed.endswith(b"data: [DONE]\n\n") and chunks
+    assert all(
+        c["choices"] and c.get("usage") is None for c in chunks
+    )  # no usage chunk (OpenAI's `usage: null`)
+    assert "hit" in hit.headers["Cache-Status"]
+    assert doc["usage"]["completion_tokens"] > 0 and doc["usage"]["prompt_tokens"] > 0
+
+
+@pytest.mark.parametrize("binary", [False, True])
+async def test_the_openai_client_gets_the_backends_usage_from_an_entry_a_plain_stream_filled(
+    make: Make, backend_url: str, engine: EchoEngine, binary: bool
+) -> None:
+    """Against the real backend app: the usage a JSON hit and an include_usage hit carry is the backend's own."""
+    body = chat("Whose usage is this?")
+    async with aiohttp.ClientSession() as session:  # the backend asked directly, as the gateway asks it
+        direct = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        async with session.post(backend_url + "/v1/chat/completions", json=direct) as resp:
+            lines = [line for line in (await resp.read()).split(b"\n\n") if line.startswith(b"data: {")]
+    upstream_usage = orjson.loads(lines[-1][6:])["usage"]
+    gw = await make(binary_transport=binary)
+    async with AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client:
+        args: dict[str, Any] = {"model": body["model"], "messages": body["messages"], "temperature": 0}
+        miss = [c async for c in await client.chat.completions.create(**args, stream=True)]
+        as_json = await client.chat.completions.create(**args)
+        with_usage = [
+            c
+            async for c in await client.chat.completions.create(
+                **args, stream=True, stream_options={"include_usage": True}
+            )
+        ]
+
+    assert (
+        len(engine.prompts) == 2
+    )  # the direct ask and the gateway's one miss: both hits came from the entry
+    assert all(c.usage is None for c in miss)
+    assert as_json.usage is not None and as_json.usage.model_dump(exclude_none=True) == upstream_usage
+    assert with_usage[-1].choices == [] and with_usage[-1].usage is not None
+    assert with_usage[-1].usage.model_dump(exclude_none=True) == upstream_usage
+    assert as_json.choices[0].message.content == "".join(c.choices[0].delta.content or "" for c in miss)

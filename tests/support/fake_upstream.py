@@ -32,10 +32,17 @@ class FakeUpstream:
         None  # send this many chunks, then an OpenAI-style error event and [DONE]
     )
     finish_reason: str = "stop"
+    # An upstream that reports no usage: none in JSON, and the stream's usage ask ignored.
+    omit_usage: bool = False
+    seeded_invariant: bool = False  # /v1/models promises batch-invariant seeded sampling
+    response_status: str = (
+        "completed"  # the Responses answer's status (`incomplete`: cut at max_output_tokens)
+    )
     denied_tokens: set[str] = field(default_factory=set)  # Authorization values answered with 401
     calls: Counter[str] = field(default_factory=Counter)
     bodies: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)  # raw paths of `GET /v1/models/{id}`
     chunks_sent: list[int] = field(default_factory=list)
     serial: itertools.count = field(default_factory=lambda: itertools.count(1))
     entered: asyncio.Event = field(default_factory=asyncio.Event)
@@ -43,9 +50,11 @@ class FakeUpstream:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model:.+}", self.model)  # as the backend: ids may hold '/' (org/name)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_post("/v1/responses", self.responses)
         app.router.add_get("/v1/files", self.files)
         return app
 
@@ -59,10 +68,22 @@ class FakeUpstream:
                         "id": "test-model",
                         "object": "model",
                         "owned_by": "tokenedge",
-                        "tokenedge": {"revision": self.revision, "max_model_len": 2048},
+                        "tokenedge": {
+                            "revision": self.revision,
+                            "max_model_len": 2048,
+                            **({"seeded_invariant": True} if self.seeded_invariant else {}),
+                        },
                     }
                 ],
             }
+        )
+
+    async def model(self, request: web.Request) -> web.Response:
+        """`GET /v1/models/{id}`: the id as this server decoded it, and the raw path it was sent."""
+        self.calls["model"] += 1
+        self.paths.append(request.raw_path)
+        return web.json_response(
+            {"id": request.match_info["model"], "object": "model", "created": 0, "owned_by": "org"}
         )
 
     async def files(self, request: web.Request) -> web.Response:
@@ -119,9 +140,12 @@ class FakeUpstream:
                 "created": 1700000000 + n,
                 "model": body["model"],
                 "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}],
-                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+                **self._usage({"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}),
             }
         )
+
+    def _usage(self, usage: dict[str, Any]) -> dict[str, Any]:
+        return {} if self.omit_usage else {"usage": usage}
 
     @staticmethod
     def _tool_call() -> dict[str, Any]:
@@ -159,9 +183,85 @@ class FakeUpstream:
                 "object": "list",
                 "model": body["model"],
                 "data": [{"object": "embedding", "index": 0, "embedding": [n / 10, 0.5]}],
-                "usage": {"prompt_tokens": 2, "total_tokens": 2},
+                **self._usage({"prompt_tokens": 2, "total_tokens": 2}),
             }
         )
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        """`POST /v1/responses` as OpenAI answers it: the response object, or its typed event stream."""
+        body = await self._enter(request, "responses")
+        if (forced := self._forced()) is not None:
+            return forced
+        n = next(self.serial)
+        text = "".join(self.stream_pieces) if body.get("stream") else f"response #{n}"
+        response = self._response(body, n, text)
+        if not body.get("stream"):
+            return web.json_response(response)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for number, event in enumerate(self._response_events(response)):
+            if self.stream_gates is not None and number < len(self.stream_gates):
+                await self.stream_gates[number].wait()
+            if self.stream_fail_after is not None and number >= self.stream_fail_after:
+                assert request.transport is not None
+                request.transport.close()
+                return resp
+            payload = orjson.dumps({"type": event.pop("type"), "sequence_number": number, **event})
+            await resp.write(
+                b"event: " + orjson.loads(payload)["type"].encode() + b"\ndata: " + payload + b"\n\n"
+            )
+        await resp.write_eof()
+        return resp
+
+    def _response(self, body: dict[str, Any], n: int, text: str) -> dict[str, Any]:
+        incomplete = self.response_status == "incomplete"
+        return {
+            "id": f"resp_{n}",
+            "object": "response",
+            "created_at": 1700000000 + n,
+            "status": self.response_status,
+            "model": body["model"],
+            "output": [
+                {
+                    "id": f"msg_{n}",
+                    "type": "message",
+                    "status": self.response_status,
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": text, "annotations": []}],
+                }
+            ],
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "error": None,
+            "store": body.get("store", True),
+            "temperature": body.get("temperature", 1),
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": body.get("tools", []),
+            **self._usage({"input_tokens": 9, "output_tokens": 4, "total_tokens": 13}),
+        }
+
+    def _response_events(self, response: dict[str, Any]) -> list[dict[str, Any]]:
+        """The typed events OpenAI streams: created, in_progress, the item and its text deltas, completed."""
+        item = response["output"][0]
+        where = {"item_id": item["id"], "output_index": 0, "content_index": 0}
+        opening = {**response, "status": "in_progress", "output": [], "usage": None}
+        part = {"type": "output_text", "text": "", "annotations": []}
+        terminal = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
+        return [
+            {"type": "response.created", "response": opening},
+            {"type": "response.in_progress", "response": opening},
+            {
+                "type": "response.output_item.added",
+                "output_index": 0,
+                "item": {**item, "status": "in_progress", "content": []},
+            },
+            {"type": "response.content_part.added", **where, "part": part},
+            *({"type": "response.output_text.delta", **where, "delta": p} for p in self.stream_pieces),
+            {"type": "response.output_text.done", **where, "text": item["content"][0]["text"]},
+            {"type": "response.content_part.done", **where, "part": item["content"][0]},
+            {"type": "response.output_item.done", "output_index": 0, "item": item},
+            {"type": terminal, "response": response},
+        ]
 
     def _text_chunks(self, body: dict[str, Any], n: int) -> list[dict[str, Any]]:
         base = {
@@ -179,7 +279,7 @@ class FakeUpstream:
 
         out = [text(piece) for piece in self.stream_pieces]
         out.append(text("", self.finish_reason))
-        return out + _usage_chunk(base, body, prompt_tokens=3)
+        return out + ([] if self.omit_usage else _usage_chunk(base, body, prompt_tokens=3))
 
     def _chunks(self, body: dict[str, Any], n: int) -> list[dict[str, Any]]:
         if "prompt" in body:
@@ -200,7 +300,7 @@ class FakeUpstream:
         else:
             out += [delta({"content": piece}) for piece in self.stream_pieces]
         out.append(delta({}, "tool_calls" if self.stream_tool_calls else self.finish_reason))
-        return out + _usage_chunk(base, body, prompt_tokens=10)
+        return out + ([] if self.omit_usage else _usage_chunk(base, body, prompt_tokens=10))
 
     def _tool_call_deltas(self) -> list[dict[str, Any]]:
         """The tool call as OpenAI streams it: id, type and name first, then the arguments in two pieces."""
