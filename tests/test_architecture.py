@@ -100,9 +100,9 @@ def test_no_module_imports_itself_back() -> None:
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
 
 
-def _layout_rows() -> dict[str, str]:
-    readme = (ROOT / "README.md").read_text()
-    table = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+def _layout_rows(doc: str = "README.md") -> dict[str, str]:
+    readme = (ROOT / doc).read_text()
+    table = readme.split("## Layout", 1)[1].split("\n## ", 1)[0] if "## Layout" in readme else readme
     rows = [line.split(" | ", 1) for line in table.splitlines() if line.startswith("| `")]
     return {cell.strip("| "): what for cell, what in rows}
 
@@ -121,12 +121,20 @@ def test_the_readme_layout_names_every_top_level_folder() -> None:
     assert not missing, f"README layout lacks {missing}"
 
 
-def test_every_gateway_module_the_readme_layout_names_exists() -> None:
-    row = _layout_rows()["`gateway/`"]
-    named = re.findall(r"`([a-z_/]+(?:\.py|/))`", row)
+def test_every_gateway_module_the_layout_map_names_exists_and_every_module_is_named() -> None:
+    section = (ROOT / "docs" / "layout.md").read_text().split("## gateway/", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`([a-z_/]+(?:\.py|/))`", section))
     assert len(named) > 20
-    missing = [n for n in named if not (ROOT / "gateway" / n).exists()]
+    missing = sorted(n for n in named if not (ROOT / "gateway" / n).exists())
     assert not missing, missing
+    folders = {n.split("/", 1)[0] + "/" for n in named if "/" in n}
+    unnamed = sorted(
+        p.name
+        for p in (ROOT / "gateway").iterdir()
+        if (p.suffix == ".py" and p.name not in named and p.name != "__init__.py")
+        or (p.is_dir() and not p.name.startswith("__") and f"{p.name}/" not in folders)
+    )
+    assert not unnamed, f"docs/layout.md does not name {unnamed}"
 
 
 def _sources() -> dict[str, str]:

@@ -32,8 +32,12 @@ def slow_clients(gw: RunningGateway, phase: str) -> float:
     return gw.state.metrics.slow_clients.labels(phase)._value.get()
 
 
-async def until(predicate: Callable[[], bool], rounds: int = 200_000) -> None:
-    for _ in range(rounds):
+async def until(predicate: Callable[[], bool], guard_s: float = 60.0) -> None:
+    """Yield to the loop until `predicate` holds; `guard_s` only bounds a hang (a loaded machine needs more loop
+    turns for the same progress, so a count of turns is no bound)."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + guard_s
+    while loop.time() < give_up:
         if predicate():
             return
         await asyncio.sleep(0)

@@ -1,4 +1,4 @@
-"""The README's response-header table is the CDN contract: its streamed-miss column matches a real streamed miss."""
+"""The documented response-header table (docs/request-flow.md) is the CDN contract: its streamed-miss column matches a real streamed miss."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from tests.gateway.conftest import AUTH_A, CHAT
 from tests.support.gateway import RunningGateway
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "request-flow.md"
 
 
 def header_table() -> tuple[list[str], dict[str, list[str]]]:
