@@ -30,6 +30,7 @@ from gateway.errors import GatewayError, error_response
 from gateway.handlers import admin, alias, completions, ops, relay, tenancy
 from gateway.lease_fill import lease_ctx
 from gateway.metrics import GatewayMetrics
+from gateway.policy import CACHEABLE_ENDPOINTS
 from gateway.routing.build import build_upstream, is_pool, routing_ctx
 from gateway.state import STATE, GatewayState
 from gateway.tiers.factory import build_l1, build_l2
@@ -204,10 +205,8 @@ def create_app(
     app.cleanup_ctx.append(warm_ctx)  # the hot-key record and the start-up L1 fill (Redis L2 only)
     if cdn is not None and cdn.enabled:
         app.cleanup_ctx.append(_cdn_ctx(cdn))
-    app.router.add_post("/v1/chat/completions", completions.make_handler("chat/completions"))
-    app.router.add_post("/v1/completions", completions.make_handler("completions"))
-    app.router.add_post("/v1/embeddings", completions.make_handler("embeddings"))
-    app.router.add_post("/v1/responses", completions.make_handler("responses"))  # cached only when stateless
+    for endpoint in CACHEABLE_ENDPOINTS:  # responses: cached only when stateless (policy)
+        app.router.add_post(f"/v1/{endpoint}", completions.make_handler(endpoint))
     app.router.add_get("/v1/models", ops.models)
     app.router.add_post("/v1/cache/explain", alias.explain)
     app.router.add_get("/v1/cache/{key}", alias.get_alias)

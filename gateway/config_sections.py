@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gateway.canonical import AUTO, ROUTE_LEVELS
+from gateway.policy import CACHEABLE_ENDPOINTS as CACHEABLE_ENDPOINTS  # defined once there; re-exported
 
-CACHEABLE_ENDPOINTS: tuple[str, ...] = ("chat/completions", "completions", "embeddings", "responses")
 RouteLevel = Literal["auto", "exact", "tokens", "normalized", "aggressive"]  # gateway.canonical.ROUTE_LEVELS
 # Values that used to be valid: the message says what they are called now.
 RENAMED_VALUES: dict[Any, str] = {

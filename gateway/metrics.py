@@ -30,6 +30,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from gateway.dashboard.cost import Price, saved_usd
+from gateway.policy import CACHEABLE_ENDPOINTS
 from gateway.routing.metrics import register as register_routing
 from gateway.tally import Tally
 from gateway.timing import STAGES
@@ -38,12 +39,7 @@ Samples = dict[str, list[tuple[dict[str, str], float]]]
 ENTRIES = "tokenedge_cache_entries"
 BYTES = "tokenedge_cache_bytes"
 
-ROUTES: tuple[str, ...] = (
-    "chat/completions",
-    "completions",
-    "embeddings",
-    "responses",
-)  # gateway.config.CACHEABLE_ENDPOINTS
+ROUTES: tuple[str, ...] = CACHEABLE_ENDPOINTS
 TIERS: tuple[str, ...] = ("l1", "l2")
 LOOKUP_OUTCOMES: tuple[str, ...] = ("hit", "miss", "error")
 # One (result, reason) per result, so `sum by (result)` has every result from the first scrape; other reasons

@@ -14,7 +14,8 @@ from typing import Any
 
 from gateway.cache_control import RequestDirectives
 
-CACHEABLE_ENDPOINTS = frozenset({"chat/completions", "completions", "embeddings", "responses"})
+# The cacheable routes, defined once: config, metrics, the app's routes and the fast lane take them from here.
+CACHEABLE_ENDPOINTS: tuple[str, ...] = ("chat/completions", "completions", "embeddings", "responses")
 RESPONSES = "responses"
 # Generation: an entry may answer a later request whose answer carries usage (a JSON one, a stream with
 # `include_usage`). An embeddings entry is the upstream's own JSON, the whole of what any later request gets.
