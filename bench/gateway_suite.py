@@ -27,7 +27,7 @@ from tests.support.services import MemcachedServer, RedisServer
 
 BYPASS_REQUEST = REQUEST.replace(b'"temperature":0', b'"temperature":0.7')
 MISS_REQUEST = REQUEST.replace(b"What is the capital", b"__UNIQUE__ What is the capital")
-Target = tuple[str, list[int], bytes, dict[str, str]]
+Target = tuple[str, list[int], bytes, dict[str, str], bool]  # ..., ingress: a unique request id per request
 
 
 def prime(url: str) -> bytes:
@@ -73,12 +73,12 @@ def gateway(upstream: str, workers: int, env: dict[str, str]) -> Iterator[tuple[
 def measure(
     targets: dict[str, Target], *, duration_s: int, repeats: int, connections: int, warm: int
 ) -> dict[str, LoadResult]:
-    for url, _pids, body, headers in targets.values():
+    for url, _pids, body, headers, _ingress in targets.values():
         for i in range(warm):
             post(url, body.replace(UNIQUE, f"warm-{i}".encode()), headers)
     runs: dict[str, list[LoadResult]] = {name: [] for name in targets}
     for _ in range(repeats):  # interleaved repeats: noise on this shared machine hits every system alike
-        for name, (url, pids, body, headers) in targets.items():
+        for name, (url, pids, body, headers, ingress) in targets.items():
             runs[name].append(
                 wrk(
                     url,
@@ -88,6 +88,7 @@ def measure(
                     connections=connections,
                     threads=1,
                     pids=pids,
+                    ingress=ingress,
                 )
             )
     return {name: median_result(results) for name, results in runs.items()}
@@ -121,17 +122,23 @@ def run(workers: int, args: argparse.Namespace) -> dict[str, LoadResult]:
             )
         )
         hit_body = prime(l1_url)
-        targets: dict[str, Target] = {
-            "gateway L1 hit": (l1_url, l1_pids, REQUEST, HEADERS),
-            "gateway L2 hit (L1 off)": (l2_url, l2_pids, REQUEST, HEADERS),
-            "gateway L2 hit (Memcached, L1 off)": (mc_url, mc_pids, REQUEST, HEADERS),
-            "gateway miss (unique bodies)": (l1_url, l1_pids, MISS_REQUEST, HEADERS),
-            "gateway bypass (temperature 0.7)": (l1_url, l1_pids, BYPASS_REQUEST, HEADERS),
-        }
         bare_url, bare_pids = stack.enter_context(bare_aiohttp(hit_body, workers))
         nginx_url, nginx_pids = stack.enter_context(nginx_fixed(hit_body, workers))
-        targets["bare aiohttp (same bytes)"] = (bare_url, bare_pids, REQUEST, HEADERS)
-        targets["nginx (same bytes)"] = (nginx_url, nginx_pids, REQUEST, HEADERS)
+        targets: dict[str, Target] = {}
+        for shape, ingress in (("ingress ids", True), ("same bytes", False)):  # realistic traffic first
+            targets[f"gateway L1 hit ({shape})"] = (l1_url, l1_pids, REQUEST, HEADERS, ingress)
+            targets[f"gateway L2 hit (L1 off, {shape})"] = (l2_url, l2_pids, REQUEST, HEADERS, ingress)
+            targets[f"gateway L2 hit (Memcached, L1 off, {shape})"] = (
+                mc_url,
+                mc_pids,
+                REQUEST,
+                HEADERS,
+                ingress,
+            )
+            targets[f"bare aiohttp ({shape})"] = (bare_url, bare_pids, REQUEST, HEADERS, ingress)
+        targets["gateway miss (unique bodies)"] = (l1_url, l1_pids, MISS_REQUEST, HEADERS, False)
+        targets["gateway bypass (temperature 0.7)"] = (l1_url, l1_pids, BYPASS_REQUEST, HEADERS, False)
+        targets["nginx (same bytes)"] = (nginx_url, nginx_pids, REQUEST, HEADERS, False)
         litellm_headers = {
             "Content-Type": "application/json",
             "Authorization": f"Bearer {LITELLM_MASTER_KEY}",
@@ -143,7 +150,7 @@ def run(workers: int, args: argparse.Namespace) -> dict[str, LoadResult]:
                 except RuntimeError as exc:
                     print(f"LiteLLM ({cache}) unavailable: {exc}")
                     continue
-                targets[f"LiteLLM proxy hit ({cache} cache)"] = (url, pids, REQUEST, litellm_headers)
+                targets[f"LiteLLM proxy hit ({cache} cache)"] = (url, pids, REQUEST, litellm_headers, False)
         return measure(
             targets,
             duration_s=args.duration,
@@ -168,16 +175,20 @@ def main(argv: list[str] | None = None) -> None:
             f"Gateway scenarios, {workers} worker(s), wrk -t1 -c{args.connections} -d{args.duration}s, "
             f"median of {args.repeats} interleaved runs (ratio vs bare aiohttp)",
             list(results.items()),
-            "bare aiohttp (same bytes)",
+            "bare aiohttp (ingress ids)",
         )
-        l1, l2 = results["gateway L1 hit"], results["gateway L2 hit (L1 off)"]
-        bare = results["bare aiohttp (same bytes)"]
-        l2_mc = results["gateway L2 hit (Memcached, L1 off)"]
-        summary = {
-            "l1_vs_bare": l1.rps / bare.rps,
-            "l2_vs_l1": l2.rps / l1.rps,
-            "l2_memcached_vs_l2_redis": l2_mc.rps / l2.rps,
-        }
+        summary: dict[str, float] = {}
+        for shape in ("ingress ids", "same bytes"):
+            l1, l2 = results[f"gateway L1 hit ({shape})"], results[f"gateway L2 hit (L1 off, {shape})"]
+            bare = results[f"bare aiohttp ({shape})"]
+            l2_mc = results[f"gateway L2 hit (Memcached, L1 off, {shape})"]
+            tag = shape.replace(" ", "_")
+            summary |= {
+                f"l1_vs_bare_{tag}": l1.rps / bare.rps,
+                f"l2_vs_l1_{tag}": l2.rps / l1.rps,
+                f"l2_memcached_vs_l2_redis_{tag}": l2_mc.rps / l2.rps,
+            }
+        l1 = results["gateway L1 hit (ingress ids)"]
         for name, result in results.items():
             if name.startswith("LiteLLM"):
                 summary[f"l1_vs_{name}"] = l1.rps / result.rps
