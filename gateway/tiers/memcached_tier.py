@@ -138,7 +138,7 @@ class MemcachedTier:
         return await self.read(key)
 
     def read(self, key: str) -> asyncio.Future[Entry | None]:
-        """`get` without the coroutine (the wire lane waits on it with a callback), batched per server; raises
+        """`get` without the coroutine (the fast lane waits on it with a callback), batched per server; raises
         L2Unavailable at once while the key's server is breaker-open."""
         shard = self._shard(key)
         if not shard.breaker.available:

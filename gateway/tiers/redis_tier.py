@@ -97,7 +97,7 @@ class RedisTier:
         return self.entry_of(raw)
 
     def read(self, key: str) -> asyncio.Future[bytes | None]:
-        """`get` without the coroutine (the wire lane waits on it with a callback): the raw value, batched; raises
+        """`get` without the coroutine (the fast lane waits on it with a callback): the raw value, batched; raises
         L2Unavailable at once while the breaker is open."""
         if not self.available:
             raise L2Unavailable("l2 skipped for get: breaker open")

@@ -50,7 +50,7 @@ class TieredCache:
 
     def settle(self, key: str, entry: Entry | L2Unavailable | None, generation: int) -> Found | None:
         """What an L2 read returned (or its failure), counted, and back-filled into L1 unless a purge came after
-        `generation` (L1's generation when the read began). `get` and the wire lane's callback share it."""
+        `generation` (L1's generation when the read began). `get` and the fast lane's callback share it."""
         if isinstance(entry, L2Unavailable):
             self._lookups.labels("l2", "error").inc()
             return None
@@ -62,7 +62,7 @@ class TieredCache:
         return Found(entry, "l2")
 
     def count_l1_miss(self) -> None:
-        """The wire lane reads `l1` itself and counts a miss it goes on to L2 with, as `get` would have."""
+        """The fast lane reads `l1` itself and counts a miss it goes on to L2 with, as `get` would have."""
         self._tally.inc(self._lookups, ("l1", "miss"))
 
     def count_l1_hit(self) -> None:
