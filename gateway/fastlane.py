@@ -60,7 +60,7 @@ _HEAD = re.compile(
     rb"POST /v1/(" + _ROUTES + rb") HTTP/1\.1\r\n"
     rb"((?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[^\x00-\x08\x0a-\x1f\x7f]*\r\n)*)\r\n"
 )
-SLOW, CREDENTIAL, LENGTH, CTYPE, CONNECTION = range(5)
+SLOW, CREDENTIAL, LENGTH, CTYPE, CONNECTION, HOST = range(6)
 # Request headers that send a request the ordinary way: conditionals (RFC 9110 §13), cache directives (the policy
 # reads them), the admin debug header (Server-Timing), and framing a plain request does not have.
 SLOW_HEADERS = (
@@ -106,7 +106,9 @@ def header_kinds(credential_names: tuple[str, ...]) -> dict[bytes, int]:
     """Lower-case raw name -> what the lane does with it, one dict probe a header."""
     kinds = {name.lower().encode("ascii"): CREDENTIAL for name in credential_names}
     kinds.update({name.lower().encode("ascii"): SLOW for name in SLOW_HEADERS})
-    kinds.update({b"content-length": LENGTH, b"content-type": CTYPE, b"connection": CONNECTION})
+    kinds.update(
+        {b"content-length": LENGTH, b"content-type": CTYPE, b"connection": CONNECTION, b"host": HOST}
+    )
     return kinds
 
 
@@ -130,7 +132,7 @@ def plain_head(data: bytes, kinds: dict[bytes, int]) -> Head | None:
     match = _HEAD.match(data)
     if match is None:
         return None
-    length = -1
+    length, hosts = -1, 0
     credentials: list[tuple[bytes, bytes]] = []
     for line in match.group(2).split(b"\r\n")[:-1]:
         name, _, value = line.partition(b":")
@@ -150,9 +152,11 @@ def plain_head(data: bytes, kinds: dict[bytes, int]) -> Head | None:
         elif kind == CTYPE:
             if not _json_type(value):
                 return None
+        elif kind == HOST:
+            hosts += 1
         elif b"close" in value.lower() or b"upgrade" in value.lower():
             return None  # aiohttp closes (or upgrades) as the request asks
-    if length <= 0:
+    if length <= 0 or hosts != 1:  # RFC 9112 §3.2: HTTP/1.1 without exactly one Host is the parser's 400
         return None
     return Head(match.group(1).decode(), match.group(2), tuple(credentials), match.end(), length)
 
