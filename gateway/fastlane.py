@@ -40,8 +40,8 @@ from gateway.dashboard.hotkeys import prompt_text
 from gateway.entry import Entry
 from gateway.errors import GatewayError
 from gateway.hits import record, render
+from gateway.hits.scope import key_scope_of_fields
 from gateway.hits.verdict import Verdict, judge
-from gateway.keys import PUBLIC_SCOPE
 from gateway.memo import MAX_MEMO_BODY_BYTES, ParsedRequest
 from gateway.policy import CACHEABLE_ENDPOINTS, Lookup, decide
 from gateway.reqrecord import DEBUG_HEADER, handler_done
@@ -210,7 +210,6 @@ class FastLane:
         self._state = state
         tenancy = state.tenancy
         assert tenancy is not None, "tenancy_ctx runs before the server starts"
-        self._tenancy = tenancy
         self._kinds = header_kinds(tenancy.credential_headers)
         self._max_body = min(MAX_MEMO_BODY_BYTES, state.config.server.max_body_bytes)
 
@@ -260,11 +259,10 @@ class FastLane:
         return PENDING, used
 
     def _scope(self, head: Head) -> str:
-        """This request's key scope, from its own credential headers (memoized by their raw values)."""
-        if self._state.config.routes[head.endpoint].scope == "public":
-            return PUBLIC_SCOPE
-        tenancy = self._tenancy
-        return tenancy.scope_of_raw(head.credentials, lambda: tenancy.scope(_headers_of(head.fields), None))
+        """This request's key scope, from its own credential headers (`hits.scope`)."""
+        return key_scope_of_fields(
+            self._state, head.endpoint, head.credentials, partial(_headers_of, head.fields)
+        )
 
     def _l2_read(
         self,
