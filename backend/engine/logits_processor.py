@@ -20,6 +20,7 @@ from backend.engine.outputs import TokenLogprobs
 from backend.engine.sequence import Sequence
 
 
+@torch.inference_mode()  # the logits are inference tensors: updating them in place needs the mode
 def process_logits(logits: torch.Tensor, seqs: Seq[Sequence], eos_token_ids: frozenset[int]) -> None:
     """In place, on the rows whose sequence asks for it. logits: [N, vocab] fp32, one row per seq."""
     assert logits.dim() == 2 and logits.shape[0] == len(seqs)
