@@ -1,5 +1,7 @@
-"""Batch invariance over HTTP: 24 greedy chat requests (12 prompts, with and without a shared system prompt)
-give the same text sent one by one, all at once, and in random staggered arrivals, round after round.
+"""Batch invariance over HTTP: 24 chat requests (12 prompts, with and without a shared system prompt) give the
+same text, and the same logprobs where asked, sent one by one, all at once, and in random staggered arrivals,
+round after round. Most are greedy; the mix carries logprobs, penalties, logit_bias and one seeded sampled row
+with a penalty, so per-row processing is checked under load too.
 
 Arrivals are staggered on events, not timers: each request is sent once the previous one has streamed a
 random number of chunks, so requests join the running batch at random points of each other's decode.
@@ -14,6 +16,7 @@ import asyncio
 import json
 import random
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -45,36 +48,55 @@ QUESTIONS = [
 ]
 
 
-def requests() -> list[list[dict[str, str]]]:
+# per-request controls, cycled over the requests (greedy unless a temperature is given)
+EXTRAS: list[dict[str, Any]] = [
+    {},
+    {"logprobs": True, "top_logprobs": 3},
+    {"frequency_penalty": 1.5},
+    {"presence_penalty": 1.0, "logprobs": True},
+    {},
+    {"logit_bias": {"101": -100, "32": 5}, "repetition_penalty": 1.3},
+    {"temperature": 0.8, "seed": 3, "frequency_penalty": 0.5, "logprobs": True, "top_logprobs": 1},
+]
+Answer = tuple[str, str]  # the text, and the logprobs it streamed (as JSON)
+
+
+def requests() -> list[dict[str, Any]]:
     plain = [[{"role": "user", "content": q}] for q in QUESTIONS]
-    return plain + [[{"role": "system", "content": SYSTEM}, *m] for m in plain]
+    convos = plain + [[{"role": "system", "content": SYSTEM}, *m] for m in plain]
+    return [
+        {"messages": m, "temperature": 0, "max_tokens": MAX_TOKENS, "stream": True, **EXTRAS[i % len(EXTRAS)]}
+        for i, m in enumerate(convos)
+    ]
 
 
-async def chat(client: TestClient, messages: list[dict[str, str]], started: asyncio.Queue[int] | None) -> str:
-    """Stream one greedy answer; put each chunk's index on `started` (how far this request has got)."""
-    body = {"messages": messages, "temperature": 0, "max_tokens": MAX_TOKENS, "stream": True}
+async def chat(client: TestClient, body: dict[str, Any], started: asyncio.Queue[int] | None) -> Answer:
+    """Stream one answer; put each chunk's index on `started` (how far this request has got)."""
     resp = await client.post("/v1/chat/completions", json=body)
     assert resp.status == 200, await resp.text()
-    text, chunks = [], 0
+    text, logprobs, chunks = [], [], 0
     async for line in resp.content:
         data = line.decode().strip().removeprefix("data: ")
         if not data or data == "[DONE]" or line.startswith(b":"):
             continue
-        delta = json.loads(data)["choices"][0]["delta"]
-        text.append(delta.get("content") or "")
+        choice = json.loads(data)["choices"][0]
+        text.append(choice["delta"].get("content") or "")
+        if choice["logprobs"] is not None:
+            logprobs.extend(choice["logprobs"]["content"])
         chunks += 1
         if started is not None:
             started.put_nowait(chunks)
     if started is not None:
         started.put_nowait(MAX_TOKENS + 1)  # finished: never leave the launcher waiting
-    return "".join(text)
+    assert bool(logprobs) == bool(body.get("logprobs")), body
+    return "".join(text), json.dumps(logprobs)
 
 
-async def staggered(client: TestClient, batch: list[list[dict[str, str]]], rng: random.Random) -> list[str]:
+async def staggered(client: TestClient, batch: list[dict[str, Any]], rng: random.Random) -> list[Answer]:
     """Send in a random order; each next request waits until the last one has streamed 0-6 chunks."""
     order = list(range(len(batch)))
     rng.shuffle(order)
-    tasks: dict[int, asyncio.Task[str]] = {}
+    tasks: dict[int, asyncio.Task[Answer]] = {}
     for index in order:
         progress: asyncio.Queue[int] = asyncio.Queue()
         tasks[index] = asyncio.create_task(chat(client, batch[index], progress))
@@ -86,11 +108,11 @@ async def staggered(client: TestClient, batch: list[list[dict[str, str]]], rng: 
 
 async def check_protocol(client: TestClient, rounds: int = 2) -> None:
     batch = requests()
-    alone = [await chat(client, messages, None) for messages in batch]
-    assert len(set(alone)) >= 6, alone  # the prompts lead to different answers
+    alone = [await chat(client, body, None) for body in batch]
+    assert len({text for text, _ in alone}) >= 6, alone  # the prompts lead to different answers
     rng = random.Random(14)
     for _ in range(rounds):
-        together = await asyncio.gather(*(chat(client, messages, None) for messages in batch))
+        together = await asyncio.gather(*(chat(client, body, None) for body in batch))
         assert [i for i, t in enumerate(together) if t != alone[i]] == []
         arrived = await staggered(client, batch, rng)
         assert [i for i, t in enumerate(arrived) if t != alone[i]] == []
