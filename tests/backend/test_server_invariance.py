@@ -1,7 +1,7 @@
 """Batch invariance over HTTP: 24 chat requests (12 prompts, with and without a shared system prompt) give the
 same text, and the same logprobs where asked, sent one by one, all at once, and in random staggered arrivals,
-round after round. Most are greedy; the mix carries logprobs, penalties, logit_bias and one seeded sampled row
-with a penalty, so per-row processing is checked under load too.
+round after round. Most are greedy; the mix carries logprobs, penalties, logit_bias, a json_object grammar and a
+seeded sampled row with a penalty, so per-row processing is checked under load too.
 
 Arrivals are staggered on events, not timers: each request is sent once the previous one has streamed a
 random number of chunks, so requests join the running batch at random points of each other's decode.
@@ -54,7 +54,7 @@ EXTRAS: list[dict[str, Any]] = [
     {"logprobs": True, "top_logprobs": 3},
     {"frequency_penalty": 1.5},
     {"presence_penalty": 1.0, "logprobs": True},
-    {},
+    {"response_format": {"type": "json_object"}},
     {"logit_bias": {"101": -100, "32": 5}, "repetition_penalty": 1.3},
     {"temperature": 0.8, "seed": 3, "frequency_penalty": 0.5, "logprobs": True, "top_logprobs": 1},
 ]
