@@ -105,7 +105,7 @@ async def _parse(
     # the sampling params under the JSON path's checks, with a stand-in for the prompt the ids carry
     stand_in = {"messages": [{"role": "user", "content": ""}]} if endpoint == "chat" else {"prompt": [0]}
     req = parse_request({**params, **stand_in}, endpoint, max_n)
-    for param in ("logprobs", "echo"):  # outputs these frames cannot carry
+    for param in ("logprobs", "echo", "tools"):  # outputs these frames cannot carry
         if getattr(req, param) not in (None, False):
             raise bad_request(f"'{param}' is not carried by the binary transport: use JSON", param)
     check_model(req, model)

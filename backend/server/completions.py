@@ -31,6 +31,8 @@ from backend.server.state import (
     ServedModel,
     ServerLimits,
 )
+from backend.server.tools import render_messages, tool_schema
+from backend.server.tools import strict as tools_strict
 from backend.tokenizer import ChatTemplateError
 
 
@@ -86,7 +88,8 @@ def _prompts(req: GenerationRequest, model: ServedModel) -> list[ValidPrompt]:
     tokenizer = model.tokenizer
     if req.endpoint == "chat":
         try:
-            text = tokenizer.apply_chat_template(list(req.messages), add_generation_prompt=True)
+            messages = render_messages(req.messages, req.tools)
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         except (ChatTemplateError, ValueError) as exc:
             raise bad_request(str(exc), "messages") from exc
         return [valid_prompt(tokenizer.encode(text), model, "messages")]
@@ -105,6 +108,12 @@ def _echo(req: GenerationRequest, model: ServedModel, prompt: ValidPrompt) -> st
 
 
 def compile_grammar(req: GenerationRequest, compiler: GrammarCompiler) -> CompiledGrammar | None:
+    """The request's grammar, from response_format or from active tools (never both: protocol refuses that)."""
+    if req.tools is not None and req.tools.active:
+        try:
+            return compiler.json_schema(tool_schema(req.tools), tools_strict(req.tools))
+        except GrammarError as exc:
+            raise bad_request(f"tools: {exc}", "tools") from None
     if req.response_format is None:
         return None
     try:

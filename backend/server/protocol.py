@@ -15,6 +15,7 @@ from typing import Any
 from backend.engine.sampling_params import LOGIT_BIAS_RANGE, MAX_LOGPROBS
 from backend.server.errors import bad_request
 from backend.server.fields import Endpoint, check_fields
+from backend.server.tools import ToolSpec, parse_tools
 from tokenedge_wire.chat_schema import messages_problem
 
 MAX_STOP_STRINGS = 4
@@ -59,6 +60,7 @@ class GenerationRequest:
     logprobs: int | None = None  # None: none; k: the chosen token's and the k most likely
     echo: bool = False
     response_format: ResponseFormat | None = None
+    tools: ToolSpec | None = None  # chat only
 
 
 def parse_request(body: Any, endpoint: Endpoint, max_n: int) -> GenerationRequest:
@@ -110,10 +112,15 @@ def parse_request(body: Any, endpoint: Endpoint, max_n: int) -> GenerationReques
     if min_tokens < 0 or (max_tokens is not None and min_tokens > max_tokens):
         raise bad_request("min_tokens must be between 0 and max_tokens", "min_tokens")
     response_format = _response_format(body.get("response_format"))
+    tools = parse_tools(body) if endpoint == "chat" else None
+    if response_format is not None and tools is not None and tools.active:
+        raise bad_request(
+            "response_format cannot be combined with tools (both set the grammar)", "response_format"
+        )
     ignore_eos = _optional(body, "ignore_eos", bool) or False
-    if response_format is not None and (ignore_eos or min_tokens):
+    if (response_format is not None or (tools is not None and tools.active)) and (ignore_eos or min_tokens):
         param = "ignore_eos" if ignore_eos else "min_tokens"
-        raise bad_request(f"{param} cannot be combined with a grammar (response_format)", param)
+        raise bad_request(f"{param} cannot be combined with a grammar (response_format or tools)", param)
     return GenerationRequest(
         endpoint=endpoint,
         model=model,
@@ -138,6 +145,7 @@ def parse_request(body: Any, endpoint: Endpoint, max_n: int) -> GenerationReques
         logprobs=logprobs,
         echo=echo,
         response_format=response_format,
+        tools=tools,
     )
 
 

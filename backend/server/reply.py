@@ -1,13 +1,15 @@
 """A request's choice events -> the OpenAI response: one JSON body, or SSE chunks as the events arrive.
 
 Chat chunks open with a role delta per choice; completions with `echo` open with the prompt's text per choice.
-Logprobs ride with the text they produced: each chunk carries the tokens behind its own text.
+Logprobs ride with the text they produced: each chunk carries the tokens behind its own text. With active tools
+the answer is grammar-bound JSON (backend/server/tools.py) that only means something whole, so a streamed choice
+is held until it finishes and then sent as one content or tool-call delta, then its finish chunk.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +22,7 @@ from backend.server.generation import ChoiceEvent, Usage
 from backend.server.logprobs import LogprobRenderer
 from backend.server.protocol import GenerationRequest
 from backend.server.sse import open_stream, send_done, send_event
+from backend.server.tools import parse_answer
 
 
 @dataclass(slots=True)
@@ -50,6 +53,23 @@ class Reply:
             return self.renderer.chat(tokens)
         body, self.offsets[index] = self.renderer.completion(tokens, self.offsets[index])
         return body
+
+    @property
+    def tools(self) -> bool:
+        return self.req.tools is not None and self.req.tools.active
+
+    def message(self, text: str, finish: str | None) -> tuple[dict[str, Any], str | None]:
+        """A chat choice's message fields and finish reason: with tools, a finished answer becomes content or
+        tool_calls ("tool_calls"); an unfinished one (length) or one a stop string cut stays raw text."""
+        if not self.tools or finish != "stop":
+            return {"content": text}, finish
+        try:
+            parsed = parse_answer(text)
+        except (ValueError, KeyError, TypeError):
+            return {"content": text}, finish
+        if parsed.tool_calls is None:
+            return {"content": parsed.content}, finish
+        return {"content": None, "tool_calls": parsed.tool_calls}, "tool_calls"
 
     def delta(self, event: ChoiceEvent) -> dict[str, Any]:
         logprobs = self.logprobs(event.index, event.logprobs)
@@ -100,11 +120,14 @@ async def stream_reply(
                     for i, text in enumerate(reply.echoes)
                 ]
             )
-        event: ChoiceEvent | None = first
-        while event is not None:
-            if event.text or event.finish_reason or event.logprobs:
-                await chunk([reply.delta(event)])
-            event = await anext(events, None)
+        if reply.tools:
+            await _stream_tool_answers(reply, chunk, first, events)
+        else:
+            event: ChoiceEvent | None = first
+            while event is not None:
+                if event.text or event.finish_reason or event.logprobs:
+                    await chunk([reply.delta(event)])
+                event = await anext(events, None)
         if req.include_usage:
             await send_event(response, {**meta, "object": obj, "choices": [], "usage": usage.as_dict()})
         await send_done(response)
@@ -115,6 +138,33 @@ async def stream_reply(
         with contextlib.suppress(ConnectionResetError):
             await send_event(response, error.body())
     return response
+
+
+async def _stream_tool_answers(
+    reply: Reply,
+    chunk: Callable[[list[dict[str, Any]]], Awaitable[None]],
+    first: ChoiceEvent,
+    events: AsyncGenerator[ChoiceEvent, None],
+) -> None:
+    texts = [""] * reply.num_choices
+    tokens: list[list[TokenLogprobs]] = [[] for _ in range(reply.num_choices)]
+    event: ChoiceEvent | None = first
+    while event is not None:
+        i = event.index
+        texts[i] += event.text
+        tokens[i].extend(event.logprobs)
+        if event.finish_reason is not None:
+            fields, finish = reply.message(texts[i], event.finish_reason)
+            logprobs = reply.logprobs(i, tokens[i])
+            calls = fields.get("tool_calls")
+            delta = (
+                {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}
+                if calls
+                else {"content": fields["content"]}
+            )
+            await chunk([{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": None}])
+            await chunk([{"index": i, "delta": {}, "logprobs": None, "finish_reason": finish}])
+        event = await anext(events, None)
 
 
 async def collect_reply(
@@ -131,15 +181,18 @@ async def collect_reply(
         finish[event.index] = event.finish_reason or finish[event.index]
         event = await anext(events, None)
     if reply.chat:
-        choices = [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": t},
-                "logprobs": reply.logprobs(i, tokens[i]),
-                "finish_reason": finish[i],
-            }
-            for i, t in enumerate(texts)
-        ]
+        choices = []
+        for i, text in enumerate(texts):
+            fields, reason = reply.message(text, finish[i])
+            message = {"role": "assistant", **fields}
+            choices.append(
+                {
+                    "index": i,
+                    "message": message,
+                    "logprobs": reply.logprobs(i, tokens[i]),
+                    "finish_reason": reason,
+                }
+            )
         obj = "chat.completion"
     else:
         choices = [

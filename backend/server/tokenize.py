@@ -16,6 +16,7 @@ from backend.server.completions import model_not_found
 from backend.server.errors import bad_request
 from backend.server.protocol import parse_messages
 from backend.server.state import MODEL_KEY, ServedModel
+from backend.server.tools import render_messages
 from backend.tokenizer import ChatTemplateError
 
 TOKENIZE_FIELDS = frozenset({"model", "prompt", "messages", "add_generation_prompt"})
@@ -38,9 +39,8 @@ async def tokenize(request: web.Request) -> web.Response:
         if not isinstance(generation, bool):
             raise bad_request("'add_generation_prompt' must be a boolean", "add_generation_prompt")
         try:
-            text = tokenizer.apply_chat_template(
-                list(parse_messages(body["messages"])), add_generation_prompt=generation
-            )
+            messages = render_messages(parse_messages(body["messages"]), None)  # as chat renders history
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=generation)
         except (ChatTemplateError, ValueError) as exc:
             raise bad_request(str(exc), "messages") from exc
         ids = tokenizer.encode(text)

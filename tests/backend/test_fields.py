@@ -21,9 +21,6 @@ BODIES = {"chat": ("/v1/chat/completions", CHAT), "completion": ("/v1/completion
 # a value that asks for something, per refused field
 REFUSED_VALUES: dict[str, Any] = {
     "suffix": "tail",
-    "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
-    "tool_choice": "required",
-    "parallel_tool_calls": True,
     "functions": [{"name": "f"}],
     "function_call": "auto",
     "metadata": {"k": "v"},
@@ -137,11 +134,9 @@ async def test_the_openai_client_sees_a_refused_field_by_name(client: TestClient
     api = openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="unused", max_retries=0)
     with pytest.raises(openai.BadRequestError) as caught:
         await api.chat.completions.create(
-            model="tiny",
-            messages=[{"role": "user", "content": "hi"}],
-            tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+            model="tiny", messages=[{"role": "user", "content": "hi"}], functions=[{"name": "f"}]
         )
-    assert caught.value.param == "tools"
+    assert caught.value.param == "functions"
     with pytest.raises(openai.BadRequestError) as caught:
         await api.completions.create(model="tiny", prompt="hi", extra_body={"mirostat": 2})
     assert caught.value.param == "mirostat"
