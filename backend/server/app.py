@@ -12,7 +12,7 @@ from aiohttp import web
 
 from backend.engine.grammar import GrammarCompiler
 from backend.metrics import BackendMetrics
-from backend.server import binary, completions, embeddings, ops, revisions, tokenize
+from backend.server import binary, completions, embeddings, ops, responses, revisions, tokenize
 from backend.server.errors import error_middleware
 from backend.server.state import (
     ENGINE_FACTORY_KEY,
@@ -49,6 +49,7 @@ def create_app(
     app.cleanup_ctx.append(_engine_ctx)
     app.router.add_post("/v1/chat/completions", completions.chat_completions)
     app.router.add_post("/v1/completions", completions.completions)
+    app.router.add_post("/v1/responses", responses.responses)
     app.router.add_post("/v1/embeddings", embeddings.embeddings)
     app.router.add_get("/v1/models", ops.list_models)
     app.router.add_get("/v1/models/{model:.+}", ops.retrieve_model)  # ids may hold '/' (org/name)

@@ -54,7 +54,7 @@ async def _serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     req = parse_request(body, endpoint, limits.max_n)
     check_model(req, model)
     check_token_ids(req, model)
-    prompts = _prompts(req, model)
+    prompts = prompts_of(req, model)
     grammar = compile_grammar(req, app[GRAMMARS_KEY])
     choices = [
         Choice(prompt, params, counts_prompt=j == 0)
@@ -84,7 +84,7 @@ async def _serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         return await collect_reply(reply, first, events, usage)
 
 
-def _prompts(req: GenerationRequest, model: ServedModel) -> list[ValidPrompt]:
+def prompts_of(req: GenerationRequest, model: ServedModel) -> list[ValidPrompt]:
     tokenizer = model.tokenizer
     if req.endpoint == "chat":
         try:
