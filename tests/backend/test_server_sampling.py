@@ -162,3 +162,17 @@ async def test_tokenize_and_detokenize_round_trip(client: TestClient) -> None:
     ]:
         resp = await client.post(path, json=bad)
         assert resp.status == 400 and (await resp.json())["error"]["param"] == param
+
+
+async def test_streamed_completion_logprobs_continue_the_offsets(api: openai.AsyncOpenAI) -> None:
+    kwargs: Any = {"model": "tiny", "prompt": "Once upon", "temperature": 0, "max_tokens": 10, "logprobs": 2}
+    whole = (await api.completions.create(**kwargs)).choices[0].logprobs
+    stream = await api.completions.create(**kwargs, stream=True)
+    tokens, offsets, chosen = [], [], []
+    async for chunk in stream:
+        lp = chunk.choices[0].logprobs
+        if lp is not None:
+            tokens += lp.tokens
+            offsets += lp.text_offset
+            chosen += lp.token_logprobs
+    assert (tokens, offsets, chosen) == (whole.tokens, whole.text_offset, whole.token_logprobs)
