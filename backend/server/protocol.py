@@ -74,36 +74,17 @@ def parse_request(body: Any, endpoint: Endpoint, max_n: int) -> GenerationReques
         messages = parse_messages(body.get("messages"))
     else:
         prompts = _prompts(body.get("prompt"))
-    max_tokens = _optional(body, "max_completion_tokens", int)
-    if max_tokens is None:
-        max_tokens = _optional(body, "max_tokens", int)
-    if max_tokens is not None and max_tokens < 1:
-        raise bad_request(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
-    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    max_tokens = _max_tokens(body)
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
     if top_p == 0.0:
         raise bad_request("top_p must be greater than 0", "top_p")
     top_k = _optional(body, "top_k", int)
     if top_k is not None and top_k < -1:
         raise bad_request("top_k must be -1, 0 (disabled) or positive", "top_k")
-    n = _optional(body, "n", int)
-    n = 1 if n is None else n
-    if not 1 <= n <= max_n:
-        raise bad_request(f"n must be between 1 and {max_n}", "n")
-    stream = _optional(body, "stream", bool) or False
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, Mapping):
-        raise bad_request("stream_options must be an object", "stream_options")
-    if options and set(options) - {"include_usage"}:
-        unknown = sorted(set(options) - {"include_usage"})[0]
-        raise bad_request(f"stream_options.{unknown} is not supported", f"stream_options.{unknown}")
-    include_usage = bool(options and options.get("include_usage") is True)
+    n = _n(body, max_n)
     seed = _optional(body, "seed", int)
     if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
         raise bad_request(f"seed must be a 64-bit signed integer, got {seed}", "seed")
-    best_of = _optional(body, "best_of", int)
-    if best_of is not None and best_of != n:
-        raise bad_request("best_of must equal n: extra candidates are not ranked", "best_of")
     logprobs = _logprobs(body, endpoint)
     echo = _optional(body, "echo", bool) or False
     if echo and logprobs is not None:
@@ -111,30 +92,22 @@ def parse_request(body: Any, endpoint: Endpoint, max_n: int) -> GenerationReques
     min_tokens = _optional(body, "min_tokens", int) or 0
     if min_tokens < 0 or (max_tokens is not None and min_tokens > max_tokens):
         raise bad_request("min_tokens must be between 0 and max_tokens", "min_tokens")
-    response_format = _response_format(body.get("response_format"))
-    tools = parse_tools(body) if endpoint == "chat" else None
-    if response_format is not None and tools is not None and tools.active:
-        raise bad_request(
-            "response_format cannot be combined with tools (both set the grammar)", "response_format"
-        )
     ignore_eos = _optional(body, "ignore_eos", bool) or False
-    if (response_format is not None or (tools is not None and tools.active)) and (ignore_eos or min_tokens):
-        param = "ignore_eos" if ignore_eos else "min_tokens"
-        raise bad_request(f"{param} cannot be combined with a grammar (response_format or tools)", param)
+    response_format, tools = _grammar_sources(body, endpoint, ignore_eos, min_tokens)
     return GenerationRequest(
         endpoint=endpoint,
         model=model,
         messages=messages,
         prompts=prompts,
         max_tokens=max_tokens,
-        temperature=temperature,
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=top_p,
         top_k=top_k or 0,
         seed=seed,
         stop=_stop(body.get("stop")),
         n=n,
-        stream=stream,
-        include_usage=include_usage,
+        stream=_optional(body, "stream", bool) or False,
+        include_usage=_include_usage(body),
         frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
         repetition_penalty=_repetition_penalty(body),
@@ -147,6 +120,53 @@ def parse_request(body: Any, endpoint: Endpoint, max_n: int) -> GenerationReques
         response_format=response_format,
         tools=tools,
     )
+
+
+def _max_tokens(body: Mapping[str, Any]) -> int | None:
+    max_tokens = _optional(body, "max_completion_tokens", int)
+    if max_tokens is None:
+        max_tokens = _optional(body, "max_tokens", int)
+    if max_tokens is not None and max_tokens < 1:
+        raise bad_request(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
+    return max_tokens
+
+
+def _n(body: Mapping[str, Any], max_n: int) -> int:
+    n = _optional(body, "n", int)
+    n = 1 if n is None else n
+    if not 1 <= n <= max_n:
+        raise bad_request(f"n must be between 1 and {max_n}", "n")
+    best_of = _optional(body, "best_of", int)
+    if best_of is not None and best_of != n:
+        raise bad_request("best_of must equal n: extra candidates are not ranked", "best_of")
+    return n
+
+
+def _include_usage(body: Mapping[str, Any]) -> bool:
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, Mapping):
+        raise bad_request("stream_options must be an object", "stream_options")
+    if options and set(options) - {"include_usage"}:
+        unknown = sorted(set(options) - {"include_usage"})[0]
+        raise bad_request(f"stream_options.{unknown} is not supported", f"stream_options.{unknown}")
+    return bool(options and options.get("include_usage") is True)
+
+
+def _grammar_sources(
+    body: Mapping[str, Any], endpoint: Endpoint, ignore_eos: bool, min_tokens: int
+) -> tuple[ResponseFormat | None, ToolSpec | None]:
+    """response_format and tools; at most one may set the grammar, and a grammar's end is not to be fought."""
+    response_format = _response_format(body.get("response_format"))
+    tools = parse_tools(body) if endpoint == "chat" else None
+    bound = tools is not None and tools.active
+    if response_format is not None and bound:
+        raise bad_request(
+            "response_format cannot be combined with tools (both set the grammar)", "response_format"
+        )
+    if (response_format is not None or bound) and (ignore_eos or min_tokens):
+        param = "ignore_eos" if ignore_eos else "min_tokens"
+        raise bad_request(f"{param} cannot be combined with a grammar (response_format or tools)", param)
+    return response_format, tools
 
 
 def _logprobs(body: Mapping[str, Any], endpoint: Endpoint) -> int | None:
