@@ -8,6 +8,10 @@ so compile cost and footprint decide.
 A `CompiledGrammar` holds a pristine matcher; each sequence gets a deep copy (`new_matcher`), advanced only by
 its own sampled tokens, so a row's mask depends on that row alone and batching cannot change it. Compiled
 grammars are kept in an LRU bounded by the bytes of their canonical keys and grammar text.
+
+A schema is read as JSON, whose object members are unordered (RFC 8259 §4): it is compiled from its canonical
+form (keys sorted at every level), so the properties of an object are generated in sorted order and two
+spellings of one schema give one grammar and one answer, which is what lets the gateway key them together.
 """
 
 from __future__ import annotations
@@ -91,8 +95,9 @@ class GrammarCompiler:
             self._cache.move_to_end(key)
             return cached
         options: Any = {"whitespace_flexible": False, "lenient": not strict}
+        canonical = orjson.loads(key)["schema"]  # RFC 8259 §4: member order carries no meaning
         try:
-            text = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options)
+            text = llguidance.LLMatcher.grammar_from_json_schema(canonical, defaults=options)
         except ValueError as exc:
             raise GrammarError(str(exc)) from None
         matcher = llguidance.LLMatcher(self._ll_tokenizer(), text, log_level=0)

@@ -59,3 +59,18 @@ def test_matchers_of_one_grammar_advance_independently() -> None:
 def test_a_bad_schema_is_a_grammar_error() -> None:
     with pytest.raises(GrammarError):
         compiler().json_schema({"type": "object", "properties": {"x": {"type": "nonsense"}}}, True)
+
+
+def test_properties_are_generated_in_sorted_order_whatever_the_spelling() -> None:
+    both = {"b": {"type": "boolean"}, "a": {"type": "boolean"}}
+    for properties in (both, dict(reversed(both.items()))):
+        schema = {
+            "type": "object",
+            "properties": properties,
+            "required": ["a", "b"],
+            "additionalProperties": False,
+        }
+        matcher = compiler().json_schema(schema, strict=True).new_matcher()  # a fresh compiler: no cache hit
+        walk(matcher, b'{"')
+        allowed = matcher.allowed(256)
+        assert allowed[ord("a")] and not allowed[ord("b")]

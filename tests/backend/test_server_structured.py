@@ -122,3 +122,17 @@ async def test_grammars_are_compiled_once_and_bad_schemas_are_400s(
     with pytest.raises(openai.BadRequestError) as caught:
         await api.chat.completions.create(model="tiny", messages=MESSAGES, response_format=bad)  # type: ignore[arg-type]
     assert caught.value.param == "response_format"
+
+
+async def test_a_reordered_schema_gets_the_same_answer(api: openai.AsyncOpenAI) -> None:
+    schema = {**Weather.model_json_schema(), "additionalProperties": False}
+    spelled = {k: schema[k] for k in reversed(schema)}
+    spelled["properties"] = {k: schema["properties"][k] for k in reversed(schema["properties"])}
+    answers = []
+    for s in (schema, spelled):
+        response_format: Any = {"type": "json_schema", "json_schema": {"name": "w", "schema": s}}
+        reply = await api.chat.completions.create(
+            model="tiny", messages=MESSAGES, temperature=0, max_tokens=120, response_format=response_format
+        )
+        answers.append(reply.choices[0].message.content)
+    assert answers[0] == answers[1] and Weather.model_validate_json(answers[0] or "")

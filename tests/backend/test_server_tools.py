@@ -135,7 +135,10 @@ async def test_history_tool_calls_are_rendered_back_as_json(client: TestClient) 
     ]
     resp = await client.post("/tokenize", json={"messages": history})
     text = bytes((await resp.json())["tokens"]).decode()
-    assert '<assistant>{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"' in text
+    assert (
+        '<assistant>{"tool_calls": [{"arguments": {"city": "Oslo", "unit": "c"}, "name": "get_weather"}]}'
+        in text
+    )
     assert "<tool>4 C" in text
     resp = await client.post(
         "/v1/chat/completions", json={"messages": history, "tools": TOOLS, "max_tokens": 4}
@@ -158,3 +161,19 @@ async def test_history_tool_calls_are_rendered_back_as_json(client: TestClient) 
 async def test_bad_tool_requests_are_400s(client: TestClient, extra: dict[str, Any], param: str) -> None:
     resp = await client.post("/v1/chat/completions", json={"messages": MESSAGES, **extra})
     assert resp.status == 400 and (await resp.json())["error"]["param"] == param
+
+
+def reordered(value: Any) -> Any:
+    """The same JSON with every object's members in reverse order."""
+    if isinstance(value, dict):
+        return {k: reordered(v) for k, v in reversed(value.items())}
+    if isinstance(value, list):
+        return [reordered(v) for v in value]
+    return value
+
+
+async def test_two_spellings_of_the_same_tools_get_the_same_answer(api: openai.AsyncOpenAI) -> None:
+    kwargs: Any = {"tool_choice": "required", "parallel_tool_calls": False}
+    first = (await chat(api, tools=TOOLS, **kwargs)).choices[0].message.tool_calls[0].function
+    again = (await chat(api, tools=reordered(TOOLS), **kwargs)).choices[0].message.tool_calls[0].function
+    assert (again.name, again.arguments) == (first.name, first.arguments)
