@@ -195,3 +195,11 @@ async def make_openai(upstream_url: str, tmp_path: Path) -> AsyncIterator[Make]:
     yield factory
     for gw in started:
         await gw.close()
+
+
+async def test_logprobs_go_as_json_because_the_binary_frames_carry_text_only(
+    make: Make, paths: list[str]
+) -> None:
+    binary = await make(binary_transport=True)
+    status, *_ = await answer(binary, "/v1/chat/completions", chat("Logprobs please", logprobs=True))
+    assert status == 200 and paths[-1] == "/v1/chat/completions"
