@@ -44,11 +44,14 @@ class GrammarMatcher:
         self._words = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)  # [ceil(V/32)] bitmask
 
     def allowed(self, vocab_size: int) -> torch.Tensor:
-        """[vocab] bool: the tokens the grammar allows next (EOS only once it is complete)."""
+        """[vocab_size] bool: the tokens the grammar allows next (EOS only once it is complete); ids past the
+        tokenizer's vocabulary (a model's padded rows) are never allowed."""
         words = self._words
         self._matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * words.element_size())
-        bits = (words.unsqueeze(-1) >> _BITS) & 1  # [W, 32]
-        return bits.view(-1)[:vocab_size].bool()
+        bits = ((words.unsqueeze(-1) >> _BITS) & 1).view(-1).bool()  # [W * 32]
+        if bits.shape[0] < vocab_size:
+            bits = torch.cat((bits, bits.new_zeros(vocab_size - bits.shape[0])))
+        return bits[:vocab_size]
 
     def accept(self, token: int) -> bool:
         return bool(self._matcher.consume_token(token))

@@ -74,3 +74,8 @@ def test_properties_are_generated_in_sorted_order_whatever_the_spelling() -> Non
         walk(matcher, b'{"')
         allowed = matcher.allowed(256)
         assert allowed[ord("a")] and not allowed[ord("b")]
+
+
+def test_model_rows_past_the_tokenizer_vocabulary_are_never_allowed() -> None:
+    allowed = compiler().json_schema(FLAG, True).new_matcher().allowed(320)  # a model padded to 320 rows
+    assert allowed.shape == (320,) and allowed[ord("{")] and not allowed[256:].any()
