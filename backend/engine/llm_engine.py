@@ -1,7 +1,8 @@
 """The synchronous engine: the step loop (draft ->) schedule -> run -> postprocess, driven by AsyncEngine's thread.
 
 With speculation on (`EngineConfig.draft_tokens` > 0), running greedy decodes get prompt-lookup drafts appended before scheduling
-(backend.engine.speculative); drafts of a sequence the scheduler did not run in full are taken back.
+(backend.engine.speculative); drafts of a sequence the scheduler did not run in full are taken back. Rows that
+process their logits or want logprobs never speculate (`SamplingParams.speculates`).
 
 Not thread-safe: exactly one thread calls it. Tests use it directly.
 """
@@ -79,7 +80,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             config, KVCacheManager(self.pool, config.enable_prefix_caching), eos_token_ids
         )
-        self.runner = ModelRunner(model, self.pool, self.attention, config.batch_invariant)
+        self.runner = ModelRunner(model, self.pool, self.attention, config.batch_invariant, eos_token_ids)
         self._seqs: dict[str, Sequence] = {}
         self.prefill_tokens_total = 0
         self.generated_tokens_total = 0
@@ -148,7 +149,8 @@ class LLMEngine:
         outputs = []
         for seq, token, reason in new_tokens:
             assert reason != "abort"
-            out = TokenOut(token, reason, seq.num_prompt_tokens, seq.num_cached_tokens)
+            out = TokenOut(token, reason, seq.num_prompt_tokens, seq.num_cached_tokens, seq.step_logprobs)
+            seq.step_logprobs = None
             outputs.append(StepOutput(seq.request_id, out))
             if reason is not None:
                 del self._seqs[seq.request_id]
@@ -198,7 +200,7 @@ class LLMEngine:
         room = self.config.max_num_batched_tokens - len(decodes)
         spec = self.speculative
         for seq in decodes:
-            if room <= 0 or not seq.params.greedy or not self._drafts_pay(seq):
+            if room <= 0 or not seq.params.speculates or not self._drafts_pay(seq):
                 continue
             left = min(
                 seq.params.max_tokens - seq.num_output_tokens, self.config.max_model_len - seq.num_tokens

@@ -6,6 +6,9 @@ stored on them instead of being sampled.
 The step's new tokens are flattened across sequences (prefill chunks and decodes mixed); each sequence's
 next token is sampled only when its chunk reaches the end of its tokens. With `invariant`, the model runs
 its linears and LM head in calibrated row tiles (the attention backend was chosen to match by the engine).
+Rows whose request processes logits or wants logprobs get the exact fp32 head; their processors run on their
+own row before sampling (backend/engine/logits_processor.py), and the sampled token then advances the row's
+grammar and its logprobs are left on the sequence for the engine's postprocess.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from backend.attention.context import AttentionContext
 from backend.attention.invariant import InvariantPlan, InvariantSdpaBackend
 from backend.engine.block_pool import BlockPool
 from backend.engine.embedding import EmbeddingSequence
+from backend.engine.logits_processor import process_logits, token_logprobs
 from backend.engine.sampling import sample
 from backend.engine.scheduler import ScheduledSeq
 from backend.engine.speculative import accept
@@ -27,9 +31,15 @@ from backend.model.llama import LlamaModel
 
 class ModelRunner:
     def __init__(
-        self, model: LlamaModel, pool: BlockPool, attention: AttentionBackend, invariant: bool = False
+        self,
+        model: LlamaModel,
+        pool: BlockPool,
+        attention: AttentionBackend,
+        invariant: bool = False,
+        eos_token_ids: frozenset[int] = frozenset(),
     ) -> None:
         self.model = model
+        self.eos_token_ids = eos_token_ids
         self.invariant = invariant
         self.pool = pool
         self.attention = attention
@@ -98,16 +108,23 @@ class ModelRunner:
             if item.samples:  # the last position, and every draft's position when verifying drafts
                 n = 1 + len(item.seq.draft)
                 last.extend(range(end - n, end))
-                greedy.extend([item.seq.params.greedy] * n)
+                greedy.extend([not item.seq.params.exact_logits] * n)
         rows = hidden[torch.tensor(last, dtype=torch.int64, device=self.device)]  # [N, hidden]
         return self.model.compute_logits(rows, self.invariant, greedy)  # [N, vocab]
 
     def run(self, batch: Seq[ScheduledSeq]) -> list[int | list[int] | None]:
         """One step: the sampled token per scheduled sequence, None for a prefill chunk short of the end,
         and for a sequence verifying drafts the tokens it gained (`speculative.accept`)."""
-        logits = self.compute_logits(batch)
+        logits = self.compute_logits(batch)  # [N, vocab]
         samplers = [item.seq for item in batch if item.samples for _ in range(1 + len(item.seq.draft))]
-        tokens = iter(sample(logits, [s.params for s in samplers], [s.generator for s in samplers]))
+        process_logits(logits, samplers, self.eos_token_ids)
+        picked = sample(logits, [s.params for s in samplers], [s.generator for s in samplers])
+        for row, (seq, token) in enumerate(zip(samplers, picked, strict=True)):
+            if seq.params.logprobs is not None:  # such rows never carry drafts: one row per sequence
+                seq.step_logprobs = token_logprobs(logits[row], token, seq.params.logprobs)
+            if seq.matcher is not None:
+                seq.matcher.accept(token)
+        tokens = iter(picked)
         out: list[int | list[int] | None] = []
         for item in batch:
             draft = item.seq.draft

@@ -10,6 +10,15 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """A generated token's log-probability and the most likely alternatives at its position (descending)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class TokenOut:
     """One generated token. On a "stop" finish, `token_id` is the stop/EOS token itself (not to be rendered)."""
 
@@ -17,6 +26,7 @@ class TokenOut:
     finish_reason: Literal["stop", "length"] | None
     num_prompt_tokens: int
     num_cached_tokens: int
+    logprobs: TokenLogprobs | None = None  # when the request asked for them
 
 
 @dataclass(frozen=True, slots=True)

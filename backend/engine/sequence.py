@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence as Seq
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from backend.engine.outputs import TokenLogprobs
 from backend.engine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from backend.engine.grammar import GrammarMatcher
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -31,6 +35,7 @@ class Sequence:
         "draft",
         "finish_reason",
         "generator",
+        "matcher",
         "num_cached_tokens",
         "num_computed_tokens",
         "num_preemptions",
@@ -38,6 +43,7 @@ class Sequence:
         "params",
         "request_id",
         "status",
+        "step_logprobs",
         "token_ids",
     )
 
@@ -54,6 +60,11 @@ class Sequence:
         self.num_prompt_tokens = len(self.token_ids)
         self.params = params
         self.generator = generator
+        # the grammar position (backend/engine/grammar.py) when params.grammar is set, else None
+        self.matcher: GrammarMatcher | None = None if params.grammar is None else params.grammar.new_matcher()
+        self.step_logprobs: TokenLogprobs | None = (
+            None  # set by the runner, taken by the engine's postprocess
+        )
         self.block_table: list[int] = []
         # speculative draft tokens appended to token_ids for one step (backend.engine.speculative), else []
         self.draft: list[int] = []

@@ -10,12 +10,14 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from backend.engine.grammar import GrammarCompiler
 from backend.metrics import BackendMetrics
-from backend.server import binary, completions, embeddings, ops, revisions
+from backend.server import binary, completions, embeddings, ops, responses, revisions, tokenize
 from backend.server.errors import error_middleware
 from backend.server.state import (
     ENGINE_FACTORY_KEY,
     ENGINE_KEY,
+    GRAMMARS_KEY,
     LIMITS_KEY,
     METRICS_KEY,
     MODEL_KEY,
@@ -43,13 +45,17 @@ def create_app(
     app[MODEL_KEY] = model
     app[LIMITS_KEY] = limits or ServerLimits()
     app[ENGINE_FACTORY_KEY] = engine_factory
+    app[GRAMMARS_KEY] = GrammarCompiler(model.tokenizer, model.tokenizer.vocab_size)
     app.cleanup_ctx.append(_engine_ctx)
     app.router.add_post("/v1/chat/completions", completions.chat_completions)
     app.router.add_post("/v1/completions", completions.completions)
+    app.router.add_post("/v1/responses", responses.responses)
     app.router.add_post("/v1/embeddings", embeddings.embeddings)
     app.router.add_get("/v1/models", ops.list_models)
     app.router.add_get("/v1/models/{model:.+}", ops.retrieve_model)  # ids may hold '/' (org/name)
     app.router.add_get("/v1/tokenizer", ops.tokenizer)
+    app.router.add_post("/tokenize", tokenize.tokenize)
+    app.router.add_post("/detokenize", tokenize.detokenize)
     binary.register(app)  # POST /v1/tokens/generate: the binary token transport
     app.router.add_get("/health", ops.health)
     app.router.add_get("/metrics", ops.metrics)

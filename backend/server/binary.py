@@ -16,12 +16,18 @@ from aiohttp import web
 
 from backend.engine.errors import EngineError
 from backend.engine.prompt import ValidPrompt
-from backend.server.completions import check_model, choice_params, response_meta
+from backend.server.completions import (
+    check_model,
+    check_token_ids,
+    choice_params,
+    compile_grammar,
+    response_meta,
+)
 from backend.server.errors import ApiError, bad_request, translate_engine_error
-from backend.server.generation import ChoiceEvent, Usage, run_choices
+from backend.server.generation import Choice, ChoiceEvent, Usage, run_choices
 from backend.server.prompts import valid_prompt
 from backend.server.protocol import Endpoint, GenerationRequest, parse_request
-from backend.server.state import ENGINE_KEY, LIMITS_KEY, METRICS_KEY, MODEL_KEY, ServedModel
+from backend.server.state import ENGINE_KEY, GRAMMARS_KEY, LIMITS_KEY, METRICS_KEY, MODEL_KEY, ServedModel
 from tokenedge_wire.framing import EVENTS_TYPE, REQUEST_TYPE, WireError, decode_request, frame
 
 PATH = "/v1/tokens/generate"
@@ -42,14 +48,14 @@ async def generate(request: web.Request) -> web.StreamResponse:
     app = request.app
     model, limits = app[MODEL_KEY], app[LIMITS_KEY]
     endpoint, req, prompt = await _parse(request, model, limits.max_n)
-    sampling = choice_params(req, len(prompt), model, limits)
+    grammar = compile_grammar(req, app[GRAMMARS_KEY])
+    sampling = choice_params(req, len(prompt), model, limits, grammar)
     meta = response_meta(endpoint, model)
     usage = Usage()
     events = run_choices(
         app[ENGINE_KEY].generate,
         model.tokenizer,
-        prompt,
-        sampling,
+        [Choice(prompt, p, counts_prompt=i == 0) for i, p in enumerate(sampling)],
         req.stop,
         meta["id"],
         usage,
@@ -96,8 +102,14 @@ async def _parse(
             f"{model.tokenizer.version!r}",
             code="tokenizer_mismatch",
         )
-    req = parse_request({**params, "prompt": [0]}, "completion", max_n)  # sampling params, same checks
+    # the sampling params under the JSON path's checks, with a stand-in for the prompt the ids carry
+    stand_in = {"messages": [{"role": "user", "content": ""}]} if endpoint == "chat" else {"prompt": [0]}
+    req = parse_request({**params, **stand_in}, endpoint, max_n)
+    for param in ("logprobs", "echo", "tools"):  # outputs these frames cannot carry
+        if getattr(req, param) not in (None, False):
+            raise bad_request(f"'{param}' is not carried by the binary transport: use JSON", param)
     check_model(req, model)
+    check_token_ids(req, model)
     return endpoint, req, check_ids(ids, model)
 
 

@@ -1,27 +1,38 @@
-"""`POST /v1/chat/completions` and `POST /v1/completions`: parse, tokenize, validate the prompt once
-(backend/server/prompts.py), run the choices, and answer as one JSON body or as an SSE stream. The first event
-is awaited before a stream is opened, so errors that happen at admission (a full queue) still get their status
-code."""
+"""`POST /v1/chat/completions` and `POST /v1/completions`: parse, tokenize, validate each prompt once
+(backend/server/prompts.py), compile a response_format grammar (cached), run the choices (n per prompt), and
+answer as one JSON body or as an SSE stream (backend/server/reply.py). The first event is awaited before a
+stream is opened, so errors that happen at admission (a full queue) still get their status code."""
 
 from __future__ import annotations
 
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncGenerator
 from typing import Any
 
 from aiohttp import web
 
 from backend.engine.errors import EngineError
+from backend.engine.grammar import CompiledGrammar, GrammarCompiler, GrammarError
 from backend.engine.prompt import ValidPrompt
 from backend.engine.sampling_params import SamplingParams
 from backend.server.errors import ApiError, bad_request, translate_engine_error
-from backend.server.generation import ChoiceEvent, Usage, run_choices
+from backend.server.generation import Choice, Usage, run_choices
+from backend.server.logprobs import LogprobRenderer
 from backend.server.prompts import valid_prompt
 from backend.server.protocol import Endpoint, GenerationRequest, parse_request
-from backend.server.sse import open_stream, send_done, send_event
-from backend.server.state import ENGINE_KEY, LIMITS_KEY, METRICS_KEY, MODEL_KEY, ServedModel, ServerLimits
+from backend.server.reply import Reply, collect_reply, stream_reply
+from backend.server.state import (
+    ENGINE_KEY,
+    GRAMMARS_KEY,
+    LIMITS_KEY,
+    METRICS_KEY,
+    MODEL_KEY,
+    ServedModel,
+    ServerLimits,
+)
+from backend.server.tools import render_messages, tool_schema
+from backend.server.tools import strict as tools_strict
 from backend.tokenizer import ChatTemplateError
 
 
@@ -42,43 +53,85 @@ async def _serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         raise bad_request("the request body is not valid JSON") from None
     req = parse_request(body, endpoint, limits.max_n)
     check_model(req, model)
-    prompt = _prompt(req, model)
-    params = choice_params(req, len(prompt), model, limits)
+    check_token_ids(req, model)
+    prompts = prompts_of(req, model)
+    grammar = compile_grammar(req, app[GRAMMARS_KEY])
+    choices = [
+        Choice(prompt, params, counts_prompt=j == 0)
+        for prompt in prompts
+        for j, params in enumerate(choice_params(req, len(prompt), model, limits, grammar))
+    ]
     meta = response_meta(endpoint, model)
-    request_id = meta["id"]
     usage = Usage()
-    metrics = app[METRICS_KEY]
     events = run_choices(
         app[ENGINE_KEY].generate,
         model.tokenizer,
-        prompt,
-        params,
+        choices,
         req.stop,
-        request_id,
+        meta["id"],
         usage,
-        on_first_token=metrics.ttft_seconds.observe,
+        on_first_token=app[METRICS_KEY].ttft_seconds.observe,
     )
+    echoes = [_echo(req, model, p) for p in prompts for _ in range(req.n)]
+    reply = Reply(req, meta, LogprobRenderer(model.tokenizer), echoes)
     async with contextlib.aclosing(events):
         try:
             first = await anext(events)
         except EngineError as exc:
             raise translate_engine_error(exc, limits.retry_after_s) from exc
         if req.stream:
-            return await _stream(request, req, meta, first, events, usage)
-        return await _collect(req, meta, first, events, usage)
+            return await stream_reply(request, reply, first, events, usage)
+        return await collect_reply(reply, first, events, usage)
 
 
-def _prompt(req: GenerationRequest, model: ServedModel) -> ValidPrompt:
+def prompts_of(req: GenerationRequest, model: ServedModel) -> list[ValidPrompt]:
     tokenizer = model.tokenizer
     if req.endpoint == "chat":
         try:
-            text = tokenizer.apply_chat_template(list(req.messages), add_generation_prompt=True)
+            messages = render_messages(req.messages, req.tools)
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         except (ChatTemplateError, ValueError) as exc:
             raise bad_request(str(exc), "messages") from exc
-        return valid_prompt(tokenizer.encode(text), model, "messages")
-    assert req.prompt is not None
-    ids = tokenizer.encode(req.prompt) if isinstance(req.prompt, str) else req.prompt
-    return valid_prompt(ids, model, "prompt")
+        return [valid_prompt(tokenizer.encode(text), model, "messages")]
+    many = len(req.prompts) > 1
+    return [
+        valid_prompt(
+            tokenizer.encode(p) if isinstance(p, str) else p, model, "prompt", f"prompt[{i}]" if many else ""
+        )
+        for i, p in enumerate(req.prompts)
+    ]
+
+
+def _echo(req: GenerationRequest, model: ServedModel, prompt: ValidPrompt) -> str:
+    """The text `echo` puts before a completion: the prompt as the model read it."""
+    return model.tokenizer.decode(list(prompt.ids)) if req.echo else ""
+
+
+def compile_grammar(req: GenerationRequest, compiler: GrammarCompiler) -> CompiledGrammar | None:
+    """The request's grammar, from response_format or from active tools (never both: protocol refuses that)."""
+    if req.tools is not None and req.tools.active:
+        try:
+            return compiler.json_schema(tool_schema(req.tools), tools_strict(req.tools))
+        except GrammarError as exc:
+            raise bad_request(f"tools: {exc}", "tools") from None
+    if req.response_format is None:
+        return None
+    try:
+        return compiler.json_schema(req.response_format.schema, req.response_format.strict)
+    except GrammarError as exc:
+        raise bad_request(f"response_format: {exc}", "response_format") from None
+
+
+def check_token_ids(req: GenerationRequest, model: ServedModel) -> None:
+    """400 for a logit_bias or stop_token_ids id outside the vocabulary."""
+    vocab = model.tokenizer.vocab_size
+    for param, ids in (
+        ("logit_bias", [t for t, _ in req.logit_bias]),
+        ("stop_token_ids", req.stop_token_ids),
+    ):
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise bad_request(f"{param}: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", param)
 
 
 def check_model(req: GenerationRequest, model: ServedModel) -> None:
@@ -109,7 +162,11 @@ def response_meta(endpoint: Endpoint, model: ServedModel) -> dict[str, Any]:
 
 
 def choice_params(
-    req: GenerationRequest, prompt_len: int, model: ServedModel, limits: ServerLimits
+    req: GenerationRequest,
+    prompt_len: int,
+    model: ServedModel,
+    limits: ServerLimits,
+    grammar: CompiledGrammar | None = None,
 ) -> list[SamplingParams]:
     """One SamplingParams per choice (choice i seeded `seed + i`); 400 if max_tokens overflows the context."""
     room = model.max_model_len - prompt_len
@@ -121,6 +178,8 @@ def choice_params(
             "max_tokens",
             code="context_length_exceeded",
         )
+    if req.min_tokens > max_tokens:
+        raise bad_request(f"min_tokens {req.min_tokens} is above max_tokens {max_tokens}", "min_tokens")
     return [
         SamplingParams(
             max_tokens=max_tokens,
@@ -128,91 +187,15 @@ def choice_params(
             top_p=req.top_p,
             top_k=req.top_k,
             seed=None if req.seed is None else req.seed + i,
+            stop_token_ids=req.stop_token_ids,
+            ignore_eos=req.ignore_eos,
+            frequency_penalty=req.frequency_penalty,
+            presence_penalty=req.presence_penalty,
+            repetition_penalty=req.repetition_penalty,
+            logit_bias=req.logit_bias,
+            min_tokens=req.min_tokens,
+            logprobs=req.logprobs,
+            grammar=grammar,
         )
         for i in range(req.n)
     ]
-
-
-def _choice_delta(req: GenerationRequest, event: ChoiceEvent, text: str) -> dict[str, Any]:
-    if req.endpoint == "chat":
-        delta = {"content": text} if text else {}
-        return {"index": event.index, "delta": delta, "logprobs": None, "finish_reason": event.finish_reason}
-    return {"index": event.index, "text": text, "logprobs": None, "finish_reason": event.finish_reason}
-
-
-async def _stream(
-    request: web.Request,
-    req: GenerationRequest,
-    meta: dict[str, Any],
-    first: ChoiceEvent,
-    events: AsyncGenerator[ChoiceEvent, None],
-    usage: Usage,
-) -> web.StreamResponse:
-    obj = "chat.completion.chunk" if req.endpoint == "chat" else "text_completion"
-    response = await open_stream(request)
-    extra = {"usage": None} if req.include_usage else {}
-
-    async def chunk(choices: list[dict[str, Any]]) -> None:
-        await send_event(response, {**meta, "object": obj, "choices": choices, **extra})
-
-    try:
-        if req.endpoint == "chat":
-            await chunk(
-                [
-                    {
-                        "index": i,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                    for i in range(req.n)
-                ]
-            )
-        event: ChoiceEvent | None = first
-        while event is not None:
-            if event.text or event.finish_reason:
-                await chunk([_choice_delta(req, event, event.text)])
-            event = await anext(events, None)
-        if req.include_usage:
-            await send_event(response, {**meta, "object": obj, "choices": [], "usage": usage.as_dict()})
-        await send_done(response)
-    except ConnectionResetError:
-        pass  # the client went away: leaving here closes `events`, which aborts the engine requests
-    except EngineError as exc:
-        error = translate_engine_error(exc, 1)
-        with contextlib.suppress(ConnectionResetError):
-            await send_event(response, error.body())
-    return response
-
-
-async def _collect(
-    req: GenerationRequest,
-    meta: dict[str, Any],
-    first: ChoiceEvent,
-    events: AsyncGenerator[ChoiceEvent, None],
-    usage: Usage,
-) -> web.Response:
-    texts = [""] * req.n
-    finish: list[str | None] = [None] * req.n
-    event: ChoiceEvent | None = first
-    while event is not None:
-        texts[event.index] += event.text
-        finish[event.index] = event.finish_reason or finish[event.index]
-        event = await anext(events, None)
-    if req.endpoint == "chat":
-        choices = [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": t},
-                "logprobs": None,
-                "finish_reason": finish[i],
-            }
-            for i, t in enumerate(texts)
-        ]
-        obj = "chat.completion"
-    else:
-        choices = [
-            {"index": i, "text": t, "logprobs": None, "finish_reason": finish[i]} for i, t in enumerate(texts)
-        ]
-        obj = "text_completion"
-    return web.json_response({**meta, "object": obj, "choices": choices, "usage": usage.as_dict()})

@@ -1,6 +1,7 @@
-"""Run the n choices of one request on the engine and yield text events in arrival order.
+"""Run the choices of one request on the engine and yield text events in arrival order.
 
-Each choice is one engine request consuming its own `generate` iterator in a task; the events meet in
+A choice is a (prompt, SamplingParams) pair: n per prompt, prompt-major (OpenAI's choice order for a list of
+prompts). Each choice is one engine request consuming its own `generate` iterator in a task; the events meet in
 one queue. Leaving the `run_choices` generator early (a stop string, a client disconnect, an error)
 cancels the tasks, and cancelling a task closes its engine iterator, which aborts the engine request
 and frees its blocks.
@@ -12,10 +13,11 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
+from backend.engine.outputs import TokenLogprobs
 from backend.engine.prompt import ValidPrompt
 from backend.engine.sampling_params import SamplingParams
 from backend.server.text_stream import TextStream
@@ -29,6 +31,16 @@ class ChoiceEvent:
     index: int
     text: str
     finish_reason: FinishReason | None  # set on the choice's last event
+    # the generated tokens behind this event's text (those whose text was held back earlier included), when
+    # the request asked for logprobs; the EOS or stop token that ends a choice is not among them
+    logprobs: tuple[TokenLogprobs, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    prompt: ValidPrompt
+    params: SamplingParams
+    counts_prompt: bool  # the first choice of its prompt: its prompt and cached tokens go into usage
 
 
 @dataclass(slots=True)
@@ -67,8 +79,7 @@ async def _closing(stream: AsyncIterator[Any]) -> AsyncIterator[AsyncIterator[An
 async def run_choices(
     generate: Callable[[ValidPrompt, SamplingParams, str], AsyncIterator[Any]],
     tokenizer: Tokenizer,
-    prompt: ValidPrompt,
-    params: Sequence[SamplingParams],
+    choices: Sequence[Choice],
     stop: Sequence[str],
     request_id: str,
     usage: Usage,
@@ -77,16 +88,20 @@ async def run_choices(
     """Yield every choice's text as it is produced; the last event of each choice has `finish_reason`."""
     shared = _Shared(asyncio.Queue(), usage, on_first_token, time.perf_counter())
     special = frozenset(tokenizer.encoding._special_tokens.values())
-    usage.prompt_tokens = len(prompt)
+    usage.prompt_tokens = sum(len(c.prompt) for c in choices if c.counts_prompt)
 
     def decode(ids: Sequence[int]) -> bytes:
         return tokenizer.decode_bytes([i for i in ids if i not in special])
 
     tasks = [
         asyncio.create_task(
-            _choice(partial(generate, prompt, p, f"{request_id}-{i}"), i, TextStream(decode, stop), shared)
+            _choice(
+                partial(generate, c.prompt, c.params, f"{request_id}-{i}"),
+                _ChoiceState(i, TextStream(decode, stop), c.counts_prompt),
+                shared,
+            )
         )
-        for i, p in enumerate(params)
+        for i, c in enumerate(choices)
     ]
     try:
         remaining = len(tasks)
@@ -113,42 +128,57 @@ class _Shared:
     started: float
     seen_token: bool = False
 
-    def count(self, index: int, out: Any) -> None:
+    def count(self, choice: _ChoiceState, out: Any) -> None:
         if not self.seen_token and self.on_first_token is not None:
             self.on_first_token(time.perf_counter() - self.started)
         self.seen_token = True
         self.usage.completion_tokens += 1
-        if index == 0:
-            self.usage.cached_tokens = out.num_cached_tokens
+        if choice.counts_prompt and not choice.seen_token:
+            self.usage.cached_tokens += out.num_cached_tokens
+        choice.seen_token = True
 
 
-async def _choice(
-    start: Callable[[], AsyncIterator[Any]], index: int, text: TextStream, shared: _Shared
-) -> None:
+@dataclass(slots=True)
+class _ChoiceState:
+    index: int
+    text: TextStream
+    counts_prompt: bool
+    seen_token: bool = False
+    pending: list[TokenLogprobs] = field(default_factory=list)  # logprobs of tokens not yet in an event
+
+    def event(self, text: str, finish_reason: FinishReason | None) -> ChoiceEvent:
+        logprobs, self.pending = tuple(self.pending), []
+        return ChoiceEvent(self.index, text, finish_reason, logprobs)
+
+
+async def _choice(start: Callable[[], AsyncIterator[Any]], choice: _ChoiceState, shared: _Shared) -> None:
     """One choice: its engine request's tokens as text events; a failure becomes a `_Failed` event."""
     try:
         async with _closing(start()) as stream:
             async for out in stream:
-                shared.count(index, out)
-                event = _event(index, out, text)
+                shared.count(choice, out)
+                event = _event(choice, out)
                 if event is not None:
                     shared.queue.put_nowait(event)
                     if event.finish_reason is not None:
                         return  # on a stop string, leaving the `async with` aborts the engine request
-        shared.queue.put_nowait(ChoiceEvent(index, text.finish().text, "length"))
+        shared.queue.put_nowait(choice.event(choice.text.finish().text, "length"))
     except asyncio.CancelledError:
         raise
     except BaseException as exc:
         shared.queue.put_nowait(_Failed(exc))
 
 
-def _event(index: int, out: Any, text: TextStream) -> ChoiceEvent | None:
+def _event(choice: _ChoiceState, out: Any) -> ChoiceEvent | None:
     """The text event one engine token makes, if any; the EOS/stop token itself is not rendered."""
+    text = choice.text
     if out.finish_reason == "stop":
-        return ChoiceEvent(index, text.finish().text, "stop")
+        return choice.event(text.finish().text, "stop")
+    if out.logprobs is not None:
+        choice.pending.append(out.logprobs)
     delta = text.push([out.token_id])
     if delta.stopped:
-        return ChoiceEvent(index, delta.text, "stop")
+        return choice.event(delta.text, "stop")
     if out.finish_reason == "length":
-        return ChoiceEvent(index, delta.text + text.finish().text, "length")
-    return ChoiceEvent(index, delta.text, None) if delta.text else None
+        return choice.event(delta.text + text.finish().text, "length")
+    return choice.event(delta.text, None) if delta.text else None

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from backend.engine.embedding import EmbeddingOut
+from backend.engine.grammar import GrammarCompiler
 from backend.engine.outputs import EngineStats
 from backend.engine.prompt import PromptLimits, ValidPrompt
 from backend.engine.sampling_params import SamplingParams
@@ -64,3 +65,4 @@ LIMITS_KEY = web.AppKey("limits", ServerLimits)
 ENGINE_FACTORY_KEY: web.AppKey[EngineFactory] = web.AppKey("engine_factory")
 ENGINE_KEY = web.AppKey("engine", Engine)
 METRICS_KEY = web.AppKey("metrics", BackendMetrics)
+GRAMMARS_KEY = web.AppKey("grammars", GrammarCompiler)  # response_format grammars for the served vocabulary

@@ -28,6 +28,7 @@ PATH = "/v1/tokens/generate"
 BINARY_ENDPOINTS = {"chat/completions": "chat", "completions": "completion"}
 PROMPT_FIELDS = ("messages", "prompt")
 # Body fields the backend reads (or ignores) the same way over both transports; anything else goes as JSON.
+# Not `logprobs`: the binary frames carry text only, so the backend refuses it there (it honours it over JSON).
 BINARY_FIELDS = frozenset(
     {
         "model",
@@ -43,7 +44,6 @@ BINARY_FIELDS = frozenset(
         "n",
         "stream",
         "stream_options",
-        "logprobs",
         "user",
         "metadata",
         "store",

@@ -1,5 +1,7 @@
-"""Batch invariance over HTTP: 24 greedy chat requests (12 prompts, with and without a shared system prompt)
-give the same text sent one by one, all at once, and in random staggered arrivals, round after round.
+"""Batch invariance over HTTP: 24 chat requests (12 prompts, with and without a shared system prompt) give the
+same text, and the same logprobs where asked, sent one by one, all at once, and in random staggered arrivals,
+round after round. Most are greedy; the mix carries logprobs, penalties, logit_bias, a json_object grammar and a
+seeded sampled row with a penalty, so per-row processing is checked under load too.
 
 Arrivals are staggered on events, not timers: each request is sent once the previous one has streamed a
 random number of chunks, so requests join the running batch at random points of each other's decode.
@@ -14,6 +16,7 @@ import asyncio
 import json
 import random
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -24,6 +27,7 @@ from backend.__main__ import build_app
 from backend.config import BackendConfig
 from backend.engine.async_engine import AsyncEngine
 from backend.engine.config import EngineConfig
+from backend.kernels import int4_kernel
 from backend.server import ServedModel, create_app
 from tests.backend.tiny import byte_tokenizer, tiny_model
 
@@ -45,46 +49,55 @@ QUESTIONS = [
 ]
 
 
-def requests() -> list[list[dict[str, str]]]:
+# per-request controls, cycled over the requests (greedy unless a temperature is given)
+EXTRAS: list[dict[str, Any]] = [
+    {},
+    {"logprobs": True, "top_logprobs": 3},
+    {"frequency_penalty": 1.5},
+    {"presence_penalty": 1.0, "logprobs": True},
+    {"response_format": {"type": "json_object"}},
+    {"logit_bias": {"101": -100, "32": 5}, "repetition_penalty": 1.3},
+    {"temperature": 0.8, "seed": 3, "frequency_penalty": 0.5, "logprobs": True, "top_logprobs": 1},
+]
+Answer = tuple[str, str]  # the text, and the logprobs it streamed (as JSON)
+
+
+def requests() -> list[dict[str, Any]]:
     plain = [[{"role": "user", "content": q}] for q in QUESTIONS]
-    return plain + [[{"role": "system", "content": SYSTEM}, *m] for m in plain]
+    convos = plain + [[{"role": "system", "content": SYSTEM}, *m] for m in plain]
+    return [
+        {"messages": m, "temperature": 0, "max_tokens": MAX_TOKENS, "stream": True, **EXTRAS[i % len(EXTRAS)]}
+        for i, m in enumerate(convos)
+    ]
 
 
-async def chat(
-    client: TestClient,
-    messages: list[dict[str, str]],
-    started: asyncio.Queue[int] | None,
-    sampling: dict[str, float] | None = None,
-) -> str:
-    """Stream one answer (greedy unless `sampling`); put each chunk's index on `started` (how far it has got)."""
-    body = {
-        "messages": messages,
-        "max_tokens": MAX_TOKENS,
-        "stream": True,
-        **(sampling or {"temperature": 0}),
-    }
+async def chat(client: TestClient, body: dict[str, Any], started: asyncio.Queue[int] | None) -> Answer:
+    """Stream one answer; put each chunk's index on `started` (how far this request has got)."""
     resp = await client.post("/v1/chat/completions", json=body)
     assert resp.status == 200, await resp.text()
-    text, chunks = [], 0
+    text, logprobs, chunks = [], [], 0
     async for line in resp.content:
         data = line.decode().strip().removeprefix("data: ")
         if not data or data == "[DONE]" or line.startswith(b":"):
             continue
-        delta = json.loads(data)["choices"][0]["delta"]
-        text.append(delta.get("content") or "")
+        choice = json.loads(data)["choices"][0]
+        text.append(choice["delta"].get("content") or "")
+        if choice["logprobs"] is not None:
+            logprobs.extend(choice["logprobs"]["content"])
         chunks += 1
         if started is not None:
             started.put_nowait(chunks)
     if started is not None:
         started.put_nowait(MAX_TOKENS + 1)  # finished: never leave the launcher waiting
-    return "".join(text)
+    assert bool(logprobs) == bool(body.get("logprobs")), body
+    return "".join(text), json.dumps(logprobs)
 
 
-async def staggered(client: TestClient, batch: list[list[dict[str, str]]], rng: random.Random) -> list[str]:
+async def staggered(client: TestClient, batch: list[dict[str, Any]], rng: random.Random) -> list[Answer]:
     """Send in a random order; each next request waits until the last one has streamed 0-6 chunks."""
     order = list(range(len(batch)))
     rng.shuffle(order)
-    tasks: dict[int, asyncio.Task[str]] = {}
+    tasks: dict[int, asyncio.Task[Answer]] = {}
     for index in order:
         progress: asyncio.Queue[int] = asyncio.Queue()
         tasks[index] = asyncio.create_task(chat(client, batch[index], progress))
@@ -94,16 +107,22 @@ async def staggered(client: TestClient, batch: list[list[dict[str, str]]], rng: 
     return [await tasks[i] for i in range(len(batch))]
 
 
-async def check_protocol(client: TestClient, rounds: int = 2) -> None:
+async def check_protocol(client: TestClient, rounds: int = 2) -> list[int]:
+    """Assert every text is the same alone, together and staggered; return the requests whose logprobs were
+    not (the caller asserts that list: logprobs see differences in the last bits that greedy text hides)."""
     batch = requests()
-    alone = [await chat(client, messages, None) for messages in batch]
-    assert len(set(alone)) >= 6, alone  # the prompts lead to different answers
+    alone = [await chat(client, body, None) for body in batch]
+    assert len({text for text, _ in alone}) >= 6, alone  # the prompts lead to different answers
     rng = random.Random(14)
+    logprobs_differ: set[int] = set()
     for _ in range(rounds):
-        together = await asyncio.gather(*(chat(client, messages, None) for messages in batch))
-        assert [i for i, t in enumerate(together) if t != alone[i]] == []
-        arrived = await staggered(client, batch, rng)
-        assert [i for i, t in enumerate(arrived) if t != alone[i]] == []
+        for answers in (
+            await asyncio.gather(*(chat(client, body, None) for body in batch)),
+            await staggered(client, batch, rng),
+        ):
+            assert [i for i, (text, _) in enumerate(answers) if text != alone[i][0]] == []
+            logprobs_differ |= {i for i, (_, lp) in enumerate(answers) if lp != alone[i][1]}
+    return sorted(logprobs_differ)
 
 
 @pytest.fixture
@@ -128,20 +147,19 @@ async def tiny_client() -> AsyncIterator[TestClient]:
 async def test_tiny_model_answers_the_same_alone_together_and_staggered(tiny_client: TestClient) -> None:
     entry = (await (await tiny_client.get("/v1/models")).json())["data"][0]
     assert entry["tokenedge"]["batch_invariant"] is True
-    await check_protocol(tiny_client)
+    assert await check_protocol(tiny_client) == []
 
 
 async def test_tiny_model_seeded_sampling_is_the_same_alone_and_together(tiny_client: TestClient) -> None:
     """What `tokenedge.seeded_invariant` promises the gateway: a seeded sampled answer whatever else is batched."""
     entry = (await (await tiny_client.get("/v1/models")).json())["data"][0]
     assert entry["tokenedge"]["seeded_invariant"] is True
-    batch = requests()[:8]
-    seeded = [{"temperature": 1.0, "top_p": 0.95, "seed": 100 + i} for i in range(len(batch))]
-    alone = [await chat(tiny_client, m, None, s) for m, s in zip(batch, seeded, strict=True)]
-    together = await asyncio.gather(
-        *(chat(tiny_client, m, None, s) for m, s in zip(batch, seeded, strict=True))
-    )
-    reseeded = await chat(tiny_client, batch[0], None, {**seeded[0], "seed": 7})
+    batch = [
+        {**body, "temperature": 1.0, "top_p": 0.95, "seed": 100 + i} for i, body in enumerate(requests()[:8])
+    ]
+    alone = [await chat(tiny_client, body, None) for body in batch]
+    together = await asyncio.gather(*(chat(tiny_client, body, None) for body in batch))
+    reseeded = await chat(tiny_client, {**batch[0], "seed": 7}, None)
 
     assert together == alone
     assert reseeded != alone[0]  # the seed is what pins the draw
@@ -162,4 +180,10 @@ async def smollm2_client() -> AsyncIterator[TestClient]:
 async def test_smollm2_bf16_answers_the_same_alone_together_and_staggered(smollm2_client: TestClient) -> None:
     entry = (await (await smollm2_client.get("/v1/models")).json())["data"][0]
     assert entry["tokenedge"]["batch_invariant"] is True
-    await check_protocol(smollm2_client)
+    logprobs_differ = await check_protocol(smollm2_client)  # the texts were asserted equal
+    if logprobs_differ and int4_kernel() == "torch":
+        # Known, outside the server: on CPUs without AMX (torch's int4/int8 kernels) the quantized model's hidden
+        # states differ in their last bits once a decode step has 4 rows (dequantized weights stay bitwise
+        # equal); greedy text hides it, logprobs show it. Kept visible as an xfail until the kernels are fixed.
+        pytest.xfail(f"logprobs of requests {logprobs_differ} changed under load with torch's int4 kernel")
+    assert logprobs_differ == []

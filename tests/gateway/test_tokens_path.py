@@ -249,3 +249,11 @@ async def test_the_openai_client_gets_the_backends_usage_from_an_entry_a_plain_s
     assert with_usage[-1].choices == [] and with_usage[-1].usage is not None
     assert with_usage[-1].usage.model_dump(exclude_none=True) == upstream_usage
     assert as_json.choices[0].message.content == "".join(c.choices[0].delta.content or "" for c in miss)
+
+
+async def test_logprobs_go_as_json_because_the_binary_frames_carry_text_only(
+    make: Make, paths: list[str]
+) -> None:
+    binary = await make(binary_transport=True)
+    status, *_ = await answer(binary, "/v1/chat/completions", chat("Logprobs please", logprobs=True))
+    assert status == 200 and paths[-1] == "/v1/chat/completions"

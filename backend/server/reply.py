@@ -1,0 +1,203 @@
+"""A request's choice events -> the OpenAI response: one JSON body, or SSE chunks as the events arrive.
+
+Chat chunks open with a role delta per choice; completions with `echo` open with the prompt's text per choice.
+Logprobs ride with the text they produced: each chunk carries the tokens behind its own text. With active tools
+the answer is grammar-bound JSON (backend/server/tools.py) that only means something whole, so a streamed choice
+is held until it finishes and then sent as one content or tool-call delta, then its finish chunk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from backend.engine.errors import EngineError
+from backend.engine.outputs import TokenLogprobs
+from backend.server.errors import translate_engine_error
+from backend.server.generation import ChoiceEvent, Usage
+from backend.server.logprobs import LogprobRenderer
+from backend.server.protocol import GenerationRequest
+from backend.server.sse import open_stream, send_done, send_event
+from backend.server.tools import parse_answer
+
+
+@dataclass(slots=True)
+class Reply:
+    """How one request's choices are rendered; keeps each choice's text offset for completions' logprobs."""
+
+    req: GenerationRequest
+    meta: dict[str, Any]
+    renderer: LogprobRenderer
+    echoes: Sequence[str]  # per choice: the text before the completion ("" without echo)
+    offsets: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.offsets = [len(e) for e in self.echoes]
+
+    @property
+    def chat(self) -> bool:
+        return self.req.endpoint == "chat"
+
+    @property
+    def num_choices(self) -> int:
+        return len(self.echoes)
+
+    def logprobs(self, index: int, tokens: Sequence[TokenLogprobs]) -> dict[str, Any] | None:
+        if self.req.logprobs is None:
+            return None
+        if self.chat:
+            return self.renderer.chat(tokens)
+        body, self.offsets[index] = self.renderer.completion(tokens, self.offsets[index])
+        return body
+
+    @property
+    def tools(self) -> bool:
+        return self.req.tools is not None and self.req.tools.active
+
+    def message(self, text: str, finish: str | None) -> tuple[dict[str, Any], str | None]:
+        """A chat choice's message fields and finish reason: with tools, a finished answer becomes content or
+        tool_calls ("tool_calls"); an unfinished one (length) or one a stop string cut stays raw text."""
+        if not self.tools or finish != "stop":
+            return {"content": text}, finish
+        try:
+            parsed = parse_answer(text)
+        except (ValueError, KeyError, TypeError):
+            return {"content": text}, finish
+        if parsed.tool_calls is None:
+            return {"content": parsed.content}, finish
+        return {"content": None, "tool_calls": parsed.tool_calls}, "tool_calls"
+
+    def delta(self, event: ChoiceEvent) -> dict[str, Any]:
+        logprobs = self.logprobs(event.index, event.logprobs)
+        if self.chat:
+            delta = {"content": event.text} if event.text else {}
+            return {
+                "index": event.index,
+                "delta": delta,
+                "logprobs": logprobs,
+                "finish_reason": event.finish_reason,
+            }
+        return {
+            "index": event.index,
+            "text": event.text,
+            "logprobs": logprobs,
+            "finish_reason": event.finish_reason,
+        }
+
+
+async def stream_reply(
+    request: web.Request,
+    reply: Reply,
+    first: ChoiceEvent,
+    events: AsyncGenerator[ChoiceEvent, None],
+    usage: Usage,
+) -> web.StreamResponse:
+    req, meta = reply.req, reply.meta
+    obj = "chat.completion.chunk" if reply.chat else "text_completion"
+    response = await open_stream(request)
+    extra = {"usage": None} if req.include_usage else {}
+
+    async def chunk(choices: list[dict[str, Any]]) -> None:
+        await send_event(response, {**meta, "object": obj, "choices": choices, **extra})
+
+    try:
+        if reply.chat:
+            opening = {"role": "assistant", "content": ""}
+            await chunk(
+                [
+                    {"index": i, "delta": opening, "logprobs": None, "finish_reason": None}
+                    for i in range(reply.num_choices)
+                ]
+            )
+        elif req.echo:
+            await chunk(
+                [
+                    {"index": i, "text": text, "logprobs": None, "finish_reason": None}
+                    for i, text in enumerate(reply.echoes)
+                ]
+            )
+        if reply.tools:
+            await _stream_tool_answers(reply, chunk, first, events)
+        else:
+            event: ChoiceEvent | None = first
+            while event is not None:
+                if event.text or event.finish_reason or event.logprobs:
+                    await chunk([reply.delta(event)])
+                event = await anext(events, None)
+        if req.include_usage:
+            await send_event(response, {**meta, "object": obj, "choices": [], "usage": usage.as_dict()})
+        await send_done(response)
+    except ConnectionResetError:
+        pass  # the client went away: leaving here closes `events`, which aborts the engine requests
+    except EngineError as exc:
+        error = translate_engine_error(exc, 1)
+        with contextlib.suppress(ConnectionResetError):
+            await send_event(response, error.body())
+    return response
+
+
+async def _stream_tool_answers(
+    reply: Reply,
+    chunk: Callable[[list[dict[str, Any]]], Awaitable[None]],
+    first: ChoiceEvent,
+    events: AsyncGenerator[ChoiceEvent, None],
+) -> None:
+    texts = [""] * reply.num_choices
+    tokens: list[list[TokenLogprobs]] = [[] for _ in range(reply.num_choices)]
+    event: ChoiceEvent | None = first
+    while event is not None:
+        i = event.index
+        texts[i] += event.text
+        tokens[i].extend(event.logprobs)
+        if event.finish_reason is not None:
+            fields, finish = reply.message(texts[i], event.finish_reason)
+            logprobs = reply.logprobs(i, tokens[i])
+            calls = fields.get("tool_calls")
+            delta = (
+                {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}
+                if calls
+                else {"content": fields["content"]}
+            )
+            await chunk([{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": None}])
+            await chunk([{"index": i, "delta": {}, "logprobs": None, "finish_reason": finish}])
+        event = await anext(events, None)
+
+
+async def collect_reply(
+    reply: Reply, first: ChoiceEvent, events: AsyncGenerator[ChoiceEvent, None], usage: Usage
+) -> web.Response:
+    count = reply.num_choices
+    texts = list(reply.echoes)
+    tokens: list[list[TokenLogprobs]] = [[] for _ in range(count)]
+    finish: list[str | None] = [None] * count
+    event: ChoiceEvent | None = first
+    while event is not None:
+        texts[event.index] += event.text
+        tokens[event.index].extend(event.logprobs)
+        finish[event.index] = event.finish_reason or finish[event.index]
+        event = await anext(events, None)
+    if reply.chat:
+        choices = []
+        for i, text in enumerate(texts):
+            fields, reason = reply.message(text, finish[i])
+            message = {"role": "assistant", **fields}
+            choices.append(
+                {
+                    "index": i,
+                    "message": message,
+                    "logprobs": reply.logprobs(i, tokens[i]),
+                    "finish_reason": reason,
+                }
+            )
+        obj = "chat.completion"
+    else:
+        choices = [
+            {"index": i, "text": t, "logprobs": reply.logprobs(i, tokens[i]), "finish_reason": finish[i]}
+            for i, t in enumerate(texts)
+        ]
+        obj = "text_completion"
+    return web.json_response({**reply.meta, "object": obj, "choices": choices, "usage": usage.as_dict()})

@@ -1,0 +1,91 @@
+"""`POST /v1/responses` (the text subset) through the `openai` client, with the tiny model: the same answer as
+the chat path, `instructions`, incomplete on max_output_tokens, structured text.format, refusals by name."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import openai
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from backend.engine.async_engine import AsyncEngine
+from backend.engine.config import EngineConfig
+from backend.server import ServedModel, create_app
+from tests.backend.test_server_engine import EOS, byte_tokenizer
+from tests.backend.test_server_structured import Weather
+from tests.backend.tiny import tiny_model
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[openai.AsyncOpenAI]:
+    model = tiny_model(seed=0)
+    config = EngineConfig(num_blocks=96, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=512)
+    served = ServedModel(
+        id="tiny", revision="rev-tiny", tokenizer=byte_tokenizer(), max_model_len=512, created=0
+    )
+    app = create_app(served, lambda: AsyncEngine(model, config, frozenset({EOS})))
+    async with TestClient(TestServer(app)) as c:
+        yield openai.AsyncOpenAI(base_url=str(c.make_url("/v1")), api_key="unused", max_retries=0)
+
+
+async def chat_text(api: openai.AsyncOpenAI, messages: Any) -> tuple[str, str]:
+    reply = await api.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=10)
+    return reply.choices[0].message.content or "", reply.choices[0].finish_reason
+
+
+async def test_a_response_is_the_chat_answer(api: openai.AsyncOpenAI) -> None:
+    text, finish = await chat_text(
+        api, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    )
+    response = await api.responses.create(
+        model="tiny", instructions="Be brief.", input="Hi there", temperature=0, max_output_tokens=10
+    )
+    assert response.output_text == text
+    assert response.status == ("incomplete" if finish == "length" else "completed")
+    if finish == "length":
+        assert response.incomplete_details is not None
+        assert response.incomplete_details.reason == "max_output_tokens"
+    assert response.usage is not None and response.usage.output_tokens > 0
+
+
+async def test_message_items_with_text_parts(api: openai.AsyncOpenAI) -> None:
+    text, _ = await chat_text(api, [{"role": "user", "content": "Hi there"}])
+    response = await api.responses.create(
+        model="tiny",
+        input=[
+            {
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Hi "}, {"type": "input_text", "text": "there"}],
+            }
+        ],
+        temperature=0,
+        max_output_tokens=10,
+    )
+    assert response.output_text == text
+
+
+async def test_text_format_parses_to_a_pydantic_model(api: openai.AsyncOpenAI) -> None:
+    response = await api.responses.parse(
+        model="tiny", input="Weather?", text_format=Weather, temperature=0, max_output_tokens=120
+    )
+    assert response.status == "completed" and isinstance(response.output_parsed, Weather)
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"stream": True}, "stream"),
+        ({"tools": [{"type": "web_search"}]}, "tools"),
+        ({"previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input[0]"),
+    ],
+)
+async def test_what_responses_cannot_honour_is_a_400_naming_it(
+    api: openai.AsyncOpenAI, extra: dict[str, Any], param: str
+) -> None:
+    body: dict[str, Any] = {"model": "tiny", "input": "hi", **extra}
+    with pytest.raises(openai.BadRequestError) as caught:
+        await api.post("/responses", body=body, cast_to=dict)
+    assert caught.value.param == param

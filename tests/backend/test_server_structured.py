@@ -1,0 +1,138 @@
+"""Structured outputs over HTTP: `response_format` by grammar-constrained decoding, with the tiny random model.
+
+Random weights would never write JSON on their own, so a parsed, valid object is the grammar's doing. The openai
+client's `chat.completions.parse` sends a strict json_schema built from a pydantic model and validates the answer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import openai
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from pydantic import BaseModel, Field
+
+from backend.engine.async_engine import AsyncEngine
+from backend.engine.config import EngineConfig
+from backend.server import ServedModel, ServerLimits, create_app
+from backend.server.state import GRAMMARS_KEY
+from tests.backend.test_server_engine import EOS, byte_tokenizer
+from tests.backend.tiny import tiny_model
+
+MESSAGES: Any = [{"role": "user", "content": "Describe the weather as JSON."}]
+
+
+class Weather(BaseModel):
+    sunny: bool
+    sky: Literal["blue", "grey", "black"]
+    word: str = Field(max_length=6)
+    tags: list[Literal["warm", "cold"]] = Field(max_length=2)
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[TestClient]:
+    model = tiny_model(seed=0)
+    config = EngineConfig(num_blocks=96, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=512)
+    served = ServedModel(
+        id="tiny", revision="rev-tiny", tokenizer=byte_tokenizer(), max_model_len=512, created=0
+    )
+    app = create_app(served, lambda: AsyncEngine(model, config, frozenset({EOS})), ServerLimits(max_n=4))
+    async with TestClient(TestServer(app)) as c:
+        yield c
+
+
+@pytest.fixture
+def api(client: TestClient) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="unused", max_retries=0)
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 1.0, "seed": 5}])
+async def test_parse_with_a_pydantic_model_gives_a_valid_object(
+    api: openai.AsyncOpenAI, sampling: dict[str, Any]
+) -> None:
+    reply = await api.chat.completions.parse(
+        model="tiny", messages=MESSAGES, response_format=Weather, max_tokens=120, **sampling
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "stop"
+    assert isinstance(choice.message.parsed, Weather)
+    assert Weather.model_validate_json(choice.message.content or "") == choice.message.parsed
+
+
+async def test_without_the_grammar_the_model_writes_no_json(api: openai.AsyncOpenAI) -> None:
+    reply = await api.chat.completions.create(model="tiny", messages=MESSAGES, temperature=0, max_tokens=40)
+    with pytest.raises(ValueError):
+        json.loads(reply.choices[0].message.content or "")
+
+
+async def test_json_object_answers_an_object_and_streams_the_same(api: openai.AsyncOpenAI) -> None:
+    # random weights never close a string on their own (json_object bounds nothing): favour '"' and '}', and the
+    # grammar must still place ':' and the value between them
+    kwargs: Any = {
+        "model": "tiny",
+        "messages": MESSAGES,
+        "temperature": 0,
+        "max_tokens": 60,
+        "response_format": {"type": "json_object"},
+        "logit_bias": {str(ord('"')): 20, str(ord("}")): 10},
+    }
+    reply = await api.chat.completions.create(**kwargs)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "stop" and isinstance(json.loads(choice.message.content or ""), dict)
+    stream = await api.chat.completions.create(**kwargs, stream=True)
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert text == choice.message.content
+
+
+async def test_an_unbounded_grammar_that_runs_out_says_length(api: openai.AsyncOpenAI) -> None:
+    reply = await api.chat.completions.create(
+        model="tiny", messages=MESSAGES, temperature=0, max_tokens=30, response_format={"type": "json_object"}
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "length" and (choice.message.content or "").startswith("{")
+    with pytest.raises(ValueError):
+        json.loads(choice.message.content or "")
+
+
+async def test_running_out_of_tokens_mid_json_is_a_length_finish_not_a_silent_one(
+    api: openai.AsyncOpenAI,
+) -> None:
+    with pytest.raises(openai.LengthFinishReasonError):
+        await api.chat.completions.parse(
+            model="tiny", messages=MESSAGES, response_format=Weather, max_tokens=5, temperature=0
+        )
+
+
+async def test_grammars_are_compiled_once_and_bad_schemas_are_400s(
+    client: TestClient, api: openai.AsyncOpenAI
+) -> None:
+    for _ in range(3):
+        await api.chat.completions.parse(
+            model="tiny", messages=MESSAGES, response_format=Weather, max_tokens=120, temperature=0
+        )
+    compiler = client.app[GRAMMARS_KEY]
+    assert compiler.compiled_total == 1 and len(compiler) == 1
+    bad = {
+        "type": "json_schema",
+        "json_schema": {"name": "x", "schema": {"type": "nonsense"}, "strict": True},
+    }
+    with pytest.raises(openai.BadRequestError) as caught:
+        await api.chat.completions.create(model="tiny", messages=MESSAGES, response_format=bad)  # type: ignore[arg-type]
+    assert caught.value.param == "response_format"
+
+
+async def test_a_reordered_schema_gets_the_same_answer(api: openai.AsyncOpenAI) -> None:
+    schema = {**Weather.model_json_schema(), "additionalProperties": False}
+    spelled = {k: schema[k] for k in reversed(schema)}
+    spelled["properties"] = {k: schema["properties"][k] for k in reversed(schema["properties"])}
+    answers = []
+    for s in (schema, spelled):
+        response_format: Any = {"type": "json_schema", "json_schema": {"name": "w", "schema": s}}
+        reply = await api.chat.completions.create(
+            model="tiny", messages=MESSAGES, temperature=0, max_tokens=120, response_format=response_format
+        )
+        answers.append(reply.choices[0].message.content)
+    assert answers[0] == answers[1] and Weather.model_validate_json(answers[0] or "")
