@@ -194,7 +194,7 @@ class InvariantSdpaBackend:
     ) -> torch.Tensor:
         # q: [R, H, D] -> [R, H, D]
         rows, kv_heads, head_dim = q.shape[0], self.num_kv_heads, self.head_dim
-        qr = q.reshape(rows, kv_heads, self.group, head_dim)  # [R, KH, G, D]
+        qr = aligned_heads(q.reshape(rows, kv_heads, self.group, head_dim))  # [R, KH, G, D]
         seqs = call.num_seqs
         keys = k_cache.index_select(0, call.block_ids).view(seqs, -1, kv_heads, head_dim).transpose(1, 2)
         values = v_cache.index_select(0, call.block_ids).view(seqs, -1, kv_heads, head_dim).transpose(1, 2)
@@ -209,6 +209,28 @@ class InvariantSdpaBackend:
         else:
             out = F.scaled_dot_product_attention(qr, keys, values, attn_mask=mask)  # [R, KH, G, D]
         return out.reshape(rows, self.num_heads, head_dim)
+
+
+def aligned_heads(q: torch.Tensor) -> torch.Tensor:
+    """q itself where every head vector starts on a 64-byte boundary, else q's values in a buffer whose last dim
+    is zero-padded to a multiple of 64 bytes (a view of its first D values), so a head vector's alignment does
+    not depend on its row's place in the call. fp32 SDPA on CPU runs MKL's sgemm over each [G, D] query block,
+    which sums a row differently by its address modulo 16 bytes on some CPUs (measured on an AMD EPYC: head_dim
+    14, every other row). Never a copy for head dims of 16 fp32 / 32 bf16 multiples (every Llama's)."""
+    # q: [R, KH, G, D]; backend/model/scripted.py scripts this function as it is
+    step = 64 // q.element_size()
+    aligned = q.stride(-1) == 1 and q.storage_offset() % step == 0
+    for dim in range(q.dim() - 1):
+        if q.size(dim) > 1 and q.stride(dim) % step != 0:
+            aligned = False
+    if aligned:
+        return q
+    width = q.size(-1)
+    shape = list(q.shape)
+    shape[-1] = -(-width // step) * step
+    padded = q.new_zeros(shape)  # [R, KH, G, D rounded up]
+    padded[..., :width].copy_(q)
+    return padded[..., :width]
 
 
 def _blocks(ctx: AttentionContext, seqs: list[int], num_blocks: int) -> torch.Tensor:

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from backend.attention.invariant import StepAttention
+from backend.attention.invariant import StepAttention, aligned_heads
 from backend.kernels import declare_op
 from backend.model.config import LlamaConfig
 from backend.model.layers import MATMUL_DENSE, LlamaDecoderLayer
@@ -96,7 +96,7 @@ def _attend(
     # `InvariantSdpaBackend._attend`: q [R, H, D] -> [R, H, D]
     num_heads, kv_heads, head_dim = dims[0], dims[1], dims[2]
     rows = q.size(0)
-    qr = q.reshape(rows, kv_heads, num_heads // kv_heads, head_dim)  # [R, KH, G, D]
+    qr = aligned_heads(q.reshape(rows, kv_heads, num_heads // kv_heads, head_dim))  # [R, KH, G, D]
     keys = k_cache.index_select(0, blocks).view(seqs, -1, kv_heads, head_dim).transpose(1, 2)
     values = v_cache.index_select(0, blocks).view(seqs, -1, kv_heads, head_dim).transpose(1, 2)
     if seqs != rows:
