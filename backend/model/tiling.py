@@ -2,20 +2,21 @@
 on how many other tokens share the step, at a position and an address alignment that do not change its bits.
 
 GEMM libraries pick their kernel (and so the summation order inside a row) from the shape: MKL's fp32 sgemm
-takes a GEMV path at M = 1 and other blockings past M = 3 or M = 15 depending on N and K; oneDNN's bf16
-kernels differ between CPUs with and without AMX. Within one call a row's bits may also depend on where it
-sits: measured on an AMD EPYC (Zen 5, AVX-512, no AMX; torch 2.13's MKL 2024.2), sgemm sums every fourth row
-of an [M, 8] @ [8, 5] call differently from the others, and for K = 97 each row's bits follow its address
-modulo 64 bytes. So `tiled_rows` never hands the library an arbitrary M: the rows are cut into tiles of
-`tile_rows`, a short last tile is zero-padded up to `min_rows` (never below 2 by default: a one-row call is a
-GEMV), and every call's rows start on a 64-byte boundary (`aligned`). Which tile is safe is measured, not
-assumed: `calibrate_tiling` runs the very matmul on random rows at every M in [2, tile], over enough random
-trials that ~131k outputs are compared per M, and keeps the largest candidate under which each row's bits
-are the same at every M, with other rows cut off before or after it, and at every position of the call (one
-random row repeated M times must give M copies of the same bits). Where no candidate passes, each row runs
-alone (`ROW_BY_ROW`): one aligned one-row call per row, invariant by construction. That is evidence on the
-machine at hand (kernel choice depends on the shape, the dtype, the CPU and the thread count, not on the
-values), and the engine-level tests check the end-to-end property on top of it.
+takes a GEMV path at M = 1 and other blockings past M = 3 or M = 15 depending on N and K; oneDNN's bf16 kernels
+differ between CPUs with and without AMX. Within one call a row's bits may also depend on where it sits:
+measured on an AMD EPYC (Zen 5, AVX-512, no AMX; torch 2.13's MKL 2024.2), sgemm sums every fourth row of an
+[M, 8] @ [8, 5] call differently from the others, and a row's bits follow its address (rows 4 bytes off a
+16-byte boundary, as three rows in four of a K = 97 call are, sum differently). So `tiled_rows` never hands the
+library an arbitrary M: the rows are cut into tiles of `tile_rows`, a short last tile is zero-padded up to
+`min_rows` (never below 2 by default: a one-row call is a GEMV), and every call's rows start on a 64-byte
+boundary (`aligned`). Which tile is safe is measured, not assumed: `calibrate_tiling` runs the very matmul on
+random rows at every M in [2, tile], over enough random trials that ~131k outputs are compared per M, and keeps
+the largest candidate under which each row's bits are the same at every M, with other rows cut off before or
+after it, and at every position of the call (one random row repeated M times must give M copies of the same
+bits). Where no candidate passes, each row runs alone (`ROW_BY_ROW`): one aligned one-row call per row,
+invariant by construction. That is evidence on the machine at hand (kernel choice depends on the shape, the
+dtype, the CPU and the thread count, not on the values), and the engine-level tests check the end-to-end
+property on top of it.
 
 Any linear can use it: a dense `nn.Linear`, a packed int4/int8 matmul or the LM head all pass their matmul
 as `fn` to `calibrate_tiling` once and to `tiled_rows` on every call.
