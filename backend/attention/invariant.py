@@ -18,6 +18,7 @@ from the batch size, and the math path's batched GEMMs pick kernels by batch cou
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -97,7 +98,22 @@ class InvariantSdpaBackend:
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.group = num_heads // num_kv_heads
+        self.block_size = block_size
         self.split = split_tokens_for(block_size, split_tokens)
+        self.one_row_calls = False  # every query token in its own call (`calibrate`)
+
+    @torch.inference_mode()
+    def calibrate(self, dtype: torch.dtype, device: torch.device | str) -> None:
+        """Measure whether a row's bits depend on the other rows of its call, and if so give every query token
+        a call of its own. Measured on an AMD EPYC with 2 threads: SmolLM2's fp32 attention gives row 0 other
+        bits in a call of 2+ rows than alone (1 thread: the same bits). The likely mechanism: torch's CPU flash
+        kernel splits a call's (row, KV head) items between threads in contiguous runs, so the number of rows
+        decides which thread runs a row, each thread's scratch buffer sits at an offset that in fp32 need not
+        be 16-byte aligned, and MKL's sgemm sums by alignment there. The probe runs the very calls `forward`
+        makes, gathered and expanded, on random inputs."""
+        dev = torch.device(device)
+        shape = (self.num_heads, self.num_kv_heads, self.head_dim, self.block_size, self.split)
+        self.one_row_calls = not _rows_stand_alone(shape, dtype, dev, torch.get_num_threads())
 
     def plan(self, ctx: AttentionContext) -> InvariantPlan:
         device = ctx.block_tables.device
@@ -111,7 +127,12 @@ class InvariantSdpaBackend:
                 row_len = first_len + token - starts[i]
                 bucket = -(-row_len // self.split)
                 end = min(starts[i] + n, token + bucket * self.split - row_len + 1)
-                if end - token == 1:
+                if self.one_row_calls:
+                    calls += [
+                        self._gathered(ctx, [(t, i, row_len + t - token)], bucket, device)
+                        for t in range(token, end)
+                    ]
+                elif end - token == 1:
                     singles.setdefault(bucket, []).append((token, i, row_len))
                 else:
                     calls.append(self._segment(ctx, i, token, end, row_len, bucket, device))
@@ -194,7 +215,7 @@ class InvariantSdpaBackend:
     ) -> torch.Tensor:
         # q: [R, H, D] -> [R, H, D]
         rows, kv_heads, head_dim = q.shape[0], self.num_kv_heads, self.head_dim
-        qr = q.reshape(rows, kv_heads, self.group, head_dim)  # [R, KH, G, D]
+        qr = aligned_heads(q.reshape(rows, kv_heads, self.group, head_dim))  # [R, KH, G, D]
         seqs = call.num_seqs
         keys = k_cache.index_select(0, call.block_ids).view(seqs, -1, kv_heads, head_dim).transpose(1, 2)
         values = v_cache.index_select(0, call.block_ids).view(seqs, -1, kv_heads, head_dim).transpose(1, 2)
@@ -209,6 +230,69 @@ class InvariantSdpaBackend:
         else:
             out = F.scaled_dot_product_attention(qr, keys, values, attn_mask=mask)  # [R, KH, G, D]
         return out.reshape(rows, self.num_heads, head_dim)
+
+
+@functools.lru_cache(maxsize=64)
+def _rows_stand_alone(
+    shape: tuple[int, int, int, int, int], dtype: torch.dtype, device: torch.device, threads: int
+) -> bool:
+    """Whether every row of calls of 2..16 rows, over one or two key splits, gets the bits of its one-row call
+    (kept per shape, dtype, device and thread count: engines of one model do not measure again)."""
+    heads, kv_heads, dim, block, split = shape  # the backend's heads, KV heads, head dim, block size, split
+    backend = InvariantSdpaBackend(heads, kv_heads, dim, block, split)
+    gen = torch.Generator().manual_seed(0)
+    per_split = split // block
+    most = 16
+    k_cache, v_cache = (
+        torch.randn(most * 2 * per_split, block, kv_heads, dim, generator=gen).to(device=device, dtype=dtype)
+        for _ in range(2)
+    )  # [num_blocks, block_size, KH, D]
+    for rows in (2, 3, 5, 8, most):
+        for splits in (1, 2):
+            nb, length = splits * per_split, splits * split
+            q = torch.randn(rows, heads, dim, generator=gen).to(device=device, dtype=dtype)  # [R, H, D]
+            lens = torch.randint(1, length + 1, (rows,), generator=gen)  # [R]
+            visible = torch.arange(length)[None, :] < lens[:, None]  # [R, L]
+            visible = visible.to(device)[:, None, None, :]  # [R, 1, 1, L]
+            blocks = torch.arange(rows * nb, device=device)  # row r reads blocks r*nb .. r*nb + nb - 1
+            index = torch.arange(rows, device=device)
+            gathered = _Call(index, blocks, rows, visible, {})
+            expanded = _Call(index, blocks[:nb], 1, visible, {})
+            for call, own in ((gathered, True), (expanded, False)):
+                together = backend._attend(q, k_cache, v_cache, call)  # [R, H, D]
+                for r in range(rows):
+                    ids = blocks[r * nb : (r + 1) * nb] if own else blocks[:nb]
+                    alone = backend._attend(
+                        q[r : r + 1].clone(),
+                        k_cache,
+                        v_cache,
+                        _Call(index[:1], ids, 1, visible[r : r + 1], {}),
+                    )
+                    if not torch.equal(together[r : r + 1], alone):
+                        return False
+    return True
+
+
+def aligned_heads(q: torch.Tensor) -> torch.Tensor:
+    """q itself where every head vector starts on a 64-byte boundary, else q's values in a buffer whose last dim
+    is zero-padded to a multiple of 64 bytes (a view of its first D values), so a head vector's alignment does
+    not depend on its row's place in the call. fp32 SDPA on CPU runs MKL's sgemm over each [G, D] query block,
+    which sums a row differently by its address modulo 16 bytes on some CPUs (measured on an AMD EPYC: head_dim
+    14, every other row). Never a copy for head dims of 16 fp32 / 32 bf16 multiples (every Llama's)."""
+    # q: [R, KH, G, D]; backend/model/scripted.py scripts this function as it is
+    step = 64 // q.element_size()
+    aligned = q.stride(-1) == 1 and q.storage_offset() % step == 0
+    for dim in range(q.dim() - 1):
+        if q.size(dim) > 1 and q.stride(dim) % step != 0:
+            aligned = False
+    if aligned:
+        return q
+    width = q.size(-1)
+    shape = list(q.shape)
+    shape[-1] = -(-width // step) * step
+    padded = q.new_zeros(shape)  # [R, KH, G, D rounded up]
+    padded[..., :width].copy_(q)
+    return padded[..., :width]
 
 
 def _blocks(ctx: AttentionContext, seqs: list[int], num_blocks: int) -> torch.Tensor:

@@ -63,7 +63,9 @@ def make_attention_backend(
             raise ValueError(
                 "attention='flash' is not batch-invariant: use 'auto' or turn batch_invariant off"
             )
-        return InvariantSdpaBackend(num_heads, num_kv_heads, head_dim, block_size)
+        invariant = InvariantSdpaBackend(num_heads, num_kv_heads, head_dim, block_size)
+        invariant.calibrate(dtype, device)
+        return invariant
     name = resolve_attention(requested, device, dtype, block_size)
     if name == "flash":
         return FlashBackend(num_heads, num_kv_heads, head_dim, block_size)

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from backend.attention.invariant import StepAttention
+from backend.attention.invariant import StepAttention, aligned_heads
 from backend.kernels import declare_op
 from backend.model.config import LlamaConfig
 from backend.model.layers import MATMUL_DENSE, LlamaDecoderLayer
@@ -43,11 +43,20 @@ def _matmul(kind: int, a: Tensor, b: Tensor, rows: Tensor) -> Tensor:
     return F.linear(rows, a)
 
 
+def _aligned(rows: Tensor) -> Tensor:
+    # `tiling.aligned`: rows on a 64-byte boundary of their storage (tiling.ALIGN_BYTES), else a copy
+    if rows.is_contiguous() and (rows.storage_offset() * rows.element_size()) % 64 == 0:
+        return rows
+    return rows.clone(memory_format=torch.contiguous_format)
+
+
 def _linear(kind: int, a: Tensor, b: Tensor, x: Tensor, tile: int, min_rows: int) -> Tensor:
     # `tiling.tiled_rows` over `_matmul`; tile 0: one call (the non-invariant forward)
     num_rows = x.size(0)
-    if tile == 0 or num_rows == 0 or (min_rows <= num_rows and num_rows <= tile):
+    if tile == 0:
         return _matmul(kind, a, b, x)
+    if num_rows == 0 or (min_rows <= num_rows and num_rows <= tile):
+        return _matmul(kind, a, b, _aligned(x))
     outs: List[Tensor] = []  # noqa: UP006
     for start in range(0, num_rows, tile):
         part = x[start : start + tile]  # [m, in]
@@ -55,7 +64,7 @@ def _linear(kind: int, a: Tensor, b: Tensor, x: Tensor, tile: int, min_rows: int
         if rows < min_rows:
             pad = part.new_zeros([min_rows - rows, part.size(1)])
             part = torch.cat((part, pad))  # [min_rows, in]
-        outs.append(_matmul(kind, a, b, part)[:rows])
+        outs.append(_matmul(kind, a, b, _aligned(part))[:rows])
     if len(outs) == 1:
         return outs[0]
     return torch.cat(outs)
@@ -87,7 +96,7 @@ def _attend(
     # `InvariantSdpaBackend._attend`: q [R, H, D] -> [R, H, D]
     num_heads, kv_heads, head_dim = dims[0], dims[1], dims[2]
     rows = q.size(0)
-    qr = q.reshape(rows, kv_heads, num_heads // kv_heads, head_dim)  # [R, KH, G, D]
+    qr = aligned_heads(q.reshape(rows, kv_heads, num_heads // kv_heads, head_dim))  # [R, KH, G, D]
     keys = k_cache.index_select(0, blocks).view(seqs, -1, kv_heads, head_dim).transpose(1, 2)
     values = v_cache.index_select(0, blocks).view(seqs, -1, kv_heads, head_dim).transpose(1, 2)
     if seqs != rows:

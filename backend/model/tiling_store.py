@@ -1,5 +1,6 @@
 """Measured row tilings kept on disk between starts, so a restart does not re-measure them (`calibrate_tiling`,
-backend/model/tiling.py: 4-31 s for SmolLM2 on 2 shared cores, by their load; 0.0 s read back).
+backend/model/tiling.py: 4-31 s for SmolLM2 on 2 shared cores, by their load, 18-63 s on the AMD EPYC CI
+machine (bf16 and fp32); 0.0 s read back).
 
 A tiling is evidence about the kernels torch and tokenedge pick, which depend on the shape, the dtype, the
 kernel, the CPU, torch's build and the thread count, never on the weights' values (tiling.py). So a stored

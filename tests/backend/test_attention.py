@@ -7,6 +7,7 @@ import torch
 
 from backend.attention.backend import AttentionBackend, write_kv
 from backend.attention.context import AttentionContext
+from backend.attention.invariant import InvariantSdpaBackend
 from backend.attention.reference import reference_paged_attention
 from backend.attention.sdpa import SdpaBackend
 from backend.attention.selector import default_block_size, make_attention_backend, resolve_attention
@@ -119,3 +120,52 @@ def test_flash_attn_matches_the_reference_on_cuda() -> None:
             backend, random_step(query_lens, context_lens, 256, 12, torch.bfloat16, "cuda")
         )
         torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_one_row_calls_give_each_query_token_its_own_call() -> None:
+    step = random_step(*MIXED, 16, 64, torch.float32, "cpu")
+    backend = InvariantSdpaBackend(HEADS, KV_HEADS, HEAD_DIM, 16)
+    backend.one_row_calls = True
+    plan = backend.plan(step[0])
+    assert [call.token_index.numel() for call in plan.calls] == [1] * sum(MIXED[0])
+    assert sorted(int(call.token_index) for call in plan.calls) == list(range(sum(MIXED[0])))
+    out, ref = run_backend(backend, step)
+    torch.testing.assert_close(out, ref)
+
+
+def test_the_calibrated_backend_keeps_a_row_s_bits_in_any_call_at_two_threads() -> None:
+    """SmolLM2's attention shape in fp32 with 2 threads (where an AMD EPYC's rows depend on their call): each
+    query token of a mixed step gets the bits it gets as the only token of its step."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        heads, kv_heads, dim = 9, 3, 64
+        backend = make_attention_backend(
+            "auto", num_heads=heads, num_kv_heads=kv_heads, head_dim=dim, block_size=16, device="cpu",
+            dtype=torch.float32, batch_invariant=True,
+        )  # fmt: skip
+        assert isinstance(backend, InvariantSdpaBackend)
+        gen = torch.Generator().manual_seed(1)
+        caches = torch.randn(2, 32, 16, kv_heads, dim, generator=gen)  # k, v: [num_blocks, block_size, KH, D]
+        q = torch.randn(6, heads, dim, generator=gen)  # [T, H, D]: decodes of 6 sequences
+        kv = torch.randn(2, 6, kv_heads, dim, generator=gen)
+        tables = torch.arange(30, dtype=torch.int32).view(6, 5)
+        lens = [7, 20, 33, 50, 64, 70]
+
+        def step(rows: list[int]) -> AttentionContext:
+            return AttentionContext(
+                slot_mapping=torch.tensor([int(tables[r, (lens[r] - 1) // 16]) * 16 + (lens[r] - 1) % 16 for r in rows]),
+                block_tables=tables[rows], context_lens=torch.tensor([lens[r] for r in rows], dtype=torch.int32),
+                query_start_loc=torch.arange(len(rows) + 1, dtype=torch.int32), query_lens=(1,) * len(rows),
+                context_lens_host=tuple(lens[r] for r in rows), block_size=16,
+            )  # fmt: skip
+
+        together = backend.forward(q, kv[0], kv[1], caches[0], caches[1], backend.plan(step(list(range(6)))))
+        for r in range(6):
+            one = step([r])
+            alone = backend.forward(
+                q[r : r + 1], kv[0][r : r + 1], kv[1][r : r + 1], caches[0], caches[1], backend.plan(one)
+            )
+            assert torch.equal(together[r], alone[0]), (r, backend.one_row_calls)
+    finally:
+        torch.set_num_threads(threads)

@@ -18,7 +18,7 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
 from backend.engine.scheduler import ScheduledSeq
 from backend.model.llama import LlamaModel
-from tests.backend.tiny import tiny_model
+from tests.backend.tiny import tiny_model, tiny_weights, unaligned_config
 
 TARGET = "target"
 NEW_TOKENS = 12
@@ -128,6 +128,21 @@ def test_preemption_and_recompute_give_the_same_logits(dtype: str) -> None:
     engine.generate([prompt] + [p for _, p in others], SamplingParams(temperature=0, max_tokens=NEW_TOKENS))
     assert engine.scheduler.num_preemptions_total > 0  # the scenario really preempts
     assert_bitwise(alone, target_logits(model, prompt, scenario))
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_rows_off_64_byte_boundaries_give_the_logits_of_the_sequence_alone(dtype: str) -> None:
+    """Widths whose rows are no 16-byte multiples in fp32 (tests/backend/tiny.py): MKL's sgemm, in the linears
+    and inside SDPA, sums such rows differently by their address on some CPUs (an AMD EPYC)."""
+    torch.set_num_threads(1)
+    config = unaligned_config()
+    model = LlamaModel(config, dtype=DTYPES[dtype])
+    model.load_weights(tiny_weights(config, seed=4))
+    prompt = rand_ids(41, seed=8)
+    alone = target_logits(model, prompt, Scenario())
+    others = [(i, rand_ids(5 + 8 * i, seed=80 + i)) for i in range(5)]
+    assert_bitwise(alone, target_logits(model, prompt, Scenario(others=others)))
+    assert_bitwise(alone, target_logits(model, prompt, Scenario(budget=7, others=others[:2])))
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -15,14 +15,22 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
 from backend.model.llama import LlamaModel
 from tests.backend.test_quant import _quantized_tiny
-from tests.backend.tiny import tiny_config, tiny_model, tiny_weights
+from tests.backend.tiny import tiny_config, tiny_model, tiny_weights, unaligned_config
 
 MODELS: dict[str, Callable[[], LlamaModel]] = {
     "fp32": lambda: tiny_model(seed=3),
     "bf16": lambda: tiny_model(seed=3, dtype=torch.bfloat16),
+    "fp32-unaligned": lambda: _unaligned_tiny(),
     "int4": lambda: _quantized_tiny(with_blocks=True),  # type: ignore[return-value]
     "int8": lambda: _quantized_tiny(with_blocks=False),  # type: ignore[return-value]
 }
+
+
+def _unaligned_tiny() -> LlamaModel:
+    """Rows and head vectors off 16-byte boundaries: the tile copies and the padded queries run scripted."""
+    model = LlamaModel(unaligned_config(), dtype=torch.float32)
+    model.load_weights(tiny_weights(unaligned_config(), seed=3))
+    return model
 
 
 def checked_forward(model: LlamaModel, seen: list[tuple[int, bool]]) -> None:

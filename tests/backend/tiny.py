@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from backend.model.config import LlamaConfig
@@ -23,6 +25,14 @@ def tiny_config(tie_word_embeddings: bool = True) -> LlamaConfig:
         rms_norm_eps=1e-5,
         max_position_embeddings=1024,
         tie_word_embeddings=tie_word_embeddings,
+    )
+
+
+def unaligned_config() -> LlamaConfig:
+    """The tiny config with widths whose rows are no multiple of 16 bytes in fp32 (hidden 37, intermediate 99,
+    head_dim 14): rows and head vectors of a call start at addresses that depend on their place in it."""
+    return dataclasses.replace(
+        tiny_config(), hidden_size=37, intermediate_size=99, num_heads=3, num_kv_heads=1, head_dim=14
     )
 
 
