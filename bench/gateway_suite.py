@@ -94,6 +94,23 @@ def measure(
     return {name: median_result(results) for name, results in runs.items()}
 
 
+def gateways(
+    stack: ExitStack, upstream: str, workers: int, redis_url: str
+) -> dict[str, tuple[str, list[int]]]:
+    """The three gateways the hit rows compare: L1, L2 on Redis (L1 off), L2 on Memcached (L1 off)."""
+    memcached = {
+        "TOKENEDGE_CACHE_L2": "memcached",
+        "TOKENEDGE_CACHE_MEMCACHED_SERVERS": stack.enter_context(memcached_server()),
+        "TOKENEDGE_CACHE_MEMCACHED_L1_MAX_AGE_S": "0",
+    }
+    envs = {
+        "l1": {},
+        "l2": {"TOKENEDGE_CACHE_REDIS_URL": redis_url, "TOKENEDGE_CACHE_L1_MAX_BYTES": "0"},
+        "mc": memcached,
+    }
+    return {name: stack.enter_context(gateway(upstream, workers, env)) for name, env in envs.items()}
+
+
 def run(workers: int, args: argparse.Namespace) -> dict[str, LoadResult]:
     with ExitStack() as stack:
         up_port = free_port()
@@ -102,25 +119,8 @@ def run(workers: int, args: argparse.Namespace) -> dict[str, LoadResult]:
             server([PYTHON, "-m", "bench.servers", "upstream", str(up_port)], f"{upstream}/health")
         )
         redis_url = stack.enter_context(redis_server())
-        l1_url, l1_pids = stack.enter_context(gateway(upstream, workers, {}))
-        l2_url, l2_pids = stack.enter_context(
-            gateway(
-                upstream,
-                workers,
-                {"TOKENEDGE_CACHE_REDIS_URL": redis_url, "TOKENEDGE_CACHE_L1_MAX_BYTES": "0"},
-            )
-        )
-        mc_url, mc_pids = stack.enter_context(
-            gateway(
-                upstream,
-                workers,
-                {
-                    "TOKENEDGE_CACHE_L2": "memcached",
-                    "TOKENEDGE_CACHE_MEMCACHED_SERVERS": stack.enter_context(memcached_server()),
-                    "TOKENEDGE_CACHE_MEMCACHED_L1_MAX_AGE_S": "0",
-                },
-            )
-        )
+        started = gateways(stack, upstream, workers, redis_url)
+        (l1_url, l1_pids), (l2_url, l2_pids), (mc_url, mc_pids) = started["l1"], started["l2"], started["mc"]
         hit_body = prime(l1_url)
         bare_url, bare_pids = stack.enter_context(bare_aiohttp(hit_body, workers))
         nginx_url, nginx_pids = stack.enter_context(nginx_fixed(hit_body, workers))

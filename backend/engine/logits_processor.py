@@ -16,7 +16,7 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from backend.engine.outputs import TokenLogprobs
+from backend.engine.logprobs import TokenLogprobs
 from backend.engine.sequence import Sequence
 
 

@@ -5,17 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from backend.engine.logprobs import TokenLogprobs
+
 if TYPE_CHECKING:
     from backend.engine.embedding import EmbeddingOut
-
-
-@dataclass(frozen=True, slots=True)
-class TokenLogprobs:
-    """A generated token's log-probability and the most likely alternatives at its position (descending)."""
-
-    token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from backend.engine.outputs import TokenLogprobs
+from backend.engine.logprobs import TokenLogprobs
 from backend.engine.sampling import SamplingParams
 
 if TYPE_CHECKING:

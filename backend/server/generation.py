@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
-from backend.engine.outputs import TokenLogprobs
+from backend.engine.logprobs import TokenLogprobs
 from backend.engine.prompt import ValidPrompt
 from backend.engine.sampling_params import SamplingParams
 from backend.server.text_stream import TextStream

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from backend.engine.outputs import TokenLogprobs
+from backend.engine.logprobs import TokenLogprobs
 from backend.tokenizer import Tokenizer
 
 

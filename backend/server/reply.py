@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from backend.engine.errors import EngineError
-from backend.engine.outputs import TokenLogprobs
+from backend.engine.logprobs import TokenLogprobs
 from backend.server.errors import translate_engine_error
 from backend.server.generation import ChoiceEvent, Usage
 from backend.server.logprobs import LogprobRenderer

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import orjson
 import pytest
@@ -37,120 +39,134 @@ def render(line: str, fields: list[tuple[str, str]], body: bytes, sep: str = ": 
     return head.encode("latin-1") + body
 
 
+@dataclass
+class Request:
+    line: str = "POST /v1/chat/completions HTTP/1.1"
+    fields: list[tuple[str, str]] = field(default_factory=lambda: list(BASE_FIELDS))
+    body: bytes = BODY
+    sep: str = ": "
+
+
+def _pick(rng: random.Random, *options: str) -> str:
+    return rng.choice(options)
+
+
+def _with(name: str, value: str) -> Callable[[Request, random.Random], None]:
+    return lambda r, _rng: r.fields.append((name, value))
+
+
+def _set(name: str, *values: str) -> Callable[[Request, random.Random], None]:
+    def mutate(r: Request, rng: random.Random) -> None:
+        value = rng.choice(values)
+        r.fields = [(n, value if n.lower() == name else v) for n, v in r.fields]
+
+    return mutate
+
+
+def _recase(r: Request, rng: random.Random) -> None:
+    r.fields = [(n.upper() if rng.random() < 0.5 else n.lower(), v) for n, v in r.fields]
+
+
+def _respace(r: Request, rng: random.Random) -> None:
+    r.sep = _pick(rng, ":", ":  ", ":\t", " : ", ": \t ")
+
+
+def _reline(r: Request, rng: random.Random) -> None:
+    r.line = _pick(
+        rng,
+        "POST /v1/chat/completions HTTP/1.0",
+        "post /v1/chat/completions HTTP/1.1",
+        "POST /v1/chat/completions?x=1 HTTP/1.1",
+        "POST //v1/chat/completions HTTP/1.1",
+        "POST /v1/completions HTTP/1.1",
+        "POST /v1/chat/completions/ HTTP/1.1",
+        "POST /V1/chat/completions HTTP/1.1",
+        "PUT /v1/chat/completions HTTP/1.1",
+    )
+
+
+def _rebyte(r: Request, rng: random.Random) -> None:
+    i = rng.randrange(len(r.body))
+    r.body = r.body[:i] + bytes([rng.randrange(32, 127)]) + r.body[i + 1 :]
+
+
+def _relength(r: Request, rng: random.Random) -> None:
+    delta = rng.choice([-1, 1])
+    r.fields = [(n, str(int(v) + delta)) if n == "Content-Length" else (n, v) for n, v in r.fields]
+
+
+def _drop(r: Request, rng: random.Random) -> None:
+    gone = _pick(rng, "host", "content-type", "authorization")
+    r.fields = [(n, v) for n, v in r.fields if n.lower() != gone]
+
+
+def _space(r: Request, _rng: random.Random) -> None:
+    r.body = r.body.replace(b"hi there", b"hi there ")
+
+
+def _shuffle(r: Request, rng: random.Random) -> None:
+    rng.shuffle(r.fields)
+
+
+def _one_of(*mutations: Callable[[Request, random.Random], None]) -> Callable[[Request, random.Random], None]:
+    return lambda r, rng: rng.choice(mutations)(r, rng)
+
+
+MUTATIONS: list[Callable[[Request, random.Random], None]] = [
+    _recase,
+    _respace,
+    _one_of(*(_with("Authorization", v) for v in ("Bearer tenant-a-key", "Bearer tenant-b-key", ""))),
+    _one_of(*(_with(n, "k") for n in ("api-key", "X-Api-Key", "OpenAI-Organization", "OpenAI-Project"))),
+    _set(
+        "content-type",
+        "text/plain",
+        "application/json; charset=utf-8",
+        "application/x+json",
+        "APPLICATION/JSON",
+        "multipart/form-data",
+    ),
+    _one_of(*(_with("Connection", v) for v in ("close", "keep-alive", "keep-alive, close"))),
+    _one_of(
+        _with("Transfer-Encoding", "chunked"),
+        _with("Content-Length", str(len(BODY))),
+        _with("Expect", "100-continue"),
+        _with("Upgrade", "h2c"),
+    ),
+    _one_of(
+        _with("Cache-Control", "max-age=0"),
+        _with("Pragma", "no-cache"),
+        _with("If-None-Match", '"x"'),
+        _with("X-Tokenedge-Debug", "1"),
+    ),
+    _one_of(
+        *(_with(n, v) for n, v in (("X-Request-Id", "abc"), ("traceparent", "00-1-2-01"), ("Via", "1.1 e")))
+    ),
+    _reline,
+    _rebyte,
+    _relength,
+    _one_of(
+        *(
+            _with(n, v)
+            for n, v in (
+                ("Bad Name", "x"),
+                ("X-Folded", "a\r\n b"),
+                ("X-Ctl", "a\x01b"),
+                ("X-High", "caf\xe9"),
+                ("", "x"),
+            )
+        )
+    ),
+    _space,
+    _shuffle,
+    _drop,
+]
+
+
 def variant(rng: random.Random) -> bytes:
-    line = "POST /v1/chat/completions HTTP/1.1"
-    fields = list(BASE_FIELDS)
-    body = BODY
-    sep = ": "
+    request = Request()
     for _ in range(rng.randint(1, 3)):
-        kind = rng.randrange(16)
-        if kind == 0:
-            fields = [(n.upper() if rng.random() < 0.5 else n.lower(), v) for n, v in fields]
-        elif kind == 1:
-            sep = rng.choice([":", ":  ", ":\t", " : ", ": \t "])
-        elif kind == 2:
-            fields.append(("Authorization", rng.choice(["Bearer tenant-a-key", "Bearer tenant-b-key", ""])))
-        elif kind == 3:
-            fields.append(
-                (rng.choice(["api-key", "X-Api-Key", "OpenAI-Organization", "OpenAI-Project"]), "k")
-            )
-        elif kind == 4:
-            fields = [
-                (
-                    n,
-                    rng.choice(
-                        [
-                            "text/plain",
-                            "application/json; charset=utf-8",
-                            "application/x+json",
-                            "APPLICATION/JSON",
-                            "multipart/form-data",
-                        ]
-                    ),
-                )
-                if n == "Content-Type"
-                else (n, v)
-                for n, v in fields
-            ]
-        elif kind == 5:
-            fields.append(("Connection", rng.choice(["close", "keep-alive", "keep-alive, close"])))
-        elif kind == 6:
-            fields.append(
-                rng.choice(
-                    [
-                        ("Transfer-Encoding", "chunked"),
-                        ("Content-Length", str(len(body))),
-                        ("Expect", "100-continue"),
-                        ("Upgrade", "h2c"),
-                    ]
-                )
-            )
-        elif kind == 7:
-            fields.append(
-                rng.choice(
-                    [
-                        ("Cache-Control", "max-age=0"),
-                        ("Pragma", "no-cache"),
-                        ("If-None-Match", '"x"'),
-                        ("X-Tokenedge-Debug", "1"),
-                    ]
-                )
-            )
-        elif kind == 8:
-            fields.append(
-                rng.choice(
-                    [
-                        ("X-Request-Id", "abc"),
-                        ("traceparent", "00-1-2-01"),
-                        ("X-Varnish", "7"),
-                        ("CF-Ray", "r"),
-                        ("Via", "1.1 edge"),
-                    ]
-                )
-            )
-        elif kind == 9:
-            line = rng.choice(
-                [
-                    "POST /v1/chat/completions HTTP/1.0",
-                    "post /v1/chat/completions HTTP/1.1",
-                    "POST /v1/chat/completions?x=1 HTTP/1.1",
-                    "POST //v1/chat/completions HTTP/1.1",
-                    "POST /v1/completions HTTP/1.1",
-                    "POST /v1/chat/completions/ HTTP/1.1",
-                    "POST /V1/chat/completions HTTP/1.1",
-                    "PUT /v1/chat/completions HTTP/1.1",
-                ]
-            )
-        elif kind == 10:
-            i = rng.randrange(len(body))
-            body = body[:i] + bytes([rng.randrange(32, 127)]) + body[i + 1 :]
-        elif kind == 11:
-            fields = [
-                (n, str(int(v) + rng.choice([-1, 1]))) if n == "Content-Length" else (n, v) for n, v in fields
-            ]
-        elif kind == 12:
-            fields.append(
-                rng.choice(
-                    [
-                        ("Bad Name", "x"),
-                        ("X-Folded", "a\r\n b"),
-                        ("X-Ctl", "a\x01b"),
-                        ("X-High", "caf\xe9"),
-                        ("", "x"),
-                    ]
-                )
-            )
-        elif kind == 13:
-            body = body.replace(b"hi there", b"hi there ")
-        elif kind == 14:
-            rng.shuffle(fields)
-        else:
-            fields = [
-                (n, v)
-                for n, v in fields
-                if n.lower() != rng.choice(["host", "content-type", "authorization"])
-            ]
-    return render(line, fields, body, sep)
+        rng.choice(MUTATIONS)(request, rng)
+    return render(request.line, request.fields, request.body, request.sep)
 
 
 def same_answer(a: bytes, b: bytes) -> bool:
