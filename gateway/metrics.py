@@ -161,6 +161,18 @@ class GatewayMetrics:
         self.tokenize_duration = _latency(
             "tokenedge_tokenize_duration_seconds", "Tokenization latency", (), r
         )
+        self.remote_tokenize_duration = _latency(
+            "tokenedge_remote_tokenize_duration_seconds",
+            "Upstream tokenization latency (POST /tokenize, /apply-template) per new request body, by outcome",
+            ["outcome"],
+            r,
+        )
+        self.key_level_fallbacks = Counter(
+            "tokenedge_key_level_fallbacks",
+            "Requests a route's auto/tokens level keyed `exact` instead, by reason",
+            ["reason"],
+            registry=r,
+        )
         self.tokens_saved = Counter(
             "tokenedge_tokens_saved", "Prompt + completion tokens served from cache", registry=r
         )
