@@ -65,8 +65,20 @@ DECODING: Final = frozenset(
 _DROPPED_HEADERS: Final = frozenset({"content-length", "content-type", "transfer-encoding"})
 
 
+_ABSENT: Final = frozenset({200, 400, 404, 405, 422, 501})  # answers that say "no such route (or shape)"
+
+
 class _NoIds(Exception):
     """The engine answered, but not with ids (a 4xx/5xx, or another shape)."""
+
+    def __init__(self, message: str, status: int = 200) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def transient(self) -> bool:
+        """A refused credential, a rate limit or a server error says nothing about the route: ask again soon."""
+        return self.status not in _ABSENT
 
 
 def remote_input(endpoint: str, body: Mapping[str, Any]) -> Any:
@@ -153,9 +165,11 @@ class RemoteTokenizers:
                 try:
                     results[name] = await self._bounded(engine, kind, model, value, headers)
                 except (_NoIds, UpstreamError, TimeoutError) as exc:
-                    transient = transient or not isinstance(exc, _NoIds)
-                    if not results:  # the first probe: this engine has no such route
-                        first = first or Refused(Fallback.NO_TOKENIZER, f"{engine}: {_why(exc)}")
+                    transient = transient or not isinstance(exc, _NoIds) or exc.transient
+                    if not results:  # the first probe: this engine has no such route, or it failed
+                        absent = isinstance(exc, _NoIds) and not exc.transient
+                        reason = Fallback.NO_TOKENIZER if absent else Fallback.PROBE_FAILED
+                        first = first or Refused(reason, f"{engine}: {_why(exc)}")
                         break
                     results[name] = None
             else:
@@ -225,7 +239,7 @@ class RemoteTokenizers:
         out["Content-Type"] = "application/json"
         resp = await self._upstream.request("POST", path, out, orjson.dumps(doc))
         if resp.status != 200:
-            raise _NoIds(f"POST {path} answered {resp.status}")
+            raise _NoIds(f"POST {path} answered {resp.status}", resp.status)
         try:
             return orjson.loads(resp.body)
         except orjson.JSONDecodeError:

@@ -15,7 +15,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from tests.support.engines import Engine
-from tests.support.gateway import RunningGateway
+from tests.support.gateway import FakeClock, RunningGateway
 from tests.support.services import serving
 
 Make = Callable[..., Awaitable[RunningGateway]]
@@ -181,10 +181,11 @@ async def test_explain_names_the_tokenizer_identity(gw: RunningGateway, engine: 
 @pytest.mark.parametrize(
     ("setup", "reason"),
     [
-        (lambda e: setattr(e, "tokenize_status", 500), "no_tokenizer"),
+        (lambda e: setattr(e, "tokenize_status", 404), "no_tokenizer"),
+        (lambda e: setattr(e, "tokenize_status", 500), "probe_failed"),
         (lambda e: setattr(e, "tokenizes_json", True), "probe_inconsistent"),
     ],
-    ids=["tokenize broken from the start", "a route that tokenizes the JSON"],
+    ids=["no tokenize route", "tokenize broken from the start", "a route that tokenizes the JSON"],
 )
 async def test_an_engine_that_fails_the_probe_keys_exact(
     gw: RunningGateway, engine: Engine, setup: Callable[[Engine], None], reason: str
@@ -198,3 +199,15 @@ async def test_an_engine_that_fails_the_probe_keys_exact(
     doc = await resp.json()
     assert doc["level"] == "exact" and doc["fallback"]["reason"] == reason
     assert fallbacks(gw, reason) >= 1
+
+
+async def test_a_probe_refused_for_a_credential_is_asked_again_after_the_cooldown(
+    gw: RunningGateway, engine: Engine, clock: FakeClock
+) -> None:
+    engine.tokenize_status = 401  # this caller's key: says nothing about the engine's routes
+    status, _ = await chat(gw, HELLO)
+    assert "detail=exact" in status
+    engine.tokenize_status = None
+    clock.advance(gw.state.config.tokens.remote_breaker_cooldown_s)
+    status, _ = await chat(gw, HELLO_SPACE)
+    assert "fwd=miss" in status and "detail=tokens" in status
