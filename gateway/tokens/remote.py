@@ -5,8 +5,10 @@ The engine's own routes render the chat template and tokenize exactly as its cha
 request keyed on their ids shares an entry with another iff the model sees the same ids. They are trusted only
 after a probe (`gateway.tokens.probe`) verified them, once per (endpoint kind, model, revision), again after
 `remote_probe_ttl_s`. A request is asked only once per new body (the request memo keeps the canonical bytes), and
-each ask is bounded: `remote_timeout_s` (queueing for one of `remote_concurrency` slots included), and a breaker
-that stops asking for `remote_breaker_cooldown_s` after `remote_breaker_failures` failures in a row. Any failure
+each ask is bounded: `remote_timeout_s` (queueing for one of `remote_concurrency` slots included, which probes
+share, so unknown model names cannot multiply the calls in flight), and a breaker that stops asking for
+`remote_breaker_cooldown_s` after `remote_breaker_failures` failures of the engine in a row (a 400/422 for one
+request is that request's fault and does not count). Any failure
 keys that request `exact`: never an error, always counted (`tokenedge_key_level_fallbacks_total{reason}`), and
 timed (`tokenedge_remote_tokenize_duration_seconds{outcome}`).
 Only requests whose every field is a decoding parameter and whose message content is text go this way: anything
@@ -66,6 +68,8 @@ _DROPPED_HEADERS: Final = frozenset({"content-length", "content-type", "transfer
 
 
 _ABSENT: Final = frozenset({200, 400, 404, 405, 422, 501})  # answers that say "no such route (or shape)"
+_REQUEST_FAULT: Final = frozenset({400, 422})  # a request the engine refuses (not counted by the breaker)
+MAX_VERDICTS: Final = 4096  # model names come from clients: the table is bounded, oldest dropped first
 
 
 class _NoIds(Exception):
@@ -151,7 +155,10 @@ class RemoteTokenizers:
             task.add_done_callback(lambda _: self._probes.pop(slot, None))
         result, transient = await asyncio.shield(task)
         ttl_s = self._config.remote_breaker_cooldown_s if transient else self._config.remote_probe_ttl_s
+        self._verdicts.pop(slot, None)
         self._verdicts[slot] = _Verdict(result, self._clock() + ttl_s)
+        while len(self._verdicts) > MAX_VERDICTS:
+            del self._verdicts[next(iter(self._verdicts))]
         return result
 
     async def _probe(self, kind: str, model: str, headers: dict[str, str]) -> tuple[Verified | Refused, bool]:
@@ -191,23 +198,30 @@ class RemoteTokenizers:
             return Fallback.BREAKER_OPEN
         self.calls += 1
         started = time.perf_counter()
+        engine_failed = True
         try:
             ids = await self._bounded(verified.kind, ENDPOINT_KIND[endpoint], model, value, headers)
         except TimeoutError:
-            outcome: Fallback = Fallback.TOKENIZE_TIMEOUT
+            outcome = Fallback.TOKENIZE_TIMEOUT
         except (_NoIds, UpstreamError) as exc:
             self._log.warning("tokenize", "%s: remote tokenization failed: %s", model, _why(exc))
             outcome = Fallback.TOKENIZE_ERROR
+            # A 400/422 is this request's own fault (the chat route refuses it too): not the engine failing.
+            engine_failed = not (isinstance(exc, _NoIds) and exc.status in _REQUEST_FAULT)
         else:
-            self._metrics.remote_tokenize_duration.labels("ok").observe(time.perf_counter() - started)
+            self._observe("ok", started)
             self._failures = 0
             return ids
-        self._metrics.remote_tokenize_duration.labels(outcome.value).observe(time.perf_counter() - started)
-        self._failures += 1
-        if self._failures >= self._config.remote_breaker_failures:
-            self._open_until = self._clock() + self._config.remote_breaker_cooldown_s
-            self._failures = 0
+        self._observe(outcome.value if engine_failed else "refused", started)
+        if engine_failed:
+            self._failures += 1
+            if self._failures >= self._config.remote_breaker_failures:
+                self._open_until = self._clock() + self._config.remote_breaker_cooldown_s
+                self._failures = 0
         return outcome
+
+    def _observe(self, outcome: str, started: float) -> None:
+        self._metrics.remote_tokenize_duration.labels(outcome).observe(time.perf_counter() - started)
 
     async def _bounded(
         self, engine: str, kind: str, model: str, value: Any, headers: Mapping[str, str]

@@ -211,3 +211,14 @@ async def test_a_probe_refused_for_a_credential_is_asked_again_after_the_cooldow
     clock.advance(gw.state.config.tokens.remote_breaker_cooldown_s)
     status, _ = await chat(gw, HELLO_SPACE)
     assert "fwd=miss" in status and "detail=tokens" in status
+
+
+async def test_requests_the_engine_refuses_do_not_open_the_breaker(
+    gw: RunningGateway, engine: Engine
+) -> None:
+    await chat(gw, HELLO)
+    engine.tokenize_status = 400  # as for a message the engine's chat route would refuse as well
+    for n in range(4):  # one more than remote_breaker_failures
+        status, _ = await chat(gw, [{"role": "user", "content": f"question {n}"}])
+        assert "detail=exact" in status
+    assert fallbacks(gw, "tokenize_error") == 4 and fallbacks(gw, "breaker_open") == 0
