@@ -34,6 +34,7 @@ from gateway.policy import CACHEABLE_ENDPOINTS
 from gateway.routing.metrics import register as register_routing
 from gateway.tally import Tally
 from gateway.timing import STAGES
+from gateway.tokens.probe import Fallback
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 ENTRIES = "tokenedge_cache_entries"
@@ -203,6 +204,8 @@ class GatewayMetrics:
         )
 
     def _zero_known_series(self) -> None:
+        for why in Fallback:
+            self.key_level_fallbacks.labels(why.value)
         for route in ROUTES:
             for result, reason in KNOWN_RESULTS:
                 self.requests.labels(route, result, reason)
