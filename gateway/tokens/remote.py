@@ -64,6 +64,7 @@ DECODING: Final = frozenset(
         "service_tier",
     }
 )
+_ALLOWED: Final = {"chat/completions": DECODING | {"messages"}, "completions": DECODING | {"prompt"}}
 _DROPPED_HEADERS: Final = frozenset({"content-length", "content-type", "transfer-encoding"})
 
 
@@ -88,12 +89,13 @@ class _NoIds(Exception):
 def remote_input(endpoint: str, body: Mapping[str, Any]) -> Any:
     """The messages (chat) or prompt text the engine is asked to tokenize, or None where its ids would not show
     everything the model receives."""
-    text_field = "messages" if endpoint == "chat/completions" else "prompt"
-    if endpoint not in ENDPOINT_KIND or not DECODING.union((text_field,)).issuperset(body):
+    allowed = _ALLOWED.get(endpoint)
+    if allowed is None or not allowed.issuperset(body):
         return None
-    value = body.get(text_field)
     if endpoint == "completions":
-        return value if isinstance(value, str) else None
+        prompt = body.get("prompt")
+        return prompt if isinstance(prompt, str) else None
+    value = body.get("messages")
     if not isinstance(value, list) or not value:
         return None
     for message in value:
