@@ -4,13 +4,14 @@
 The engine's own routes render the chat template and tokenize exactly as its chat and completion routes do, so a
 request keyed on their ids shares an entry with another iff the model sees the same ids. They are trusted only
 after a probe (`gateway.tokens.probe`) verified them, once per (endpoint kind, model, revision), again after
-`remote_probe_ttl_s`. A request is asked only once per new body (the request memo keeps the canonical bytes), and
-each ask is bounded: `remote_timeout_s` (queueing for one of `remote_concurrency` slots included, which probes
-share, so unknown model names cannot multiply the calls in flight), and a breaker that stops asking for
-`remote_breaker_cooldown_s` after `remote_breaker_failures` failures of the engine in a row (a 400/422 for one
-request is that request's fault and does not count). Any failure
-keys that request `exact`: never an error, always counted (`tokenedge_key_level_fallbacks_total{reason}`), and
-timed (`tokenedge_remote_tokenize_duration_seconds{outcome}`).
+`remote_probe_ttl_s`; the probe also asks the model route itself for one greedy token of its first prompt and
+requires its `usage.prompt_tokens` to be the tokenize route's count. A request is asked only once per new body
+(the request memo keeps the canonical bytes), and each ask is bounded: `remote_timeout_s` (queueing for one of
+`remote_concurrency` slots included, which probes share, so unknown model names cannot multiply the calls in
+flight), and a breaker that stops asking for `remote_breaker_cooldown_s` after `remote_breaker_failures` failures
+of the engine in a row (a 400/422 for one request is that request's fault and does not count). Any failure keys
+that request `exact`: never an error, always counted (`tokenedge_key_level_fallbacks_total{reason}`), and timed
+(`tokenedge_remote_tokenize_duration_seconds{outcome}`).
 Only requests whose every field is a decoding parameter and whose message content is text go this way: anything
 else (tools, images, response_format, ...) could change what the model sees without changing these ids.
 """
@@ -70,6 +71,7 @@ _DROPPED_HEADERS: Final = frozenset({"content-length", "content-type", "transfer
 
 _ABSENT: Final = frozenset({200, 400, 404, 405, 422, 501})  # answers that say "no such route (or shape)"
 _REQUEST_FAULT: Final = frozenset({400, 422})  # a request the engine refuses (not counted by the breaker)
+PROBE_GENERATION_BOUND: Final = 10  # the probe's one-token generation may take this many remote_timeout_s
 MAX_VERDICTS: Final = 4096  # model names come from clients: the table is bounded, oldest dropped first
 
 
@@ -182,14 +184,45 @@ class RemoteTokenizers:
                         break
                     results[name] = None
             else:
-                verdict = judge(engine, kind, results)
+                verdict: Verified | Refused = judge(engine, kind, results)
                 if isinstance(verdict, Verified):
-                    log.info("%s %s: token-exact keys from %s (%s)", model, kind, engine, verdict.identity)
-                    return verdict, False
+                    disagree, flaky = await self._routes_agree(kind, model, headers, len(results["hello"]))
+                    if disagree is None:
+                        log.info(
+                            "%s %s: token-exact keys from %s (%s)", model, kind, engine, verdict.identity
+                        )
+                        return verdict, False
+                    verdict, transient = disagree, transient or flaky
                 first = verdict if first is None or first.reason is Fallback.NO_TOKENIZER else first
         assert first is not None
         log.info("%s %s: keys stay exact: %s", model, kind, first.detail)
         return first, transient
+
+    async def _routes_agree(
+        self, kind: str, model: str, headers: Mapping[str, str], expected: int
+    ) -> tuple[Refused | None, bool]:
+        """The model route itself must count the first probe's prompt as the tokenize route did: one greedy token
+        of it, and its `usage.prompt_tokens` (a route that adds a BOS the tokenize route omits fails here).
+        (None, _) when they agree; else the refusal, and whether a failure (not an answer) decided it."""
+        path, field = (
+            ("/v1/chat/completions", "messages") if kind == "chat" else ("/v1/completions", "prompt")
+        )
+        prompt: Any = CHAT_PROBES[0][1] if kind == "chat" else PROMPT_PROBES[0][1]
+        doc = {"model": model, field: prompt, "max_tokens": 1, "temperature": 0}
+        try:  # a generation, not a tokenization: a longer bound, once per probe
+            async with asyncio.timeout(PROBE_GENERATION_BOUND * self._config.remote_timeout_s):
+                answer = await self._post(path, doc, headers)
+        except (_NoIds, UpstreamError, TimeoutError) as exc:
+            flaky = not isinstance(exc, _NoIds) or exc.transient
+            return Refused(Fallback.PROBE_FAILED, f"{path}: {_why(exc)}"), flaky
+        usage = answer.get("usage") if isinstance(answer, dict) else None
+        counted = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        if not isinstance(counted, int):
+            return Refused(Fallback.PROBE_FAILED, f"{path} reports no usage to check the ids against"), False
+        if counted != expected:
+            why = f"{path} counts {counted} prompt tokens where the tokenize route gave {expected} ids"
+            return Refused(Fallback.PROBE_INCONSISTENT, why), False
+        return None, False
 
     async def ids(
         self, verified: Verified, endpoint: str, model: str, value: Any, headers: Mapping[str, str]

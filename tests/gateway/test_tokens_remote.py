@@ -77,7 +77,7 @@ async def test_a_one_text_part_twin_shares_the_entry(gw: RunningGateway, engine:
     status, twin = await chat(gw, HELLO_PART)
     assert status.startswith("tokenedge; hit")
     assert twin == first
-    assert engine.calls["chat"] == 1
+    assert engine.calls["chat"] == 2  # the probe's one-token check, then this entry's fill
 
 
 async def test_a_trailing_space_does_not_share(gw: RunningGateway, engine: Engine) -> None:
@@ -184,8 +184,14 @@ async def test_explain_names_the_tokenizer_identity(gw: RunningGateway, engine: 
         (lambda e: setattr(e, "tokenize_status", 404), "no_tokenizer"),
         (lambda e: setattr(e, "tokenize_status", 500), "probe_failed"),
         (lambda e: setattr(e, "tokenizes_json", True), "probe_inconsistent"),
+        (lambda e: setattr(e, "model_bos", 100257), "probe_inconsistent"),
     ],
-    ids=["no tokenize route", "tokenize broken from the start", "a route that tokenizes the JSON"],
+    ids=[
+        "no tokenize route",
+        "tokenize broken from the start",
+        "a route that tokenizes the JSON",
+        "a model route that adds a BOS the tokenize route omits",
+    ],
 )
 async def test_an_engine_that_fails_the_probe_keys_exact(
     gw: RunningGateway, engine: Engine, setup: Callable[[Engine], None], reason: str

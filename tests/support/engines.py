@@ -11,7 +11,8 @@ routes from the very function their chat and completion routes feed the "model" 
 Text content parts are joined with "\\n" (what both engines do for a string-content template). The answer is a
 checksum of the prompt ids, so a wrong hit shows. Tests steer them through attributes: a forced tokenize status,
 a gate that holds tokenize answers (a timeout without sleeping), and an unfit tokenize route that tokenizes the
-request's JSON instead of rendering the template (as a naive proxy in front of an engine might).
+request's JSON instead of rendering the template (as a naive proxy in front of an engine might), and model routes
+that feed one more id (a BOS) than the tokenize routes report.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class Engine:
     tokenize_status: int | None = None  # force this status on the tokenize routes
     tokenize_gate: asyncio.Event | None = None  # tokenize routes wait for it
     tokenizes_json: bool = False  # an unfit tokenize route: the messages' JSON, not the rendered template
+    model_bos: int | None = None  # the model routes prepend this id, which the tokenize routes leave out
     calls: Counter[str] = field(default_factory=Counter)
     prompts: list[list[int]] = field(default_factory=list)  # the ids each completion fed the model
     serial: itertools.count = field(default_factory=lambda: itertools.count(1))
@@ -136,6 +138,8 @@ class Engine:
 
     # the model
     def _answer(self, ids: list[int]) -> tuple[str, dict[str, int]]:
+        if self.model_bos is not None:
+            ids = [self.model_bos, *ids]
         self.prompts.append(ids)
         digest = hashlib.blake2b(repr(ids).encode(), digest_size=4).hexdigest()
         return f"ids:{digest} #{next(self.serial)}", {
