@@ -17,6 +17,7 @@ SCENARIOS = {
     "agreement": "bench.agreement",
     "token_path": "bench.token_path",
     "key_levels": "bench.key_levels",
+    "remote_tokens": "bench.remote_tokens",
     "leases": "bench.leases",
     "coherence": "bench.coherence",
     "soak": "bench.soak",

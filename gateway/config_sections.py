@@ -343,9 +343,22 @@ class TokensConfig:
     tokens_per_minute: int = 0  # per tenant; 0 disables the token-rate limit
     burst_tokens: int = 0  # bucket size; 0: tokens_per_minute
     openai_models: bool = True  # count OpenAI models (cl100k_base, offline) for the rate limit
+    # Token-exact keys for third-party engines (vLLM/SGLang `POST /tokenize`, llama.cpp `/apply-template`):
+    # used only once a probe verified them (gateway/tokens/remote.py); any failure keys the request `exact`.
+    remote_tokenize: bool = True
+    remote_timeout_s: float = 0.5  # one remote tokenization, queueing for a slot included
+    remote_concurrency: int = 16  # remote tokenizations in flight at once, per process
+    remote_breaker_failures: int = 5  # consecutive failures that open the breaker (requests key `exact`)
+    remote_breaker_cooldown_s: float = 30.0
+    remote_probe_ttl_s: float = 300.0  # a verdict (verified or not) is probed again after this long
 
     def __post_init__(self) -> None:
         require(self.cache_max_bytes >= 0, "tokens.cache_max_bytes must be >= 0")
+        require(self.remote_timeout_s > 0, "tokens.remote_timeout_s must be > 0")
+        require(self.remote_concurrency >= 1, "tokens.remote_concurrency must be >= 1")
+        require(self.remote_breaker_failures >= 1, "tokens.remote_breaker_failures must be >= 1")
+        require(self.remote_breaker_cooldown_s >= 0, "tokens.remote_breaker_cooldown_s must be >= 0")
+        require(self.remote_probe_ttl_s > 0, "tokens.remote_probe_ttl_s must be > 0")
         require(self.tokens_per_minute >= 0, "tokens.tokens_per_minute must be >= 0")
         require(self.burst_tokens >= 0, "tokens.burst_tokens must be >= 0")
 

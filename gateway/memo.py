@@ -32,7 +32,9 @@ class ParsedRequest:
     size: int = 0  # bytes charged to the memo for this record (0 until stored)
     canonical: bytes | None = None  # filled the first time a lookup derives the key
     canonical_level: Level | None = None  # the level `canonical` was built at
-    canonical_tokenizer: str = ""  # the tokenizer version it was built with ("" where none applies)
+    # The tokenizer version (or remote identity) it was built with; "" where none applies, or after a remote
+    # tokenization failed (the next sight of these bytes on the ordinary path asks again).
+    canonical_tokenizer: str = ""
     key: CacheKey | None = None  # the last key derived, for `key_context`
     key_level: Level | None = None
     key_context: tuple[str, str, str] | None = None  # (scope, revision, tokenizer version)

@@ -34,6 +34,7 @@ from gateway.policy import CACHEABLE_ENDPOINTS
 from gateway.routing.metrics import register as register_routing
 from gateway.tally import Tally
 from gateway.timing import STAGES
+from gateway.tokens.probe import Fallback
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 ENTRIES = "tokenedge_cache_entries"
@@ -161,6 +162,18 @@ class GatewayMetrics:
         self.tokenize_duration = _latency(
             "tokenedge_tokenize_duration_seconds", "Tokenization latency", (), r
         )
+        self.remote_tokenize_duration = _latency(
+            "tokenedge_remote_tokenize_duration_seconds",
+            "Upstream tokenization latency (POST /tokenize, /apply-template) per new request body, by outcome",
+            ["outcome"],
+            r,
+        )
+        self.key_level_fallbacks = Counter(
+            "tokenedge_key_level_fallbacks",
+            "Requests a route's auto/tokens level keyed `exact` instead, by reason",
+            ["reason"],
+            registry=r,
+        )
         self.tokens_saved = Counter(
             "tokenedge_tokens_saved", "Prompt + completion tokens served from cache", registry=r
         )
@@ -191,6 +204,8 @@ class GatewayMetrics:
         )
 
     def _zero_known_series(self) -> None:
+        for why in Fallback:
+            self.key_level_fallbacks.labels(why.value)
         for route in ROUTES:
             for result, reason in KNOWN_RESULTS:
                 self.requests.labels(route, result, reason)

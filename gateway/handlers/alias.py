@@ -21,7 +21,7 @@ from gateway.hits.verdict import Verdict, judge
 from gateway.keys import PUBLIC_SCOPE, derive_key, parse_key
 from gateway.policy import USAGE_ENDPOINTS, Lookup, decide
 from gateway.state import STATE
-from gateway.tokens.keyform import TOKEN_LEVELS, canonical_form, key_encoder
+from gateway.tokens.keyform import NOT_TOKEN_LEVEL, TOKEN_LEVELS, key_form, key_tokenizer
 from gateway.upstream import forward_headers
 from gateway.validate import parse_object, read_body, validate
 
@@ -62,11 +62,14 @@ async def explain(request: web.Request) -> web.Response:
     decision = decide(endpoint, body, directives, state.policies[endpoint])
     fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
     revision = await state.catalog.revision(body["model"], fwd)  # `GET /v1/models` at most, as a lookup does
-    encoder = await key_encoder(state, body["model"], lambda: fwd) if route.level in TOKEN_LEVELS else None
+    tok = NOT_TOKEN_LEVEL
+    if route.level in TOKEN_LEVELS:
+        tok = await key_tokenizer(state, endpoint, body["model"], revision, lambda: fwd)
     try:
-        level, canonical = canonical_form(route.level, endpoint, body, encoder)
+        form = await key_form(state, route.level, endpoint, body, tok, lambda: fwd)
     except CanonicalizationError as exc:
         raise BadRequest(str(exc)) from None
+    level, canonical = form.level, form.form
     scope = key_scope(request, state, endpoint)
     key = derive_key(
         scope=scope, endpoint=endpoint, level=level, model_revision=revision, canonical=canonical
@@ -78,6 +81,12 @@ async def explain(request: web.Request) -> web.Response:
         "scope": scope,
         "revision": revision,
         "canonical": canonical,
+        "tokenizer": form.tokenizer or None,
+        "fallback": (
+            None
+            if form.fallback is None
+            else {"reason": form.fallback.reason.value, "detail": form.fallback.detail}
+        ),
         "key": key.key,
         "decision": (
             {"action": "lookup", "ttl_s": decision.ttl_s, "read": decision.read}

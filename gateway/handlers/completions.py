@@ -44,7 +44,7 @@ from gateway.state import STATE, GatewayState
 from gateway.streaming.handler import serve_stream
 from gateway.streaming.replay import wants_usage
 from gateway.timing import lap, start_timer, timer_of
-from gateway.tokens.keyform import TOKEN_LEVELS, canonical_form, key_encoder
+from gateway.tokens.keyform import NOT_TOKEN_LEVEL, TOKEN_LEVELS, key_form, key_tokenizer
 from gateway.tokens.path import check_bypass, upstream_for
 from gateway.upstream import forward_headers
 from gateway.validate import check_content_type, parse_object, read_body, validate
@@ -104,30 +104,31 @@ async def cache_key(
     """
     route = state.config.routes[prep.endpoint]
     scope = key_scope(request, state, prep.endpoint)
-    encoder = None
+
+    def upstream_headers() -> Any:
+        return forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
+
+    tok = NOT_TOKEN_LEVEL
     if route.level in TOKEN_LEVELS:
-        encoder = await key_encoder(
-            state,
-            prep.body.get("model"),
-            lambda: forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True),
-        )
-    tokenizer = encoder.version if encoder is not None else ""
+        tok = await key_tokenizer(state, prep.endpoint, prep.body.get("model"), revision, upstream_headers)
+    tokenizer = tok.version
     parsed = prep.parsed
     context = (scope, revision, tokenizer)
     if parsed.key is not None and parsed.key_level is not None and parsed.key_context == context:
         return parsed.key, parsed.key_level
     canonical, level = parsed.canonical, parsed.canonical_level
     if canonical is None or level is None or parsed.canonical_tokenizer != tokenizer:
-        try:
-            level, form = canonical_form(route.level, prep.endpoint, prep.body, encoder)
+        try:  # at most one remote tokenization per new body (a remote engine's ids)
+            form = await key_form(state, route.level, prep.endpoint, prep.body, tok, upstream_headers)
         except CanonicalizationError as exc:
             raise BadRequest(str(exc)) from None
-        canonical = state.memo.set_canonical(parsed, canonical_json(form), level, tokenizer)
+        level, tokenizer = form.level, form.tokenizer  # "" after a transient failure: asked again next time
+        canonical = state.memo.set_canonical(parsed, canonical_json(form.form), level, tokenizer)
     key = derive_key_from_bytes(
         scope=scope, endpoint=prep.endpoint, level=level, model_revision=revision, canonical_bytes=canonical
     )
     state.memo.set_key(
-        parsed, key, level, context
+        parsed, key, level, (scope, revision, tokenizer)
     )  # the last (tenant, revision, tokenizer) seen for these bytes
     return key, level
 

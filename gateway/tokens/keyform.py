@@ -5,16 +5,23 @@ cl100k for an OpenAI model would not do), and a chat also needs the model's chat
 missing, or a request is not renderable exactly as the backend would render it, a route's `auto` (or `tokens`)
 level falls back to `exact`; the level actually used is part of the key, so the two never share an entry.
 The ids come from the token path's encoder and its token cache, so repeated text is encoded once.
+Any other upstream may still key at the `tokens` level where its engine's own tokenize routes passed a probe
+(`gateway.tokens.remote`); there each new request body is tokenized by the engine once, and a failure keys it
+`exact`. Every fallback to `exact` under an `auto`/`tokens` route carries its reason (explain, and
+`tokenedge_key_level_fallbacks_total{reason}`, counted once per new canonical form).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.canonical import AUTO, Level, canonicalize, tokens_form
 from gateway.state import GatewayState
 from gateway.tokens.encoder import ModelEncoder, Unrenderable
+from gateway.tokens.probe import Fallback, Refused, Verified
+from gateway.tokens.remote import remote_input
 
 TOKEN_LEVELS = frozenset({AUTO, Level.TOKENS.value})
 
@@ -90,3 +97,83 @@ def canonical_form(
     if encoder is None or ids is None:
         return Level.EXACT, exact
     return Level.TOKENS, tokens_form(endpoint, exact, ids, encoder.version)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyTokenizer:
+    """Where a request under an `auto`/`tokens` route gets its ids: the backend's own encoder, a verified remote
+    engine, or neither (`refused` says why)."""
+
+    encoder: ModelEncoder | None = None
+    remote: Verified | None = None
+    refused: Refused | None = None
+
+    @property
+    def version(self) -> str:
+        """What the key's ids are meaningful under ("" where there are none)."""
+        if self.encoder is not None:
+            return self.encoder.version
+        return self.remote.identity if self.remote is not None else ""
+
+
+NOT_TOKEN_LEVEL = KeyTokenizer()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyForm:
+    level: Level
+    form: dict[str, Any]
+    tokenizer: str  # what the canonical bytes were built with; "" after a transient failure (asked again)
+    fallback: Refused | None = None  # why an auto/tokens route keyed this request `exact`
+
+
+async def key_tokenizer(
+    state: GatewayState, endpoint: str, model: Any, revision: str, headers: Callable[[], Mapping[str, str]]
+) -> KeyTokenizer:
+    """The backend's encoder (GET /v1/tokenizer), else a remote engine whose tokenize routes verified for
+    (model, revision); no await once both are known."""
+    encoder = await key_encoder(state, model, headers)
+    if encoder is not None:
+        return KeyTokenizer(encoder=encoder)
+    remote = state.tokens.remote if state.tokens is not None else None
+    if remote is None or not isinstance(model, str):
+        return KeyTokenizer(refused=Refused(Fallback.NO_TOKENIZER, "the token path is off for this model"))
+    verdict = await remote.verdict(endpoint, model, revision, headers())
+    return KeyTokenizer(remote=verdict) if isinstance(verdict, Verified) else KeyTokenizer(refused=verdict)
+
+
+async def key_form(
+    state: GatewayState,
+    route_level: str,
+    endpoint: str,
+    body: Mapping[str, Any],
+    tok: KeyTokenizer,
+    headers: Callable[[], Mapping[str, str]],
+) -> KeyForm:
+    """The canonical form for the key (raises CanonicalizationError); a remote engine is asked here, once per new
+    body, and whatever goes wrong keys the request `exact`."""
+    remote = state.tokens.remote if state.tokens is not None else None
+    if route_level not in TOKEN_LEVELS or tok.remote is None or remote is None:
+        level, form = canonical_form(route_level, endpoint, body, tok.encoder)
+        fallback = None
+        if route_level in TOKEN_LEVELS and level is Level.EXACT:
+            fallback = tok.refused or Refused(
+                Fallback.UNSUPPORTED_REQUEST, "the model's template or tokenizer cannot render it exactly"
+            )
+        return _counted(state, KeyForm(level, form, tok.version, fallback))
+    exact = canonicalize(endpoint, body, Level.EXACT)
+    value = remote_input(endpoint, body)
+    if value is None:
+        why = Refused(Fallback.UNSUPPORTED_REQUEST, "fields or content parts the engine's ids would not show")
+        return _counted(state, KeyForm(Level.EXACT, exact, tok.version, why))
+    ids = await remote.ids(tok.remote, endpoint, body["model"], value, headers())
+    if isinstance(ids, Fallback):
+        why = Refused(ids, f"{tok.remote.kind}: {ids.value.replace('_', ' ')}")
+        return _counted(state, KeyForm(Level.EXACT, exact, "", why))
+    return KeyForm(Level.TOKENS, tokens_form(endpoint, exact, ids, tok.remote.identity), tok.remote.identity)
+
+
+def _counted(state: GatewayState, form: KeyForm) -> KeyForm:
+    if form.fallback is not None:
+        state.metrics.key_level_fallbacks.labels(form.fallback.reason.value).inc()
+    return form

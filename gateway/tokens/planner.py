@@ -26,6 +26,7 @@ from gateway.tokens.cache import TokenCache
 from gateway.tokens.encoder import ModelEncoder, Unrenderable
 from gateway.tokens.limiter import TokenRateLimiter
 from gateway.tokens.registry import TokenizerRegistry, TokenizerSpec, default_cache_dir
+from gateway.tokens.remote import RemoteTokenizers
 from gateway.tokens.transport import BINARY_ENDPOINTS, BINARY_FIELDS
 from gateway.transport import UpstreamTransport
 
@@ -68,6 +69,9 @@ class TokenPath:
             else None
         )
         self._encoders: dict[str, ModelEncoder] = {}
+        self.remote = (
+            RemoteTokenizers(config, upstream, metrics, clock) if config.remote_tokenize else None
+        )  # token-exact keys from a third-party engine's own tokenize routes, once verified
 
     def encoder(self, spec: TokenizerSpec) -> ModelEncoder:
         enc = self._encoders.get(spec.version)
