@@ -146,12 +146,15 @@ def _wrk_script(body: bytes | None, headers: Mapping[str, str], ingress: bool = 
         lines += [
             "counter = 0",
             "seed = tostring(math.random(1, 1000000000))",
-            "local function hex(n) local t = {} for i = 1, n do t[i] = string.format('%x', math.random(0, 15)) end"
-            " return table.concat(t) end",
+            # Unique per request but cheap to make (wrk shares the machine's cores with the servers measured):
+            # a random prefix drawn once, then the request's counter.
+            "local trace = string.format('%08x%08x%08x', math.random(0, 2^31), math.random(0, 2^31), math.random(0, 2^31))",
+            "local span = string.format('%08x', math.random(0, 2^31))",
             "request = function()",
             "  counter = counter + 1",
+            "  local n = string.format('%08x', counter)",
             '  wrk.headers["X-Request-Id"] = seed .. "-" .. counter',
-            '  wrk.headers["traceparent"] = "00-" .. hex(32) .. "-" .. hex(16) .. "-01"',
+            '  wrk.headers["traceparent"] = "00-" .. trace .. n .. "-" .. span .. n .. "-01"',
             "  return wrk.format()",
             "end",
         ]
