@@ -31,10 +31,6 @@ class LlamaServer:
     argv: list[str]
     log: list[str] = field(default_factory=list)
 
-    def system_info(self) -> str:
-        """ggml's own line on the CPU features in use, where the server logged one."""
-        return next((ln.strip() for ln in self.log if "system_info" in ln or "CPU : " in ln), "")
-
 
 def _drain(proc: subprocess.Popen[str], log: list[str], outcome: list[str], told: threading.Event) -> None:
     """Keep the log; say `ready` at the listening line, or `exited` at EOF if it never came."""
