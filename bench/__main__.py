@@ -13,6 +13,7 @@ SCENARIOS = {
     "backend": "bench.backend_vs_hf",
     "backend_invariance": "bench.backend_invariance",
     "backend_profile": "bench.backend_profile",
+    "llamacpp_server": "bench.llamacpp_peer",  # builds llama.cpp natively on first use (minutes)
     "speculative": "bench.speculative",
     "agreement": "bench.agreement",
     "token_path": "bench.token_path",

@@ -208,6 +208,9 @@ def create_app(
     for endpoint in CACHEABLE_ENDPOINTS:  # responses: cached only when stateless (policy)
         app.router.add_post(f"/v1/{endpoint}", completions.make_handler(endpoint))
     app.router.add_get("/v1/models", ops.models)
+    app.router.add_get(
+        "/v1/models/{model:.+}", ops.model
+    )  # the upstream's, else its list's object (llama-server)
     app.router.add_post("/v1/cache/explain", alias.explain)
     app.router.add_get("/v1/cache/{key}", alias.get_alias)
     app.router.add_post("/admin/purge", admin.purge)

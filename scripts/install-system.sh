@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the real services the test suite starts (Redis, Memcached, Varnish, nginx, Prometheus, Chromium) when missing.
+# Installs the real services the test suite starts (Redis, Memcached, Varnish, nginx, Prometheus, Chromium) when missing,
+# and the toolchain that builds llama.cpp's llama-server for the suite and the benchmarks (cmake, g++, patch).
 # Debian packages only; nothing is downloaded from anywhere else.
 set -euo pipefail
 need=()
@@ -11,6 +12,9 @@ command -v nginx >/dev/null || need+=(nginx)
 ls /usr/lib/nginx/modules/ngx_http_js_module.so >/dev/null 2>&1 || need+=(libnginx-mod-http-js)
 ls /usr/lib/nginx/modules/ngx_http_cache_purge_module.so >/dev/null 2>&1 || need+=(libnginx-mod-http-cache-purge)
 command -v cc >/dev/null || need+=(gcc)  # varnishd compiles VCL with the system C compiler
+command -v cmake >/dev/null || need+=(cmake)  # bench/llamacpp_build.py: llama-server and llama-bench
+command -v g++ >/dev/null || need+=(g++)
+command -v patch >/dev/null || need+=(patch)  # the GCC 12 AMX tile-config patch (bench/patches/)
 command -v wrk >/dev/null || need+=(wrk)
 command -v prometheus >/dev/null || need+=(prometheus)
 command -v chromium >/dev/null || need+=(chromium)

@@ -16,6 +16,7 @@ import orjson
 from aiohttp import web
 
 from gateway.errors import UpstreamError
+from gateway.handlers.relay import upstream_target
 from gateway.handlers.tenancy import is_admin, require_operator
 from gateway.hits.scope import scope_of
 from gateway.reqrecord import DEBUG_HEADER, finish_request
@@ -138,7 +139,39 @@ async def models(request: web.Request) -> web.Response:
     fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
     scope = scope_of(request)
     resp = await state.catalog.models_response(scope, fwd)
-    headers = relay_headers(resp.headers)
-    headers["Content-Type"] = resp.headers.get("Content-Type", "application/json")
+    return _answer(resp.status, resp.body, resp.headers)
+
+
+async def model(request: web.Request) -> web.Response:
+    """`GET /v1/models/{id}`: the upstream's own answer. Where the upstream lists models but has no retrieve route
+    (llama.cpp's llama-server answers 404 to every `/v1/models/{id}`), the object its `/v1/models` list holds for
+    that id (the same per-scope list `models` serves), so `models.retrieve(id)` works wherever `models.list()` lists
+    the id; an id the list lacks keeps the upstream's 404."""
+    state = request.app[STATE]
+    target = upstream_target(request, state)  # the path rules of every relayed route (gateway/paths.py)
+    fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
+    resp = await state.upstream.request("GET", target, fwd)
+    if resp.status == 404:
+        listed = await state.catalog.models_response(scope_of(request), fwd)
+        found = _listed(listed.body, request.match_info["model"]) if listed.status == 200 else None
+        if found is not None:
+            return _answer(200, orjson.dumps(found), listed.headers)
+    return _answer(resp.status, resp.body, resp.headers)
+
+
+def _listed(body: bytes, model_id: str) -> dict[str, object] | None:
+    """The model object a `/v1/models` body lists under `model_id` (None: not listed, or not a list)."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    data = doc.get("data") if isinstance(doc, dict) else None
+    items = data if isinstance(data, list) else []
+    return next((m for m in items if isinstance(m, dict) and m.get("id") == model_id), None)
+
+
+def _answer(status: int, body: bytes, upstream_headers: Mapping[str, str]) -> web.Response:
+    headers = relay_headers(upstream_headers)
+    headers["Content-Type"] = upstream_headers.get("Content-Type", "application/json")
     headers["Cache-Control"] = "private, max-age=0"
-    return web.Response(status=resp.status, body=resp.body, headers=headers)
+    return web.Response(status=status, body=body, headers=headers)

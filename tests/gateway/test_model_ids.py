@@ -96,3 +96,18 @@ async def test_the_real_backend_serves_its_org_name_model_through_the_gateway(cl
             await gw.close()
 
     assert model.id == model_id and model.owned_by == "tokenedge"
+
+
+async def test_an_upstream_without_retrieve_gets_the_listed_object(
+    gw: RunningGateway, fake: FakeUpstream
+) -> None:
+    """llama-server lists its models but answers 404 to `/v1/models/{id}`: the gateway answers from the list."""
+    fake.retrieve = False
+    async with AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client:
+        model = await client.models.retrieve("test-model")
+        with pytest.raises(openai.NotFoundError):
+            await client.models.retrieve("org/unlisted")
+
+    assert model.id == "test-model" and model.owned_by == "tokenedge"
+    assert fake.calls["model"] == 2  # the upstream was asked first, both times
+    assert fake.paths == ["/v1/models/test-model", "/v1/models/org%2Funlisted"]

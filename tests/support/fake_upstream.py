@@ -35,6 +35,9 @@ class FakeUpstream:
     # An upstream that reports no usage: none in JSON, and the stream's usage ask ignored.
     omit_usage: bool = False
     seeded_invariant: bool = False  # /v1/models promises batch-invariant seeded sampling
+    retrieve: bool = (
+        True  # False: no `GET /v1/models/{id}` route (a 404, as llama.cpp's llama-server answers)
+    )
     response_status: str = (
         "completed"  # the Responses answer's status (`incomplete`: cut at max_output_tokens)
     )
@@ -82,6 +85,8 @@ class FakeUpstream:
         """`GET /v1/models/{id}`: the id as this server decoded it, and the raw path it was sent."""
         self.calls["model"] += 1
         self.paths.append(request.raw_path)
+        if not self.retrieve:
+            raise web.HTTPNotFound(text="File Not Found")
         return web.json_response(
             {"id": request.match_info["model"], "object": "model", "created": 0, "owned_by": "org"}
         )
