@@ -145,3 +145,20 @@ async def test_a_seeded_sampled_request_bypasses(gw: RunningGateway, llama: Llam
 
     assert statuses == ["tokenedge; fwd=bypass; detail=seed"] * 2
     assert counts[0] < counts[1] < counts[2]  # llama-server generated both
+
+
+async def test_keys_are_the_token_ids_llama_server_reports(gw: RunningGateway, llama: LlamaServer) -> None:
+    """`auto` keys on the ids llama-server's own /apply-template + /tokenize report, once its probe verified them:
+    a request and its one-text-part twin (the same ids) share an entry; a trailing space (other ids) does not."""
+    text = "Which planet is the largest?"
+    first, _ = await create(gw, messages=[{"role": "user", "content": text}])
+    generated = predicted(llama)
+    twin, _ = await create(gw, messages=[{"role": "user", "content": [{"type": "text", "text": text}]}])
+    after_twin = predicted(llama)
+    spaced, _ = await create(gw, messages=[{"role": "user", "content": text + " "}])
+
+    assert "fwd=miss" in first and "detail=tokens" in first, first
+    assert (
+        twin.startswith("tokenedge; hit") and after_twin == generated
+    )  # the twin never reached llama-server
+    assert "fwd=miss" in spaced and "detail=tokens" in spaced and predicted(llama) > after_twin
