@@ -14,6 +14,7 @@ from backend.engine.grammar import GrammarCompiler
 from backend.metrics import BackendMetrics
 from backend.server import binary, completions, embeddings, ops, responses, revisions, tokenize
 from backend.server.errors import error_middleware
+from backend.server.response_store import ResponseStore
 from backend.server.state import (
     ENGINE_FACTORY_KEY,
     ENGINE_KEY,
@@ -21,6 +22,7 @@ from backend.server.state import (
     LIMITS_KEY,
     METRICS_KEY,
     MODEL_KEY,
+    RESPONSES_KEY,
     EngineFactory,
     ServedModel,
     ServerLimits,
@@ -45,11 +47,14 @@ def create_app(
     app[MODEL_KEY] = model
     app[LIMITS_KEY] = limits or ServerLimits()
     app[ENGINE_FACTORY_KEY] = engine_factory
+    app[RESPONSES_KEY] = ResponseStore(app[LIMITS_KEY].stored_responses)
     app[GRAMMARS_KEY] = GrammarCompiler(model.tokenizer, model.tokenizer.vocab_size)
     app.cleanup_ctx.append(_engine_ctx)
     app.router.add_post("/v1/chat/completions", completions.chat_completions)
     app.router.add_post("/v1/completions", completions.completions)
-    app.router.add_post("/v1/responses", responses.responses)
+    app.router.add_post("/v1/responses", responses.create_response)
+    app.router.add_get("/v1/responses/{id}", responses.retrieve_response)
+    app.router.add_delete("/v1/responses/{id}", responses.delete_response)
     app.router.add_post("/v1/embeddings", embeddings.embeddings)
     app.router.add_get("/v1/models", ops.list_models)
     app.router.add_get("/v1/models/{model:.+}", ops.retrieve_model)  # ids may hold '/' (org/name)

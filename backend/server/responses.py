@@ -1,74 +1,46 @@
-"""`POST /v1/responses`, the text subset: a Responses request becomes a chat request, its answer a Response.
+"""`POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`: a Responses request runs on the chat path.
 
-Mapped: `input` (a string, or message items with text content), `instructions` (a leading system message),
-`max_output_tokens`, `temperature`, `top_p`, `text.format` (text, json_object, json_schema: the chat
-path's grammar), `user`, `safety_identifier`. Everything else is refused with a 400 naming it, as on chat:
-tools, streaming, stored state (`previous_response_id`, `store: true`, `conversation`), reasoning, background.
+The body becomes a chat request (backend/server/response_items.py): input items, `instructions`, function
+tools and `tool_choice` (grammar-bound, backend/server/tools.py), `text.format`, sampling. The answer is one
+Response object or its event stream (backend/server/response_stream.py). `store` (default true, as OpenAI's)
+keeps the Response and its conversation in a bounded LRU (backend/server/response_store.py), which
+`previous_response_id` continues and `GET`/`DELETE` read and remove; only a cleanly finished Response is kept.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 import uuid
-from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
 
 from backend.engine.errors import EngineError
 from backend.server.completions import check_model, choice_params, compile_grammar, prompts_of
-from backend.server.errors import bad_request, translate_engine_error
+from backend.server.errors import ApiError, bad_request, translate_engine_error
 from backend.server.generation import Choice, ChoiceEvent, Usage, run_choices
 from backend.server.protocol import parse_request
-from backend.server.state import ENGINE_KEY, GRAMMARS_KEY, LIMITS_KEY, METRICS_KEY, MODEL_KEY
-
-HONOURED = frozenset(
-    {
-        "model",
-        "input",
-        "instructions",
-        "max_output_tokens",
-        "temperature",
-        "top_p",
-        "text",
-        "user",
-        "safety_identifier",
-    }
-)
-INERT: Mapping[str, tuple[Any, ...]] = {
-    "stream": (False,),
-    "store": (False,),
-    "metadata": ({},),
-    "tools": ([],),
-    "tool_choice": ("none",),
-    "parallel_tool_calls": (True, False),
-    "truncation": ("disabled",),
-    "background": (False,),
-    "include": ([],),
-    "service_tier": ("auto", "default"),
-    "previous_response_id": (),
-    "conversation": (),
-    "reasoning": (),
-    "max_tool_calls": (),
-    "prompt": (),
-    "prompt_cache_key": (),
-    "top_logprobs": (0,),
-    "stream_options": (),
-}
+from backend.server.response_items import chat_body, parse_body
+from backend.server.response_object import collect_text, finished, response_head
+from backend.server.response_store import ResponseStore
+from backend.server.response_stream import stream_response
+from backend.server.state import ENGINE_KEY, GRAMMARS_KEY, LIMITS_KEY, METRICS_KEY, MODEL_KEY, RESPONSES_KEY
 
 
-async def responses(request: web.Request) -> web.Response:
+async def create_response(request: web.Request) -> web.StreamResponse:
     app = request.app
-    model, limits = app[MODEL_KEY], app[LIMITS_KEY]
+    model, limits, store = app[MODEL_KEY], app[LIMITS_KEY], app[RESPONSES_KEY]
     try:
         body = await request.json()
     except ValueError:
         raise bad_request("the request body is not valid JSON") from None
-    req = parse_request(chat_body(body), "chat", 1)
-    check_model(req, model)
-    prompt = prompts_of(req, model)[0]
-    params = choice_params(req, len(prompt), model, limits, compile_grammar(req, app[GRAMMARS_KEY]))
+    req = parse_body(body)
+    history = _history(store, req.previous_response_id)
+    chat = parse_request(chat_body(req, history), "chat", 1)
+    check_model(chat, model)
+    prompt = prompts_of(chat, model)[0]
+    params = choice_params(chat, len(prompt), model, limits, compile_grammar(chat, app[GRAMMARS_KEY]))
+    tools = chat.tools is not None and chat.tools.active
     usage = Usage()
     events = run_choices(
         app[ENGINE_KEY].generate,
@@ -79,116 +51,48 @@ async def responses(request: web.Request) -> web.Response:
         usage,
         on_first_token=app[METRICS_KEY].ttft_seconds.observe,
     )
-    text, finish = "", None
+    head = response_head(req, model.id)
+    response: web.StreamResponse
     async with contextlib.aclosing(events):
         try:
-            event: ChoiceEvent | None = await anext(events)
+            first: ChoiceEvent = await anext(events)
         except EngineError as exc:
             raise translate_engine_error(exc, limits.retry_after_s) from exc
-        while event is not None:
-            text += event.text
-            finish = event.finish_reason or finish
-            event = await anext(events, None)
-    return web.json_response(response_object(model.id, text, finish, usage))
+        if req.stream:
+            response, final = await stream_response(request, head, first, events, usage, tools)
+        else:
+            text, finish = await collect_text(first, events)
+            final = finished(head, text, finish, usage, tools)
+            response = web.json_response(final)
+    if final is not None and req.store:
+        store.put(final, [*history, *req.items, *final["output"]])
+    return response
 
 
-def chat_body(body: Any) -> dict[str, Any]:
-    """The chat request a Responses body means; a 400 naming any field that has no chat meaning here."""
-    if not isinstance(body, Mapping):
-        raise bad_request("the request body must be a JSON object")
-    for name, value in body.items():
-        if name in HONOURED or value is None:
-            continue
-        if name not in INERT:
-            raise bad_request(f"Unrecognized request argument supplied: {name}", name, "unknown_parameter")
-        if not any(type(value) is type(v) and value == v for v in INERT[name]):
-            raise bad_request(
-                f"'{name}' is not supported by /v1/responses here", name, "unsupported_parameter"
-            )
-    messages = _messages(body.get("input"))
-    instructions = body.get("instructions")
-    if instructions is not None:
-        if not isinstance(instructions, str):
-            raise bad_request("'instructions' must be a string", "instructions")
-        messages = [{"role": "system", "content": instructions}, *messages]
-    chat: dict[str, Any] = {"messages": messages}
-    for name in ("model", "temperature", "top_p", "user", "safety_identifier"):
-        if body.get(name) is not None:
-            chat[name] = body[name]
-    if body.get("max_output_tokens") is not None:
-        chat["max_tokens"] = body["max_output_tokens"]
-    response_format = _format(body.get("text"))
-    if response_format is not None:
-        chat["response_format"] = response_format
-    return chat
+def _history(store: ResponseStore, previous: str | None) -> tuple[dict[str, Any], ...]:
+    """The stored conversation `previous_response_id` continues: its input items, then its output."""
+    if previous is None:
+        return ()
+    entry = store.get(previous)
+    if entry is None:
+        raise not_found(previous, "previous_response_id")
+    return entry.conversation
 
 
-def _messages(value: Any) -> list[dict[str, Any]]:
-    if isinstance(value, str):
-        return [{"role": "user", "content": value}]
-    if not isinstance(value, list) or not value:
-        raise bad_request("'input' must be a string or a non-empty array of messages", "input")
-    messages = []
-    for i, item in enumerate(value):
-        if not isinstance(item, Mapping) or item.get("type", "message") != "message" or "role" not in item:
-            raise bad_request(f"input[{i}]: only message items are supported", f"input[{i}]")
-        content = item.get("content")
-        if isinstance(content, list):
-            parts = []
-            for part in content:
-                if not isinstance(part, Mapping) or part.get("type") not in ("input_text", "output_text"):
-                    raise bad_request(
-                        f"input[{i}].content: only text parts are supported", f"input[{i}].content"
-                    )
-                parts.append({"type": "text", "text": part.get("text")})
-            content = parts
-        messages.append({"role": item["role"], "content": content})
-    return messages
+async def retrieve_response(request: web.Request) -> web.Response:
+    response_id = request.match_info["id"]
+    entry = request.app[RESPONSES_KEY].get(response_id)
+    if entry is None:
+        raise not_found(response_id)
+    return web.json_response(entry.response)
 
 
-def _format(value: Any) -> dict[str, Any] | None:
-    if value is None:
-        return None
-    if not isinstance(value, Mapping) or set(value) - {"format"}:
-        raise bad_request("'text' supports only 'format'", "text")
-    fmt = value.get("format")
-    if fmt is None:
-        return None
-    if not isinstance(fmt, Mapping):
-        raise bad_request("text.format must be an object", "text.format")
-    if fmt.get("type") == "json_schema":
-        spec = {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}
-        return {"type": "json_schema", "json_schema": spec}
-    return dict(fmt)
+async def delete_response(request: web.Request) -> web.Response:
+    response_id = request.match_info["id"]
+    if not request.app[RESPONSES_KEY].delete(response_id):
+        raise not_found(response_id)
+    return web.json_response({"id": response_id, "object": "response", "deleted": True})  # OpenAI's shape
 
 
-def response_object(model: str, text: str, finish: str | None, usage: Usage) -> dict[str, Any]:
-    complete = finish != "length"
-    counts = usage.as_dict()
-    return {
-        "id": f"resp_{uuid.uuid4().hex}",
-        "object": "response",
-        "created_at": int(time.time()),
-        "status": "completed" if complete else "incomplete",
-        "incomplete_details": None if complete else {"reason": "max_output_tokens"},
-        "model": model,
-        "output": [
-            {
-                "type": "message",
-                "id": f"msg_{uuid.uuid4().hex}",
-                "status": "completed" if complete else "incomplete",
-                "role": "assistant",
-                "content": [{"type": "output_text", "text": text, "annotations": []}],
-            }
-        ],
-        "parallel_tool_calls": False,
-        "tool_choice": "none",
-        "tools": [],
-        "usage": {
-            "input_tokens": counts["prompt_tokens"],
-            "input_tokens_details": {"cached_tokens": counts["prompt_tokens_details"]["cached_tokens"]},
-            "output_tokens": counts["completion_tokens"],
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": counts["total_tokens"],
-        },
-    }
+def not_found(response_id: str, param: str | None = None) -> ApiError:
+    return ApiError(404, f"Response with id '{response_id}' not found.", param=param)

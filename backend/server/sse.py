@@ -23,9 +23,11 @@ async def open_stream(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def send_event(response: web.StreamResponse, payload: dict[str, Any]) -> None:
+async def send_event(response: web.StreamResponse, payload: dict[str, Any], event: str | None = None) -> None:
+    """One frame; `event` names it (`event: response.created`), as the Responses stream does."""
     data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    await response.write(f"data: {data}\n\n".encode())
+    name = f"event: {event}\n" if event else ""
+    await response.write(f"{name}data: {data}\n\n".encode())
 
 
 async def send_done(response: web.StreamResponse) -> None:

@@ -14,6 +14,7 @@ from backend.engine.outputs import EngineStats
 from backend.engine.prompt import PromptLimits, ValidPrompt
 from backend.engine.sampling_params import SamplingParams
 from backend.metrics import BackendMetrics
+from backend.server.response_store import ResponseStore, StoreLimits
 from backend.tokenizer import Tokenizer
 
 
@@ -52,6 +53,7 @@ class ServerLimits:
     max_n: int = 4
     default_max_tokens: int = 256
     retry_after_s: int = 1
+    stored_responses: StoreLimits = field(default_factory=StoreLimits)  # POST /v1/responses `store`
 
     def __post_init__(self) -> None:
         if self.max_n < 1 or self.default_max_tokens < 1 or self.retry_after_s < 0:
@@ -65,4 +67,5 @@ LIMITS_KEY = web.AppKey("limits", ServerLimits)
 ENGINE_FACTORY_KEY: web.AppKey[EngineFactory] = web.AppKey("engine_factory")
 ENGINE_KEY = web.AppKey("engine", Engine)
 METRICS_KEY = web.AppKey("metrics", BackendMetrics)
+RESPONSES_KEY = web.AppKey("responses", ResponseStore)  # stored responses, for previous_response_id
 GRAMMARS_KEY = web.AppKey("grammars", GrammarCompiler)  # response_format grammars for the served vocabulary

@@ -1,5 +1,6 @@
-"""`POST /v1/responses` (the text subset) through the `openai` client, with the tiny model: the same answer as
-the chat path, `instructions`, incomplete on max_output_tokens, structured text.format, refusals by name."""
+"""`POST /v1/responses` through the `openai` client, with the tiny model: the same answer as the chat path,
+`instructions`, incomplete on max_output_tokens, structured text.format, refusals by name. Streaming, stored
+responses and function tools are in tests/backend/test_server_responses_state.py."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ from tests.backend.tiny import tiny_model
 @pytest.fixture
 async def api() -> AsyncIterator[openai.AsyncOpenAI]:
     model = tiny_model(seed=0)
-    config = EngineConfig(num_blocks=96, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=512)
+    config = EngineConfig(num_blocks=128, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=1024)
     served = ServedModel(
-        id="tiny", revision="rev-tiny", tokenizer=byte_tokenizer(), max_model_len=512, created=0
+        id="tiny", revision="rev-tiny", tokenizer=byte_tokenizer(), max_model_len=1024, created=0
     )
     app = create_app(served, lambda: AsyncEngine(model, config, frozenset({EOS})))
     async with TestClient(TestServer(app)) as c:
@@ -76,10 +77,12 @@ async def test_text_format_parses_to_a_pydantic_model(api: openai.AsyncOpenAI) -
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"stream": True}, "stream"),
         ({"tools": [{"type": "web_search"}]}, "tools"),
-        ({"previous_response_id": "resp_1"}, "previous_response_id"),
-        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input[0]"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input[0]"),
+        ({"input": [{"type": "function_call_output", "call_id": "c", "output": 3}]}, "input[0]"),
+        ({"conversation": "conv_1"}, "conversation"),
+        ({"background": True}, "background"),
+        ({"stream": "yes"}, "stream"),
     ],
 )
 async def test_what_responses_cannot_honour_is_a_400_naming_it(
