@@ -5,6 +5,7 @@ responses and function tools are in tests/backend/test_server_responses_state.py
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -14,6 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from backend.engine.async_engine import AsyncEngine
 from backend.engine.config import EngineConfig
 from backend.server import ServedModel, create_app
+from backend.server.response_items import HONOURED, INERT
 from tests.backend.test_server_engine import EOS, byte_tokenizer
 from tests.backend.test_server_structured import Weather
 from tests.backend.tiny import tiny_model
@@ -92,3 +94,10 @@ async def test_what_responses_cannot_honour_is_a_400_naming_it(
     with pytest.raises(openai.BadRequestError) as caught:
         await api.post("/responses", body=body, cast_to=dict)
     assert caught.value.param == param
+
+
+def test_the_docs_table_names_every_responses_field() -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "backend.md").read_text()
+    table = docs[docs.index("**`POST /v1/responses`**") : docs.index("- **Tokenizer endpoints**")]
+    rows = " ".join(line.split("|")[1] for line in table.splitlines() if line.strip().startswith("| `"))
+    assert sorted(f for f in HONOURED | set(INERT) if f"`{f}`" not in rows) == []
