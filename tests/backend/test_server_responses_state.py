@@ -64,6 +64,8 @@ async def test_a_stream_carries_the_same_text_in_the_documented_events(api: open
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert "".join(deltas) == whole.output_text and whole.output_text
     assert events[-1].response.output_text == whole.output_text and events[-1].response.status == whole.status
+    stored = await api.responses.retrieve(events[-1].response.id)  # a clean stream is stored as it ended
+    assert stored.model_dump() == events[-1].response.model_dump()
 
 
 async def test_the_stream_helper_assembles_a_parsed_response(api: openai.AsyncOpenAI) -> None:
