@@ -17,6 +17,7 @@ from backend.loader import LoadedModel, load_model
 from backend.loader.revision import served_revision
 from backend.runtime import describe_runtime, log_runtime
 from backend.server import ServedModel, ServerLimits, create_app
+from backend.server.response_store import StoreLimits
 from backend.server.state import EngineFactory
 
 log = logging.getLogger("tokenedge.backend")
@@ -79,7 +80,10 @@ def build_app(config: BackendConfig) -> web.Application:
         batch_invariant=engine.batch_invariant,
     )
     limits = ServerLimits(
-        max_n=config.max_n, default_max_tokens=config.default_max_tokens, retry_after_s=config.retry_after_s
+        max_n=config.max_n,
+        default_max_tokens=config.default_max_tokens,
+        retry_after_s=config.retry_after_s,
+        stored_responses=StoreLimits(config.max_stored_responses, config.max_stored_response_bytes),
     )
     return create_app(served, engine_factory(loaded, config, engine), limits)
 

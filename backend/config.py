@@ -60,6 +60,8 @@ class BackendConfig:
     max_n: int = 4
     default_max_tokens: int = 256
     retry_after_s: int = 1
+    max_stored_responses: int = 1024  # /v1/responses `store`: an LRU bounded by count and by bytes
+    max_stored_response_bytes: int = 64 * 1024 * 1024
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self) -> None:
@@ -69,7 +71,13 @@ class BackendConfig:
             raise ValueError(f"weights must be one of {_WEIGHTS}, got {self.weights!r}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port out of range: {self.port}")
-        for name in ("max_n", "default_max_tokens", "retry_after_s"):
+        for name in (
+            "max_n",
+            "default_max_tokens",
+            "retry_after_s",
+            "max_stored_responses",
+            "max_stored_response_bytes",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.threads < 0:

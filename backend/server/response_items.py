@@ -176,9 +176,8 @@ def chat_tools(value: Any) -> list[dict[str, Any]]:
         if not isinstance(tool, Mapping) or tool.get("type") != "function":
             kind = tool.get("type") if isinstance(tool, Mapping) else None
             raise bad_request(f"tools[{i}]: only function tools are supported, not {kind!r}", "tools")
-        function = {
-            k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None
-        }
+        function = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
+        function["strict"] = tool.get("strict") is not False  # the Responses API's default is strict
         tools.append({"type": "function", "function": function})
     return tools
 
