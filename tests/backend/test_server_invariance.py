@@ -49,6 +49,21 @@ QUESTIONS = [
 ]
 
 
+TOOLS = [  # small: the tiny model's context is 512 byte tokens, and the tools are shown in a system message
+    {
+        "type": "function",
+        "function": {
+            "name": "w",
+            "parameters": {
+                "type": "object",
+                "properties": {"c": {"enum": ["a", "b"]}},
+                "required": ["c"],
+                "additionalProperties": False,
+            },
+            "strict": True,
+        },
+    }
+]
 # per-request controls, cycled over the requests (greedy unless a temperature is given)
 EXTRAS: list[dict[str, Any]] = [
     {},
@@ -58,6 +73,7 @@ EXTRAS: list[dict[str, Any]] = [
     {"response_format": {"type": "json_object"}},
     {"logit_bias": {"101": -100, "32": 5}, "repetition_penalty": 1.3},
     {"temperature": 0.8, "seed": 3, "frequency_penalty": 0.5, "logprobs": True, "top_logprobs": 1},
+    {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False},
 ]
 Answer = tuple[str, str]  # the text, and the logprobs it streamed (as JSON)
 
@@ -82,6 +98,7 @@ async def chat(client: TestClient, body: dict[str, Any], started: asyncio.Queue[
             continue
         choice = json.loads(data)["choices"][0]
         text.append(choice["delta"].get("content") or "")
+        text.extend(json.dumps(call["function"]) for call in choice["delta"].get("tool_calls") or ())
         if choice["logprobs"] is not None:
             logprobs.extend(choice["logprobs"]["content"])
         chunks += 1
