@@ -12,15 +12,11 @@ from typing import Any, Literal
 
 import openai
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 from pydantic import BaseModel, Field
 
-from backend.engine.async_engine import AsyncEngine
-from backend.engine.config import EngineConfig
-from backend.server import ServedModel, ServerLimits, create_app
 from backend.server.state import GRAMMARS_KEY
-from tests.backend.test_server_engine import EOS, byte_tokenizer
-from tests.backend.tiny import tiny_model
+from tests.backend.tiny_server import openai_client, tiny_server
 
 MESSAGES: Any = [{"role": "user", "content": "Describe the weather as JSON."}]
 
@@ -34,19 +30,13 @@ class Weather(BaseModel):
 
 @pytest.fixture
 async def client() -> AsyncIterator[TestClient]:
-    model = tiny_model(seed=0)
-    config = EngineConfig(num_blocks=96, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=512)
-    served = ServedModel(
-        id="tiny", revision="rev-tiny", tokenizer=byte_tokenizer(), max_model_len=512, created=0
-    )
-    app = create_app(served, lambda: AsyncEngine(model, config, frozenset({EOS})), ServerLimits(max_n=4))
-    async with TestClient(TestServer(app)) as c:
+    async with tiny_server() as c:
         yield c
 
 
 @pytest.fixture
 def api(client: TestClient) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="unused", max_retries=0)
+    return openai_client(client)
 
 
 @pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 1.0, "seed": 5}])

@@ -9,13 +9,9 @@ from typing import Any
 
 import openai
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
-from backend.engine.async_engine import AsyncEngine
-from backend.engine.config import EngineConfig
-from backend.server import ServedModel, ServerLimits, create_app
-from tests.backend.test_server_engine import EOS, byte_tokenizer
-from tests.backend.tiny import tiny_model
+from tests.backend.tiny_server import openai_client, tiny_server
 
 MESSAGES: Any = [{"role": "user", "content": "Weather in Oslo?"}]
 CITIES = ["Paris", "Oslo"]
@@ -42,19 +38,13 @@ TOWARDS_CALLS = {str(ord('"')): 30, str(ord("t")): 20}
 
 @pytest.fixture
 async def client() -> AsyncIterator[TestClient]:
-    model = tiny_model(seed=0)
-    config = EngineConfig(num_blocks=128, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=1024)
-    served = ServedModel(
-        id="tiny", revision="rev-tiny", tokenizer=byte_tokenizer(), max_model_len=1024, created=0
-    )
-    app = create_app(served, lambda: AsyncEngine(model, config, frozenset({EOS})), ServerLimits(max_n=4))
-    async with TestClient(TestServer(app)) as c:
+    async with tiny_server(num_blocks=128, max_model_len=1024) as c:
         yield c
 
 
 @pytest.fixture
 def api(client: TestClient) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="unused", max_retries=0)
+    return openai_client(client)
 
 
 async def chat(api: openai.AsyncOpenAI, **extra: Any) -> Any:
