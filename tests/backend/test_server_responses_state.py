@@ -11,14 +11,9 @@ from typing import Any
 
 import openai
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
-from backend.engine.async_engine import AsyncEngine
-from backend.engine.config import EngineConfig
-from backend.server import ServedModel, create_app
-from tests.backend.test_server_engine import EOS, byte_tokenizer
 from tests.backend.test_server_structured import Weather
-from tests.backend.tiny import tiny_model
+from tests.backend.tiny_server import openai_client, tiny_server
 
 GREEDY: Any = {"model": "tiny", "temperature": 0, "max_output_tokens": 10}
 WEATHER_PARAMETERS = {
@@ -33,14 +28,8 @@ CALL: Any = {"tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls
 
 @pytest.fixture
 async def api() -> AsyncIterator[openai.AsyncOpenAI]:
-    model = tiny_model(seed=0)
-    config = EngineConfig(num_blocks=128, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=1024)
-    served = ServedModel(
-        id="tiny", revision="rev-tiny", tokenizer=byte_tokenizer(), max_model_len=1024, created=0
-    )
-    app = create_app(served, lambda: AsyncEngine(model, config, frozenset({EOS})))
-    async with TestClient(TestServer(app)) as c:
-        yield openai.AsyncOpenAI(base_url=str(c.make_url("/v1")), api_key="unused", max_retries=0)
+    async with tiny_server(num_blocks=128, max_model_len=1024) as c:
+        yield openai_client(c)
 
 
 async def test_a_stream_carries_the_same_text_in_the_documented_events(api: openai.AsyncOpenAI) -> None:
