@@ -14,6 +14,7 @@ SCENARIOS = {
     "backend_invariance": "bench.backend_invariance",
     "backend_profile": "bench.backend_profile",
     "llamacpp_server": "bench.llamacpp_peer",  # builds llama.cpp natively on first use (minutes)
+    "engines": "bench.vllm_peer",  # vLLM CPU behind the gateway, own venv (installs on first use): not in `all`
     "speculative": "bench.speculative",
     "agreement": "bench.agreement",
     "token_path": "bench.token_path",
@@ -32,8 +33,8 @@ def main() -> None:
         print(f"usage: python -m bench {{{'|'.join([*SCENARIOS, 'all'])}}} [args]", file=sys.stderr)
         raise SystemExit(2)
     # `all`: every scenario once (gateway_hit is a subset of the gateway suite; gateway_ab needs a second tree;
-    # backend_profile is a diagnostic)
-    skipped = ("gateway_hit", "gateway_ab", "backend_profile")
+    # backend_profile is a diagnostic; engines installs vLLM into its own venv)
+    skipped = ("gateway_hit", "gateway_ab", "backend_profile", "engines")
     names = [n for n in SCENARIOS if n not in skipped] if sys.argv[1] == "all" else [sys.argv[1]]
     for name in names:
         importlib.import_module(SCENARIOS[name]).main(sys.argv[2:] if len(names) == 1 else [])
