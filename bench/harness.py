@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -43,15 +44,23 @@ def ensure_wrk() -> str:
     return path
 
 
-def wait_http(url: str, timeout_s: float = 30.0) -> None:
-    """Readiness: poll until the server answers (bounded)."""
+def wait_http(
+    url: str,
+    timeout_s: float = 30.0,
+    *,
+    proc: subprocess.Popen[Any] | None = None,
+    interval_s: float = 0.05,
+) -> None:
+    """Readiness: poll until the server answers (bounded); with `proc`, a server that exits first is an error at once."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{url}: the server exited ({proc.returncode}) before it answered")
         try:
-            with urllib.request.urlopen(url, timeout=1.0):
+            with urllib.request.urlopen(url, timeout=max(1.0, interval_s)):
                 return
         except OSError:
-            time.sleep(0.05)
+            time.sleep(interval_s)
     raise RuntimeError(f"{url} did not come up within {timeout_s}s")
 
 

@@ -25,7 +25,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -34,7 +33,7 @@ from typing import Any
 import aiohttp
 
 from backend.runtime import cpu_flags, cpu_model
-from bench.harness import PYTHON, ROOT, free_port, server, write_results
+from bench.harness import PYTHON, ROOT, free_port, server, wait_http, write_results
 
 VENV = Path(os.environ.get("TOKENEDGE_VLLM_VENV", ROOT / "bench" / ".venv-vllm"))
 CACHE = Path.home() / ".cache" / "tokenedge" / "vllm"
@@ -109,16 +108,11 @@ def vllm_version(python: Path) -> str:
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM exited ({proc.returncode}):\n{log.read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except OSError:
-            time.sleep(1.0)
-    raise RuntimeError(f"vLLM not ready in {timeout_s:.0f}s:\n{log.read_text()[-4000:]}")
+    """`harness.wait_http`, with vLLM's own log in the error when it exits or never answers."""
+    try:
+        wait_http(url, timeout_s, proc=proc, interval_s=1.0)
+    except RuntimeError as exc:
+        raise RuntimeError(f"vLLM: {exc}:\n{log.read_text()[-4000:]}") from None
 
 
 @contextmanager
