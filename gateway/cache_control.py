@@ -24,6 +24,9 @@ class RequestDirectives:
     only_if_cached: bool = False
 
 
+NO_DIRECTIVES = RequestDirectives()  # a request without Cache-Control or Pragma
+
+
 def parse_request_cache_control(value: str | None, pragma: str | None = None) -> RequestDirectives:
     """Directives of a `Cache-Control` field value (several field lines joined with ", ").
 

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from multidict import CIMultiDict
 
-from gateway.cache_control import RequestDirectives
+from gateway.cache_control import NO_DIRECTIVES
 from gateway.dashboard.hotkeys import prompt_text
 from gateway.entry import Entry
 from gateway.errors import GatewayError
@@ -49,10 +49,10 @@ from gateway.state import GatewayState
 from gateway.tiers.base import L2Unavailable
 from gateway.tiers.tiered import Found
 from gateway.timing import StageTimer
+from gateway.validate import is_json_media
 
 log = logging.getLogger("tokenedge.fastlane")
 NOT_SERVED, SERVED, PENDING = 0, 1, 2
-NO_DIRECTIVES = RequestDirectives()
 # A plain HTTP/1.1 POST head to a cacheable route, every field line well formed (RFC 9110 §5.1 token names; values
 # without control characters but tab). Anything else is aiohttp's to parse (and to refuse).
 _ROUTES = b"|".join(re.escape(e.encode()) for e in sorted(CACHEABLE_ENDPOINTS, key=len, reverse=True))
@@ -77,7 +77,6 @@ SLOW_HEADERS = (
     "Transfer-Encoding",
     "Upgrade",
 )
-JSON_TYPES = frozenset({b"application/json"})
 
 
 class Connection(Protocol):
@@ -113,9 +112,8 @@ def header_kinds(credential_names: tuple[str, ...]) -> dict[bytes, int]:
 
 
 def _json_type(value: bytes) -> bool:
-    """`validate.check_content_type`'s rule: application/json or any +json type."""
-    media = value.split(b";", 1)[0].strip(b" \t").lower()
-    return media in JSON_TYPES or media.endswith(b"+json")
+    """`validate.check_content_type`'s rule, on the raw field value."""
+    return is_json_media(value.split(b";", 1)[0].strip(b" \t").lower().decode("latin-1"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,12 +39,17 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
+def is_json_media(media: str) -> bool:
+    """A JSON media type (RFC 8259 §11, RFC 6839 §3.1 `+json`), `media` lower-case without parameters."""
+    return media == "application/json" or media.endswith("+json")
+
+
 def check_content_type(request: web.Request) -> None:
     """415 for a declared non-JSON type; a missing Content-Type is accepted and parsed as JSON."""
     if "Content-Type" not in request.headers:
         return
     ctype = request.content_type
-    if ctype != "application/json" and not ctype.endswith("+json"):
+    if not is_json_media(ctype):
         raise UnsupportedMediaType(f"Content-Type must be application/json, got {ctype!r}")
 
 

@@ -24,7 +24,7 @@ from gateway.answer import (
     stale_headers,
     stored_miss_response,
 )
-from gateway.cache_control import RequestDirectives, parse_request_cache_control
+from gateway.cache_control import NO_DIRECTIVES, RequestDirectives, parse_request_cache_control
 from gateway.canonical import CanonicalizationError, Level, canonical_json
 from gateway.dashboard.hotkeys import PROMPT, prompt_text
 from gateway.entry import Entry
@@ -48,8 +48,6 @@ from gateway.tokens.keyform import NOT_TOKEN_LEVEL, TOKEN_LEVELS, key_form, key_
 from gateway.tokens.path import check_bypass, upstream_for
 from gateway.upstream import forward_headers
 from gateway.validate import check_content_type, parse_object, read_body, validate
-
-NO_DIRECTIVES = RequestDirectives()
 
 
 @dataclass(frozen=True, slots=True)

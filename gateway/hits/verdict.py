@@ -9,11 +9,9 @@ from __future__ import annotations
 
 from enum import Enum
 
-from gateway.cache_control import RequestDirectives
+from gateway.cache_control import NO_DIRECTIVES, RequestDirectives
 from gateway.entry import Entry
 from gateway.policy import Freshness, freshness, lacks, satisfies
-
-NO_DIRECTIVES = RequestDirectives()
 
 
 class Verdict(Enum):
