@@ -18,6 +18,7 @@ from pathlib import Path
 
 from bench.harness import (
     PYTHON,
+    UNIQUE,
     LoadResult,
     free_port,
     median_result,
@@ -35,6 +36,7 @@ REQUEST = (
     b'{"role":"user","content":"What is the capital of France?"}]}'
 )
 HEADERS = {"Content-Type": "application/json", "Authorization": "Bearer bench-tenant"}
+Target = tuple[str, list[int], bytes, dict[str, str], bool]  # ..., ingress: a unique request id per request
 
 
 def post(url: str, body: bytes = REQUEST, headers: dict[str, str] = HEADERS) -> tuple[bytes, dict[str, str]]:
@@ -90,30 +92,38 @@ def run(workers: int, duration_s: int, repeats: int, connections: int) -> dict[s
         hit_body = prime(gateways["l1"][0], "l1")
         prime(gateways["l2"][0], "l2")
         bare_url, bare_pids = stack.enter_context(bare_aiohttp(hit_body, workers))
-        targets = {}
+        targets: dict[str, Target] = {}
         for shape, ingress in (("ingress ids", True), ("same bytes", False)):
-            targets[f"gateway L1 hit ({shape})"] = (*gateways["l1"], ingress)
-            targets[f"gateway L2 hit ({shape})"] = (*gateways["l2"], ingress)
-            targets[f"bare aiohttp ({shape})"] = (bare_url, bare_pids, ingress)
-        for url, _pids, _ in targets.values():  # warm-up: workers primed, connections established
-            for _ in range(workers * 4):
-                post(url)
-        runs: dict[str, list[LoadResult]] = {name: [] for name in targets}
-        for _ in range(repeats):  # interleaved, so machine noise hits every row alike
-            for name, (url, pids, ingress) in targets.items():
-                runs[name].append(
-                    wrk(
-                        url,
-                        body=REQUEST,
-                        headers=HEADERS,
-                        duration_s=duration_s,
-                        connections=connections,
-                        threads=1,
-                        pids=pids,
-                        ingress=ingress,
-                    )
+            targets[f"gateway L1 hit ({shape})"] = (*gateways["l1"], REQUEST, HEADERS, ingress)
+            targets[f"gateway L2 hit ({shape})"] = (*gateways["l2"], REQUEST, HEADERS, ingress)
+            targets[f"bare aiohttp ({shape})"] = (bare_url, bare_pids, REQUEST, HEADERS, ingress)
+        return measure(
+            targets, duration_s=duration_s, repeats=repeats, connections=connections, warm=workers * 4
+        )
+
+
+def measure(
+    targets: dict[str, Target], *, duration_s: int, repeats: int, connections: int, warm: int
+) -> dict[str, LoadResult]:
+    for url, _pids, body, headers, _ingress in targets.values():
+        for i in range(warm):
+            post(url, body.replace(UNIQUE, f"warm-{i}".encode()), headers)
+    runs: dict[str, list[LoadResult]] = {name: [] for name in targets}
+    for _ in range(repeats):  # interleaved repeats: noise on this shared machine hits every system alike
+        for name, (url, pids, body, headers, ingress) in targets.items():
+            runs[name].append(
+                wrk(
+                    url,
+                    body=body,
+                    headers=headers,
+                    duration_s=duration_s,
+                    connections=connections,
+                    threads=1,
+                    pids=pids,
+                    ingress=ingress,
                 )
-        return {name: median_result(results) for name, results in runs.items()}
+            )
+    return {name: median_result(results) for name, results in runs.items()}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,24 +10,20 @@ import argparse
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
-from bench.gateway_hit import HEADERS, REQUEST, post
+from bench.gateway_hit import HEADERS, REQUEST, Target, measure, post
 from bench.harness import (
     PYTHON,
-    UNIQUE,
     LoadResult,
     free_port,
-    median_result,
     print_table,
     server,
     write_results,
-    wrk,
 )
 from bench.peers import LITELLM_MASTER_KEY, bare_aiohttp, litellm_proxy, nginx_fixed
 from tests.support.services import MemcachedServer, RedisServer
 
 BYPASS_REQUEST = REQUEST.replace(b'"temperature":0', b'"temperature":0.7')
 MISS_REQUEST = REQUEST.replace(b"What is the capital", b"__UNIQUE__ What is the capital")
-Target = tuple[str, list[int], bytes, dict[str, str], bool]  # ..., ingress: a unique request id per request
 
 
 def prime(url: str) -> bytes:
@@ -68,30 +64,6 @@ def gateway(upstream: str, workers: int, env: dict[str, str]) -> Iterator[tuple[
         env={"TOKENEDGE_UPSTREAM_URL": upstream, **env},
     ) as proc:
         yield f"http://127.0.0.1:{port}/v1/chat/completions", [proc.pid]
-
-
-def measure(
-    targets: dict[str, Target], *, duration_s: int, repeats: int, connections: int, warm: int
-) -> dict[str, LoadResult]:
-    for url, _pids, body, headers, _ingress in targets.values():
-        for i in range(warm):
-            post(url, body.replace(UNIQUE, f"warm-{i}".encode()), headers)
-    runs: dict[str, list[LoadResult]] = {name: [] for name in targets}
-    for _ in range(repeats):  # interleaved repeats: noise on this shared machine hits every system alike
-        for name, (url, pids, body, headers, ingress) in targets.items():
-            runs[name].append(
-                wrk(
-                    url,
-                    body=body,
-                    headers=headers,
-                    duration_s=duration_s,
-                    connections=connections,
-                    threads=1,
-                    pids=pids,
-                    ingress=ingress,
-                )
-            )
-    return {name: median_result(results) for name, results in runs.items()}
 
 
 def gateways(
