@@ -140,7 +140,8 @@ class EdgeRequestHandler(RequestHandler):
         )
 
     def feed(self, data: bytes) -> None:
-        self.framer.scan(data)
+        if self.edge.lane is not None:  # the framing only tells the lane when it may answer
+            self.framer.scan(data)
         super().data_received(data)
 
     async def finish_response(
