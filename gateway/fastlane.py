@@ -328,7 +328,7 @@ class FastLane:
             return False
         conn.transport.write(data)
         prompt = (prompt_text(known.parsed.body) or "") if state.config.dashboard.show_prompts else None
-        record.hit(state, entry, known.key, now, prompt)
+        record.hit(state, entry, now, prompt)
         timer.key = known.key
         timer.lap_to("parse", keyed_at)
         timer.lap_to(tier, looked_up)

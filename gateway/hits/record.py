@@ -15,10 +15,10 @@ def served(state: GatewayState, entry: Entry) -> None:
     state.metrics.served_from_cache(entry.usage, len(entry.body), entry.model)
 
 
-def hit(state: GatewayState, entry: Entry, key: str, now: float, prompt: str | None) -> None:
-    """A fresh hit on `key` served (`prompt`: the hot-keys table's text, None unless the operator opted in)."""
+def hit(state: GatewayState, entry: Entry, now: float, prompt: str | None) -> None:
+    """A fresh hit on `entry` served (`prompt`: the hot-keys table's text, None unless the operator opted in)."""
     served(state, entry)
     state.dashboard.hot_keys.hit(entry, now, prompt)
     record = state.hot_record
     if record is not None:
-        record.hit(key)
+        record.hit(entry.key)

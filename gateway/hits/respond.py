@@ -39,5 +39,5 @@ def json_answer(
     request: web.Request, state: GatewayState, entry: Entry, now: float, tier: str, prompt: str | None
 ) -> web.StreamResponse:
     """A fresh hit as JSON (or its conditional answer), recorded as a served hit."""
-    record.hit(state, entry, entry.key, now, prompt)
+    record.hit(state, entry, now, prompt)
     return conditional(request, state, entry, now, tier) or render.json_hit(request, state, entry, now, tier)

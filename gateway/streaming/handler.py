@@ -60,7 +60,7 @@ async def serve_stream(
     read = await read_cache(request, state, req.key.key, lookup, directives, req.revision)
     if read.hit is not None:
         entry, tier = read.hit.entry, read.hit.tier
-        record.hit(state, entry, entry.key, read.now, request.get(PROMPT))
+        record.hit(state, entry, read.now, request.get(PROMPT))
         conditional = respond.conditional(request, state, entry, read.now, tier)
         if conditional is not None:
             return Answered(conditional, Result.HIT, tier)
