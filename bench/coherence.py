@@ -22,7 +22,7 @@ import orjson
 import redis.asyncio as aioredis
 
 from bench.harness import PYTHON, free_port, server, wait_http, write_results
-from gateway.coherence.redis_bus import ACK_CHANNEL
+from gateway.tiers.coherence.redis_bus import ACK_CHANNEL
 from tests.support.services import RedisServer
 
 K = 20

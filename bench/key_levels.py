@@ -6,7 +6,7 @@ variant (keys reordered, `temperature` spelled 0.0, a `user` field, `stream: fal
 first of a key misses and fills, every later one hits, and a hit serves the entry filled by the first. A hit is
 *wrong* when the model (SmolLM2-135M, GGUF dequantized to fp32, greedy, 24 tokens, asked directly through the
 engine) answers the request's own input ids differently from the input ids of the request that filled the entry.
-Keys come from the gateway's own code (gateway/tokens/keyform.py, gateway/keys.py) with SmolLM2's tokenizer.
+Keys come from the gateway's own code (gateway/tokens/keyform.py, gateway/keys/derive.py) with SmolLM2's tokenizer.
 
 `python -m bench key_levels [--no-model]` (--no-model: count hits whose input ids differ, without generating).
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 from backend.tokenizer import Tokenizer
 from bench.harness import write_results
-from gateway.keys import derive_key
+from gateway.keys.derive import derive_key
 from gateway.tokens.cache import TokenCache
 from gateway.tokens.encoder import ModelEncoder
 from gateway.tokens.keyform import canonical_form, model_input

@@ -3,7 +3,7 @@ r"""Per-CDN tag headers: which header each edge reads, how tags are spelled ther
 The gateway calls `tag_headers` once per stored entry; the purge clients call `edge_tag_values` so that a
 purge names a tag exactly as the response header spelled it. Both go through `encode_tag`, the single
 place that decides a tag's on-the-wire form, so header and purge can never disagree. Entries keep their tags
-as plain values (`model:my model`, from `gateway.keys.entry_tags`); they are escaped here, once.
+as plain values (`model:my model`, from `gateway.keys.derive.entry_tags`); they are escaped here, once.
 
 The alphabet per CDN (a byte outside it is sent as `%XX` of its UTF-8, and `%` itself is always escaped, so the
 encoding is one-to-one and `model:my model` is `model:my%20model` everywhere):

@@ -2,7 +2,7 @@
 
 With `--workers N` every worker binds the same port with SO_REUSEPORT and the kernel spreads connections; L1 is per
 process, L2 (Redis) is shared, and purges reach every worker's L1 over Redis pub/sub, or without Redis through a
-relay in this parent process (gateway.coherence). PROMETHEUS_MULTIPROC_DIR is set before any worker imports prometheus_client, so
+relay in this parent process (gateway.tiers.coherence). PROMETHEUS_MULTIPROC_DIR is set before any worker imports prometheus_client, so
 `/metrics` on any worker reports the totals of all of them.
 """
 
@@ -20,9 +20,9 @@ import tempfile
 from pathlib import Path
 from typing import assert_never
 
-from gateway.coherence.local_bus import LocalBusEnd, LocalHub
-from gateway.config import ConfigError, GatewayConfig, load_config
-from gateway.config_sections import CacheConfig
+from gateway.config.sections import CacheConfig
+from gateway.config.settings import ConfigError, GatewayConfig, load_config
+from gateway.tiers.coherence.local_bus import LocalBusEnd, LocalHub
 
 PROG = "tokenedge-gateway"
 _FLAGS = {
@@ -67,7 +67,7 @@ def check_bind(host: str, port: int) -> None:
 def serve(config: GatewayConfig, *, reuse_port: bool, local_bus: LocalBusEnd | None = None) -> None:
     from cdn.purge import load_cdn_config_from_env
     from gateway.app import create_app
-    from gateway.edge import serve as serve_edge
+    from gateway.edge.server import serve as serve_edge
 
     if config.server.uvloop:
         try:
@@ -78,7 +78,7 @@ def serve(config: GatewayConfig, *, reuse_port: bool, local_bus: LocalBusEnd | N
             pass
     app = create_app(config, cdn=load_cdn_config_from_env(os.environ), local_bus=local_bus)
     # handler_cancellation (set by serve_edge): a client that disconnects cancels its handler at once (fills are
-    # shielded tasks). The edge adds read deadlines and the connection cap (gateway.edge).
+    # shielded tasks). The edge adds read deadlines and the connection cap (gateway.edge.server).
     try:
         serve_edge(app, host=config.server.host, port=config.server.port, reuse_port=reuse_port)
     except OSError as exc:  # lost a race after check_bind: still one line, never a traceback
@@ -175,8 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == [
         "warm"
-    ]:  # `python -m gateway warm --top N`: re-ask the hottest requests (gateway/reask.py)
-        from gateway import reask
+    ]:  # `python -m gateway warm --top N`: re-ask the hottest requests (gateway/misses/reask.py)
+        from gateway.misses import reask
 
         return reask.main(argv[1:], dict(os.environ))
     args = build_parser().parse_args(argv)
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: configuration error: {exc}", file=sys.stderr)
         return 2
     if args.print_config:
-        from gateway.config_print import render
+        from gateway.config.show import render
 
         for setting, origin in sources.items():
             name = origin.removeprefix("env ")

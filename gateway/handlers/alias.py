@@ -11,19 +11,19 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
-from gateway.cache_control import parse_request_cache_control
-from gateway.canonical import CanonicalizationError
-from gateway.config import CACHEABLE_ENDPOINTS
-from gateway.errors import BadRequest, NotFound
+from gateway.config.settings import CACHEABLE_ENDPOINTS
 from gateway.hits.respond import json_answer
 from gateway.hits.scope import key_scope, scope_of
 from gateway.hits.verdict import Verdict, judge
-from gateway.keys import PUBLIC_SCOPE, derive_key, parse_key
-from gateway.policy import USAGE_ENDPOINTS, Lookup, decide
+from gateway.keys.cache_control import parse_request_cache_control
+from gateway.keys.canonical import CanonicalizationError
+from gateway.keys.derive import PUBLIC_SCOPE, derive_key, parse_key
+from gateway.keys.policy import USAGE_ENDPOINTS, Lookup, decide
+from gateway.keys.validate import parse_object, read_body, validate
 from gateway.state import STATE
 from gateway.tokens.keyform import NOT_TOKEN_LEVEL, TOKEN_LEVELS, key_form, key_tokenizer
-from gateway.upstream import forward_headers
-from gateway.validate import parse_object, read_body, validate
+from gateway.upstream.http import forward_headers
+from gateway.web.errors import BadRequest, NotFound
 
 
 async def get_alias(request: web.Request) -> web.StreamResponse:

@@ -12,8 +12,20 @@ from typing import Any, assert_never
 
 from aiohttp import web
 
-from gateway import headers as hdr
-from gateway.answer import (
+from gateway.handlers.relay import relay
+from gateway.hits import headers as hdr
+from gateway.hits import record
+from gateway.hits.lookup import read_cache
+from gateway.hits.respond import json_answer
+from gateway.hits.scope import key_scope, scope_of
+from gateway.keys.cache_control import NO_DIRECTIVES, RequestDirectives, parse_request_cache_control
+from gateway.keys.canonical import CanonicalizationError, Level, canonical_json
+from gateway.keys.derive import PUBLIC_SCOPE, CacheKey, derive_key_from_bytes
+from gateway.keys.entry import Entry
+from gateway.keys.memo import ParsedRequest
+from gateway.keys.policy import Bypass, Lookup, Outcome, Result, confirm_seeded, decide
+from gateway.keys.validate import check_content_type, parse_object, read_body, validate
+from gateway.misses.answer import (
     Answered,
     AskAgain,
     FillRequest,
@@ -24,30 +36,18 @@ from gateway.answer import (
     stale_headers,
     stored_miss_response,
 )
-from gateway.cache_control import NO_DIRECTIVES, RequestDirectives, parse_request_cache_control
-from gateway.canonical import CanonicalizationError, Level, canonical_json
-from gateway.dashboard.hotkeys import PROMPT, prompt_text
-from gateway.entry import Entry
-from gateway.errors import BadRequest, GatewayError, NotCached, UpstreamError
-from gateway.fill import FillResult, fill
-from gateway.handlers.relay import relay
-from gateway.hits import record
-from gateway.hits.respond import json_answer
-from gateway.hits.scope import key_scope, scope_of
-from gateway.keys import PUBLIC_SCOPE, CacheKey, derive_key_from_bytes
-from gateway.lease_fill import leased_fill
-from gateway.lookup import read_cache
-from gateway.memo import ParsedRequest
-from gateway.policy import Bypass, Lookup, Outcome, Result, confirm_seeded, decide
-from gateway.reqrecord import handler_done
+from gateway.misses.fill import FillResult, fill
+from gateway.misses.lease_fill import leased_fill
+from gateway.misses.streaming.handler import serve_stream
+from gateway.misses.streaming.replay import wants_usage
+from gateway.ops.dashboard.hotkeys import PROMPT, prompt_text
+from gateway.ops.reqrecord import handler_done
+from gateway.ops.timing import lap, start_timer, timer_of
 from gateway.state import STATE, GatewayState
-from gateway.streaming.handler import serve_stream
-from gateway.streaming.replay import wants_usage
-from gateway.timing import lap, start_timer, timer_of
 from gateway.tokens.keyform import NOT_TOKEN_LEVEL, TOKEN_LEVELS, key_form, key_tokenizer
 from gateway.tokens.path import check_bypass, upstream_for
-from gateway.upstream import forward_headers
-from gateway.validate import check_content_type, parse_object, read_body, validate
+from gateway.upstream.http import forward_headers
+from gateway.web.errors import BadRequest, GatewayError, NotCached, UpstreamError
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +134,7 @@ async def cache_key(
 def make_handler(endpoint: str):
     async def handler(request: web.Request) -> web.StreamResponse:
         state = request.app[STATE]
-        lane = timer_of(request)  # set when the fast lane tried this request first (gateway.fastlane)
+        lane = timer_of(request)  # set when the fast lane tried this request first (gateway.edge.fastlane)
         timer = lane if lane is not None else start_timer(request, endpoint)
         result: str = Result.ERROR
         reason: str = Outcome.FAILED
@@ -241,7 +241,7 @@ def fill_request(
 
 
 async def streamed(request: web.Request, state: GatewayState, prep: Prepared, lookup: Lookup) -> Answered:
-    """`stream: true`: a hit replayed as SSE, or a miss teed to the client and recorded (gateway.streaming)."""
+    """`stream: true`: a hit replayed as SSE, or a miss teed to the client and recorded (gateway.misses.streaming)."""
     resolved = await resolve_key(request, state, prep)
     fill_req = fill_request(request, state, prep, lookup, resolved)  # the tee forwards it upstream on a miss
     return await serve_stream(

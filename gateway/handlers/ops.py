@@ -15,15 +15,15 @@ from time import perf_counter
 import orjson
 from aiohttp import web
 
-from gateway.errors import UpstreamError
 from gateway.handlers.relay import upstream_target
 from gateway.handlers.tenancy import is_admin, require_operator
 from gateway.hits.scope import scope_of
-from gateway.reqrecord import DEBUG_HEADER, finish_request
+from gateway.misses.warm import warming
+from gateway.ops.reqrecord import DEBUG_HEADER, finish_request
+from gateway.ops.timing import timer_of
 from gateway.state import STATE, GatewayState
-from gateway.timing import timer_of
-from gateway.upstream import forward_headers, relay_headers
-from gateway.warm import warming
+from gateway.upstream.http import forward_headers, relay_headers
+from gateway.web.errors import UpstreamError
 
 GAUGE_REFRESH_S = 1.0
 
@@ -148,7 +148,7 @@ async def model(request: web.Request) -> web.Response:
     that id (the same per-scope list `models` serves), so `models.retrieve(id)` works wherever `models.list()` lists
     the id; an id the list lacks keeps the upstream's 404."""
     state = request.app[STATE]
-    target = upstream_target(request, state)  # the path rules of every relayed route (gateway/paths.py)
+    target = upstream_target(request, state)  # the path rules of every relayed route (gateway/web/paths.py)
     fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
     resp = await state.upstream.request("GET", target, fwd)
     if resp.status == 404:

@@ -3,7 +3,7 @@
 Used for bypassed cacheable requests and for the other `/v1/*` routes the gateway knows (`KNOWN_ROUTES`, the
 OpenAI API surface) or the operator lists in `upstream.relay_routes`; any other path is a 404 and never reaches the
 upstream, so `upstream.api_key` is only ever attached to those routes. The path was checked to be in normal form
-before routing (`gateway.paths`, the app's path middleware) and is checked again here, at the last step before the
+before routing (`gateway.web.paths`, the app's path middleware) and is checked again here, at the last step before the
 upstream, so no path that leaves `/v1/` is forwarded whatever the caller. Nothing here is cached. An upstream error
 before the first byte becomes an OpenAI-style error; after the first byte the status is already sent, so the
 connection is closed and the client sees a truncated body, never a fabricated success.
@@ -18,10 +18,10 @@ from typing import Final
 import aiohttp
 from aiohttp import web
 
-from gateway.errors import BadRequest, MethodNotAllowed, NotFound
-from gateway.paths import check_path, origin_path
 from gateway.state import STATE, GatewayState
-from gateway.upstream import forward_headers, relay_headers, translate
+from gateway.upstream.http import forward_headers, relay_headers, translate
+from gateway.web.errors import BadRequest, MethodNotAllowed, NotFound
+from gateway.web.paths import check_path, origin_path
 
 log = logging.getLogger("tokenedge.relay")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -14,10 +14,10 @@ from typing import Final
 
 from aiohttp import web
 
-from gateway.errors import NotFound, Unauthorized
-from gateway.secret import load_scope_secret
+from gateway.hits.secret import load_scope_secret
+from gateway.hits.tenancy import Tenancy
 from gateway.state import STATE
-from gateway.tenancy import Tenancy
+from gateway.web.errors import NotFound, Unauthorized
 
 FORWARDING_HEADERS: Final = frozenset(
     {"forwarded", "via", "x-real-ip", "true-client-ip", "cf-connecting-ip", "fastly-client-ip", "x-client-ip"}

@@ -7,7 +7,7 @@ on the hit path). The tier lookups themselves are counted by the tiers (`TieredC
 
 from __future__ import annotations
 
-from gateway.entry import Entry
+from gateway.keys.entry import Entry
 from gateway.state import GatewayState
 
 

@@ -19,13 +19,13 @@ from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http import SERVER_SOFTWARE
 
 from cdn.tags import tag_headers
-from gateway import aioseam
-from gateway.entry import Entry
-from gateway.headers import CACHE_STATUS, NAME
-from gateway.keys import PUBLIC_SCOPE
-from gateway.reqrecord import DEBUG_HEADER, finish_request
+from gateway.hits.headers import CACHE_STATUS, NAME
+from gateway.keys.derive import PUBLIC_SCOPE
+from gateway.keys.entry import Entry
+from gateway.ops.reqrecord import DEBUG_HEADER, finish_request
+from gateway.ops.timing import StageTimer, timer_of
 from gateway.state import GatewayState
-from gateway.timing import StageTimer, timer_of
+from gateway.web import aioseam
 
 Block = dict[str, str]
 # The full response of a hot entry for the current second, outside the entry (entries never grow after they are

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.entry import Entry
-from gateway.errors import error_body
 from gateway.hits import record, render
 from gateway.hits.verdict import Condition, condition
+from gateway.keys.entry import Entry
 from gateway.state import GatewayState
+from gateway.web.errors import error_body
 
 _PRECONDITION_BODY = error_body(
     "If-None-Match matched: the answer to this request is the one whose ETag you sent",

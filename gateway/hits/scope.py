@@ -1,7 +1,7 @@
 """The caller's key scope (DESIGN §3), derived from the request being answered and nothing else.
 
 `pub` on a public route; otherwise the keyed hash of the request's own credential headers (or a trusted proxy's
-tenant header), `gateway.tenancy`. Never read from a record another request can write (the request memo, a
+tenant header), `gateway.hits.tenancy`. Never read from a record another request can write (the request memo, a
 connection): two callers sending the same body must get two scopes, however their requests interleave.
 """
 
@@ -12,9 +12,9 @@ from typing import Final
 
 from aiohttp import web
 
-from gateway.keys import PUBLIC_SCOPE
+from gateway.hits.tenancy import Tenancy
+from gateway.keys.derive import PUBLIC_SCOPE
 from gateway.state import STATE, GatewayState
-from gateway.tenancy import Tenancy
 
 _SCOPE_MEMO: Final = web.RequestKey("tokenedge_scope", str)
 Credentials = tuple[

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from enum import Enum
 
-from gateway.cache_control import NO_DIRECTIVES, RequestDirectives
-from gateway.entry import Entry
-from gateway.policy import Freshness, freshness, lacks, satisfies
+from gateway.keys.cache_control import NO_DIRECTIVES, RequestDirectives
+from gateway.keys.entry import Entry
+from gateway.keys.policy import Freshness, freshness, lacks, satisfies
 
 
 class Verdict(Enum):

@@ -14,8 +14,8 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from gateway.entry import Entry
-from gateway.ratelog import RateLimitedLog
+from gateway.keys.entry import Entry
+from gateway.ops.ratelog import RateLimitedLog
 
 _T = TypeVar("_T")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gateway.config import CacheConfig
-from gateway.metrics import GatewayMetrics
+from gateway.config.settings import CacheConfig
+from gateway.ops.metrics import GatewayMetrics
 from gateway.tiers.base import Tier
 from gateway.tiers.memcached_tier import MemcachedTier
 from gateway.tiers.memory import MemoryTier

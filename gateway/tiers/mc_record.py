@@ -6,7 +6,7 @@ recorded versions differ from the current counters is a miss. Counters start at 
 0, so a counter that was evicted and recreated never matches an old recording (an absent counter invalidates).
 
 Stored form: `b"TM"`, a format-version byte, a tag-count byte, one big-endian u64 per tag (in `entry.tags`
-order), then the project's entry record (`gateway.entry.encode`, itself versioned). No pickle, no JSON beyond
+order), then the project's entry record (`gateway.keys.entry.encode`, itself versioned). No pickle, no JSON beyond
 the entry's own header. An unknown format version, or anything else unparseable, loads as None: a miss.
 Pure functions plus the aiocache serializer that applies them.
 """
@@ -21,8 +21,8 @@ from typing import Any, Final
 
 from aiocache.serializers import BaseSerializer
 
-from gateway.entry import Entry, decode, encode
-from gateway.keys import parse_key
+from gateway.keys.derive import parse_key
+from gateway.keys.entry import Entry, decode, encode
 
 RECORD_FORMAT: Final = 1
 _MAGIC: Final = b"TM"

@@ -29,7 +29,7 @@ import aiomcache
 from aiocache import MemcachedCache
 from aiomcache.exceptions import ClientException
 
-from gateway.entry import Entry, encode
+from gateway.keys.entry import Entry, encode
 from gateway.tiers.base import Breaker, L2Unavailable, settle_batch
 from gateway.tiers.mc_record import (
     RecordSerializer,

@@ -9,7 +9,7 @@ the bound on how long another worker's purge can go unseen here when nothing inv
 Memcached L2, which has no invalidation bus); the insertion times then cost `AGE_SLOT_BYTES` an entry, charged.
 The clock is injected so tests move time instead of sleeping.
 
-Coherence (gateway.coherence): `suspend()` empties L1 and turns it off while invalidations may be missed,
+Coherence (gateway.tiers.coherence): `suspend()` empties L1 and turns it off while invalidations may be missed,
 `resume()` empties it again and turns it back on, and `generation` changes on every purge so that a read begun
 before a purge (an L2 read about to back-fill L1) can tell that its entry may be stale.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-from gateway.entry import Entry
+from gateway.keys.entry import Entry
 
 # An OrderedDict slot: the hash-table entry and index (at the table's usual fill) plus the linked-list node.
 # Measured with tracemalloc over 100,000 entries (tests/gateway/test_memory_tier.py checks it).

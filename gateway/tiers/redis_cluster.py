@@ -13,7 +13,7 @@ The layout is the single-node one (gateway/tiers/redis_tier.py), spread over the
 - /metrics' L2 size sums DBSIZE and used_memory over the masters.
 Failover: a dead master's slots fail fast (one short timeout) into the shared `Breaker`, so requests degrade to
 L1 + upstream exactly as with a single Redis; the client re-reads the slot map on the next attempt and follows the
-promoted replica. The lease channel (gateway/lease.py) subscribes on one node at a time (plain PUBLISH reaches every
+promoted replica. The lease channel (gateway/misses/lease.py) subscribes on one node at a time (plain PUBLISH reaches every
 node of a cluster) and moves to the next startup node when that one is lost.
 """
 

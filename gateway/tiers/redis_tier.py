@@ -20,7 +20,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
-from gateway.entry import Entry, decode, encode
+from gateway.keys.entry import Entry, decode, encode
 from gateway.tiers.base import Breaker, L2Unavailable, settle_batch
 from gateway.tiers.redis_reads import batch_reads_for
 

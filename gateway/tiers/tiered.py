@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.entry import Entry
-from gateway.metrics import GatewayMetrics
+from gateway.keys.entry import Entry
+from gateway.ops.metrics import GatewayMetrics
 from gateway.tiers.base import L2Unavailable, LocalTier, Tier
 
 

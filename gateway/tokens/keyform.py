@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.canonical import AUTO, Level, canonicalize, tokens_form
+from gateway.keys.canonical import AUTO, Level, canonicalize, tokens_form
 from gateway.state import GatewayState
 from gateway.tokens.encoder import ModelEncoder, Unrenderable
 from gateway.tokens.probe import Fallback, Refused, Verified

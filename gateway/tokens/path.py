@@ -16,12 +16,12 @@ from typing import Any
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.errors import GatewayError, error_body
 from gateway.state import STATE, GatewayState
 from gateway.tokens.planner import Plan, TokenPath
 from gateway.tokens.transport import BINARY_ENDPOINTS, BinaryCall
-from gateway.transport import UpstreamTransport
-from gateway.upstream import UpstreamResponse
+from gateway.upstream.http import UpstreamResponse
+from gateway.upstream.transport import UpstreamTransport
+from gateway.web.errors import GatewayError, error_body
 
 __all__ = ["Plan", "TokenPath", "TokenUpstream", "check_bypass", "tokens_ctx", "upstream_for"]
 
@@ -45,7 +45,7 @@ class TokenUpstream:
         self._tenant = tenant
 
     def with_body(self, body: Mapping[str, Any]) -> TokenUpstream:
-        """The same seam for another body of the same request (the tee's usage ask, `gateway.streaming.usage`)."""
+        """The same seam for another body of the same request (the tee's usage ask, `gateway.misses.streaming.usage`)."""
         return TokenUpstream(self._path, self._upstream, self._endpoint, body, self._tenant)
 
     async def _plan(self, headers: Mapping[str, str]) -> Plan | UpstreamResponse:

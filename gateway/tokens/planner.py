@@ -18,17 +18,17 @@ from typing import Any
 
 import orjson
 
-from gateway.catalog import ModelCatalog, ModelInfo
-from gateway.config import TokensConfig
-from gateway.errors import ContextTooLong, RateLimited
-from gateway.metrics import GatewayMetrics
+from gateway.config.settings import TokensConfig
+from gateway.ops.metrics import GatewayMetrics
 from gateway.tokens.cache import TokenCache
 from gateway.tokens.encoder import ModelEncoder, Unrenderable
 from gateway.tokens.limiter import TokenRateLimiter
 from gateway.tokens.registry import TokenizerRegistry, TokenizerSpec, default_cache_dir
 from gateway.tokens.remote import RemoteTokenizers
 from gateway.tokens.transport import BINARY_ENDPOINTS, BINARY_FIELDS
-from gateway.transport import UpstreamTransport
+from gateway.upstream.catalog import ModelCatalog, ModelInfo
+from gateway.upstream.transport import UpstreamTransport
+from gateway.web.errors import ContextTooLong, RateLimited
 
 
 @dataclass(frozen=True, slots=True)

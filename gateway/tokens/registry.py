@@ -25,8 +25,8 @@ import orjson
 import tiktoken
 from tiktoken.model import encoding_name_for_model
 
-from gateway.errors import UpstreamError
-from gateway.transport import UpstreamTransport
+from gateway.upstream.transport import UpstreamTransport
+from gateway.web.errors import UpstreamError
 from tokenedge_wire.tokenizer_version import tokenizer_version
 
 log = logging.getLogger("tokenedge.tokens")

@@ -28,12 +28,12 @@ from typing import Any, Final
 import orjson
 from multidict import CIMultiDict
 
-from gateway.config import TokensConfig
-from gateway.errors import UpstreamError
-from gateway.metrics import GatewayMetrics
-from gateway.ratelog import RateLimitedLog
+from gateway.config.settings import TokensConfig
+from gateway.ops.metrics import GatewayMetrics
+from gateway.ops.ratelog import RateLimitedLog
 from gateway.tokens.probe import CHAT_PROBES, PROMPT_PROBES, Fallback, Refused, Verified, is_ids, judge
-from gateway.transport import UpstreamTransport
+from gateway.upstream.transport import UpstreamTransport
+from gateway.web.errors import UpstreamError
 
 log = logging.getLogger("tokenedge.tokens")
 KINDS: Final = ("vllm", "llamacpp")  # the probe order after the backend's own GET /v1/tokenizer

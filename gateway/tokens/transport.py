@@ -1,7 +1,7 @@
 """The binary transport client: one miss sent as token ids, its events rendered into the OpenAI response.
 
 `BinaryCall` opens `POST /v1/tokens/generate` through the gateway's one upstream session (so errors are
-translated in the usual place) and offers what `gateway.fill` and the stream tee read from an upstream:
+translated in the usual place) and offers what `gateway.misses.fill` and the stream tee read from an upstream:
 `request()` -> a complete JSON `UpstreamResponse`, `open()` -> a response whose `content.iter_any()` yields
 SSE bytes. A 409 `tokenizer_mismatch` (the backend's tokenizer changed under us) returns None: the caller
 sends the request as JSON instead.
@@ -17,11 +17,11 @@ from typing import Any
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.errors import UpstreamError
-from gateway.streaming.replay import wants_usage
+from gateway.misses.streaming.replay import wants_usage
 from gateway.tokens.render import JSON_CONTENT_TYPE, SSE_HEADERS, Rendering
-from gateway.transport import OpenResponse, UpstreamTransport
-from gateway.upstream import UpstreamResponse
+from gateway.upstream.http import UpstreamResponse
+from gateway.upstream.transport import OpenResponse, UpstreamTransport
+from gateway.web.errors import UpstreamError
 from tokenedge_wire.framing import REQUEST_TYPE, FrameReader, WireError, encode_request
 
 PATH = "/v1/tokens/generate"

@@ -7,7 +7,7 @@ import logging
 import orjson
 import pytest
 
-from gateway.accesslog import key_fields, sampled
+from gateway.ops.accesslog import key_fields, sampled
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.gateway import RunningGateway
 

@@ -1,13 +1,13 @@
-"""Tests for gateway/answer.py: the pure decision about the upstream's answer, shared by JSON fills and streams,
+"""Tests for gateway/misses/answer.py: the pure decision about the upstream's answer, shared by JSON fills and streams,
 and the labels of a served miss."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.answer import AskAgain, Decision, Serve, ServeStale, after_upstream, miss_reason
-from gateway.entry import Entry
-from gateway.policy import Outcome, Reason, Result
+from gateway.keys.entry import Entry
+from gateway.keys.policy import Outcome, Reason, Result
+from gateway.misses.answer import AskAgain, Decision, Serve, ServeStale, after_upstream, miss_reason
 
 MISS, COALESCED = Serve(Result.MISS), Serve(Result.COALESCED)
 

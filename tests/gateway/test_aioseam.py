@@ -1,4 +1,4 @@
-"""Every private aiohttp name in gateway/aioseam.py exists and behaves on the installed aiohttp, and the installed
+"""Every private aiohttp name in gateway/web/aioseam.py exists and behaves on the installed aiohttp, and the installed
 aiohttp is inside the range pyproject.toml declares: an upgrade that moves one fails here, by name."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from aiohttp.web_protocol import RequestHandler
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from gateway import aioseam
+from gateway.web import aioseam
 
 ROOT = Path(__file__).resolve().parents[2]
 

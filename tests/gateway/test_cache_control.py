@@ -1,10 +1,10 @@
-"""Tests for gateway/cache_control.py: RFC 9111 §5.2.1 request directives, tolerant parsing."""
+"""Tests for gateway/keys/cache_control.py: RFC 9111 §5.2.1 request directives, tolerant parsing."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.cache_control import MAX_DELTA_SECONDS, RequestDirectives, parse_request_cache_control
+from gateway.keys.cache_control import MAX_DELTA_SECONDS, RequestDirectives, parse_request_cache_control
 
 D = RequestDirectives
 

@@ -1,4 +1,4 @@
-"""Tests for gateway/canonical.py: which requests are equivalent at each level, and the JSON bytes.
+"""Tests for gateway/keys/canonical.py: which requests are equivalent at each level, and the JSON bytes.
 
 `exact` (the default where the model's tokenizer is unknown) merges JSON-level differences only; every text
 rewrite is `normalized` / `aggressive` (opt-in). The `tokens` level's form is tested here as a pure function;
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gateway.canonical import Level, canonical_json, canonicalize, tokens_form
+from gateway.keys.canonical import Level, canonical_json, canonicalize, tokens_form
 
 CHAT = "chat/completions"
 TEXT_LEVELS = [Level.EXACT, Level.NORMALIZED, Level.AGGRESSIVE]  # TOKENS is built by tokens_form

@@ -1,4 +1,4 @@
-"""Tests for gateway/canonical.py, the edges of the canonical form: what cannot be canonicalized (a typed error,
+"""Tests for gateway/keys/canonical.py, the edges of the canonical form: what cannot be canonicalized (a typed error,
 never a crash), the exact JSON bytes keys are hashed from, and idempotence at every level (property-based).
 Which requests are equivalent at each level: test_canonical.py.
 """
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.canonical import (
+from gateway.keys.canonical import (
     MAX_DEPTH,
     CanonicalizationError,
     Level,

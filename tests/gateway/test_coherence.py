@@ -12,8 +12,8 @@ from typing import Any
 
 import redis
 
-from gateway.coherence.local_bus import LocalBus, LocalHub
-from gateway.coherence.message import Invalidation, decode, encode
+from gateway.tiers.coherence.local_bus import LocalBus, LocalHub
+from gateway.tiers.coherence.message import Invalidation, decode, encode
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import RunningGateway

@@ -12,8 +12,8 @@ import pytest
 
 from cdn.purge.env import CDN_ENV_NAMES
 from gateway.__main__ import build_parser, check_bind, l2_description, main
-from gateway.canonical import AUTO, ROUTE_LEVELS
-from gateway.config import (
+from gateway.config.sections import RouteLevel
+from gateway.config.settings import (
     CACHEABLE_ENDPOINTS,
     ROUTES,
     ConfigError,
@@ -24,7 +24,7 @@ from gateway.config import (
     section_types,
     setting_paths,
 )
-from gateway.config_sections import RouteLevel
+from gateway.keys.canonical import AUTO, ROUTE_LEVELS
 
 SHIPPED = Path(__file__).parents[2] / "configs" / "gateway.toml"
 
@@ -149,7 +149,7 @@ def test_every_setting_is_in_the_shipped_file_with_its_default_and_a_comment() -
         assert not missing, f"configs/gateway.toml [{name}] lacks {sorted(missing)}"
         shipped = getattr(GatewayConfig.from_mapping({name: data[name]}), name)
         assert shipped == klass(), (
-            f"[{name}] in configs/gateway.toml differs from the defaults in gateway/config.py"
+            f"[{name}] in configs/gateway.toml differs from the defaults in gateway/config/settings.py"
         )
     for endpoint in CACHEABLE_ENDPOINTS:
         missing = {f.name for f in dataclasses.fields(GatewayConfig().routes[endpoint])} - set(

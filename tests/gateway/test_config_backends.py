@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gateway.__main__ import main
-from gateway.config import ConfigError, GatewayConfig, load_config
-from gateway.config_sections import BackendConfig
+from gateway.config.sections import BackendConfig
+from gateway.config.settings import ConfigError, GatewayConfig, load_config
 
 
 def test_one_url_is_one_target() -> None:

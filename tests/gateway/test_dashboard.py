@@ -23,8 +23,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.dashboard.history import RESULTS
-from gateway.dashboard.summary import quantile
+from gateway.ops.dashboard.history import RESULTS
+from gateway.ops.dashboard.summary import quantile
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.gateway.test_grafana import DASHBOARD
 from tests.gateway.test_metrics import Samples, scrape, value

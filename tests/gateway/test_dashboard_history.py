@@ -1,4 +1,4 @@
-"""gateway.dashboard.history, hotkeys and cost: pure logic, table-driven, with an injected clock."""
+"""gateway.ops.dashboard.history, hotkeys and cost: pure logic, table-driven, with an injected clock."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.dashboard.cost import parse_prices, saved_usd
-from gateway.dashboard.history import WINDOWS, History, figures, snapshot
-from gateway.dashboard.hotkeys import HotKeys, merged, other_workers, prompt_text
-from gateway.entry import Entry
+from gateway.config.cost import parse_prices, saved_usd
+from gateway.keys.entry import Entry
+from gateway.ops.dashboard.history import WINDOWS, History, figures, snapshot
+from gateway.ops.dashboard.hotkeys import HotKeys, merged, other_workers, prompt_text
 
 
 def snap(

@@ -1,4 +1,4 @@
-"""The HTTP edge (gateway/edge.py): read deadlines, the connection cap, and aiohttp's protocol errors as JSON.
+"""The HTTP edge (gateway/edge/server.py): read deadlines, the connection cap, and aiohttp's protocol errors as JSON.
 
 No wall-clock asserts: a slow client is known to be closed by its 408 and its EOF, normal requests are known to be
 unaffected by finishing while every slow connection is still open, and the metric counts each close.
@@ -14,7 +14,7 @@ import aiohttp
 import orjson
 import pytest
 
-from gateway.edge import HANDLING, IDLE, EdgeServer
+from gateway.edge.server import HANDLING, IDLE, EdgeServer
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.gateway import RunningGateway
 from tests.support.rawhttp import RawResponse, exchange, parse_responses, request_bytes

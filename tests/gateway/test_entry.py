@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.entry import ENTRY_FORMAT, Entry, decode, encode, make_etag
+from gateway.keys.entry import ENTRY_FORMAT, Entry, decode, encode, make_etag
 
 
 def entry(**overrides: object) -> Entry:

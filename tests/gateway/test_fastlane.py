@@ -1,4 +1,4 @@
-"""The fast lane (gateway/fastlane.py) and pre-built hits (gateway/hits/render.py) against real HTTP clients, so nothing malformed ever leaves it.
+"""The fast lane (gateway/edge/fastlane.py) and pre-built hits (gateway/hits/render.py) against real HTTP clients, so nothing malformed ever leaves it.
 
 Raw sockets parsed by h11 (pipelined requests in one write, keep-alive, `Connection: close`, HEAD, HTTP/1.0),
 the `openai` sync and async clients, curl and wrk. The oracle is the normal path: the same hit served with a

@@ -1,4 +1,4 @@
-"""The fast lane answers exactly what the ordinary path answers, for any request bytes (gateway/fastlane.py).
+"""The fast lane answers exactly what the ordinary path answers, for any request bytes (gateway/edge/fastlane.py).
 
 Two gateways with the same entries, one with the lane and one without (`server.fast_lane = false`), get the same
 request bytes: hundreds of variants of a known hit's request (header names in any case, odd spacing, repeated,
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import orjson
 import pytest
 
-from gateway.fastlane import header_kinds, plain_head
+from gateway.edge.fastlane import header_kinds, plain_head
 from tests.gateway.conftest import GatewayFactory
 from tests.support.gateway import RunningGateway
 

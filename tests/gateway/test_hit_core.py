@@ -1,4 +1,4 @@
-"""The hit core as properties, on real sockets and real tiers (gateway/hits, gateway/fastlane.py).
+"""The hit core as properties, on real sockets and real tiers (gateway/hits, gateway/edge/fastlane.py).
 
 - No caller ever gets another caller's answer, whatever the tiers (L1, Redis, Redis Cluster, Memcached, L1 off)
   and however requests with the same bodies interleave on keep-alive connections, pipelined or not, with or

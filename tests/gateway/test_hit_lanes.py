@@ -17,11 +17,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from gateway.app import create_app
-from gateway.cache_control import RequestDirectives
-from gateway.edge import EdgeTestServer
-from gateway.entry import Entry, make_etag
+from gateway.edge.server import EdgeTestServer
 from gateway.hits import render
 from gateway.hits.verdict import Condition, Verdict, condition, judge
+from gateway.keys.cache_control import RequestDirectives
+from gateway.keys.entry import Entry, make_etag
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.gateway import FakeClock, gateway_config
 

@@ -2,7 +2,7 @@
 
 An L1 hit makes no upstream call, no Redis command and no JSON (de)serialization; an L2 hit costs exactly one
 Redis command, or exactly one Memcached round trip (counted by a proxy in front of a real memcached). If a change makes the hit path heavier in these terms, this fails on any machine, however noisy.
-A warm L1 hit also takes the fast lane (gateway/fastlane.py): no parsing, policy, scope hash, key derivation,
+A warm L1 hit also takes the fast lane (gateway/edge/fastlane.py): no parsing, policy, scope hash, key derivation,
 header dict or aiohttp header assembly. Calls are counted with `sys.setprofile`, so no import style hides one.
 """
 
@@ -128,12 +128,12 @@ async def test_l1_hit_makes_no_upstream_call_no_redis_command_and_no_json_work(
 # What the fast path exists to skip, by name: parsing, policy, scope hashing, key derivation, the header dict,
 # aiohttp's header assembly and the response-prepare signal.
 SKIPPED_ON_THE_FAST_PATH = (
-    "gateway.validate:parse_object",
+    "gateway.keys.validate:parse_object",
     "gateway.handlers.completions:prepare",
-    "gateway.policy:decide",
-    "gateway.keys:tenant_scope",
-    "gateway.keys:derive_key_from_bytes",
-    "gateway.headers:entry_headers",
+    "gateway.keys.policy:decide",
+    "gateway.keys.derive:tenant_scope",
+    "gateway.keys.derive:derive_key_from_bytes",
+    "gateway.hits.headers:entry_headers",
     "gateway.handlers.ops:on_response_prepare",
     "aiohttp.web_response:StreamResponse._prepare_headers",
     "aiohttp.web_response:StreamResponse._write_headers",
@@ -146,10 +146,10 @@ async def test_l1_hit_takes_the_fast_path_and_skips_the_response_layer(
 ) -> None:
     gw = await make_gateway(cache={"redis_url": redis_url})
     work = await warm_hit_work(gw, fake, redis_server)
-    # Served by the fast lane from the connection's read (gateway/fastlane.py): no aiohttp request object, router,
+    # Served by the fast lane from the connection's read (gateway/edge/fastlane.py): no aiohttp request object, router,
     # middleware or response object; the key bound from this request's own headers.
-    assert work.calls["gateway.fastlane:FastLane.take"] == 1
-    assert work.calls["gateway.fastlane:keyed"] == 1
+    assert work.calls["gateway.edge.fastlane:FastLane.take"] == 1
+    assert work.calls["gateway.edge.fastlane:keyed"] == 1
     assert work.calls["gateway.hits.record:hit"] == 1
     never = (
         "aiohttp.web_app:Application._make_request",
@@ -162,7 +162,7 @@ async def test_l1_hit_takes_the_fast_path_and_skips_the_response_layer(
     assert {name: work.calls[name] for name in never} == dict.fromkeys(never, 0)
     # Still one L1 read and one policy freshness check: the fast path does not skip the cache itself.
     assert work.calls["gateway.tiers.memory:MemoryTier.get"] == 1
-    assert work.calls["gateway.policy:freshness"] == 1
+    assert work.calls["gateway.keys.policy:freshness"] == 1
 
 
 def test_the_json_guard_sees_stdlib_and_aliased_imports() -> None:
@@ -189,7 +189,7 @@ async def test_l2_hit_costs_exactly_one_redis_command(
     assert work.redis_commands == 1  # the (batched) GET
     # Served by the fast lane: the known key read from L2 (a callback on the batched read) and written as bytes,
     # nothing re-derived, no aiohttp request object.
-    assert work.calls["gateway.fastlane:FastLane._l2_read"] == 1
+    assert work.calls["gateway.edge.fastlane:FastLane._l2_read"] == 1
     assert work.calls["aiohttp.web_request:BaseRequest.__init__"] == 0
     assert {name: work.calls[name] for name in SKIPPED_ON_THE_FAST_PATH} == dict.fromkeys(
         SKIPPED_ON_THE_FAST_PATH, 0

@@ -9,7 +9,8 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter
 
-from gateway.hotrecord import (
+from gateway.keys.derive import ANONYMOUS_SCOPE, PUBLIC_SCOPE
+from gateway.tiers.hotrecord import (
     REQUESTS,
     SCORES,
     HotRecord,
@@ -18,7 +19,6 @@ from gateway.hotrecord import (
     decode_request,
     encode_request,
 )
-from gateway.keys import ANONYMOUS_SCOPE, PUBLIC_SCOPE
 from tests.support.gateway import FakeClock
 
 HALF_LIFE_S = 100.0

@@ -1,4 +1,4 @@
-"""Tests for gateway/keys.py: what changes a key, tenant scope, the key format and entry tags."""
+"""Tests for gateway/keys/derive.py: what changes a key, tenant scope, the key format and entry tags."""
 
 from __future__ import annotations
 
@@ -8,8 +8,16 @@ from typing import Any
 import pytest
 
 from cdn.tags import tag_headers
-from gateway.canonical import Level, canonicalize
-from gateway.keys import KEY_VERSION, PUBLIC_SCOPE, CacheKey, derive_key, entry_tags, parse_key, tenant_scope
+from gateway.keys.canonical import Level, canonicalize
+from gateway.keys.derive import (
+    KEY_VERSION,
+    PUBLIC_SCOPE,
+    CacheKey,
+    derive_key,
+    entry_tags,
+    parse_key,
+    tenant_scope,
+)
 
 CHAT = "chat/completions"
 SCOPE = tenant_scope("sk-alice")
@@ -236,8 +244,8 @@ def test_tag_encoding_keeps_different_values_apart() -> None:
 def test_key_from_bytes_equals_the_canonical_json_derivation() -> None:
     import hashlib
 
-    from gateway.canonical import CANON_VERSION, canonical_json
-    from gateway.keys import derive_key_from_bytes
+    from gateway.keys.canonical import CANON_VERSION, canonical_json
+    from gateway.keys.derive import derive_key_from_bytes
 
     canonical = {"model": "m", "messages": [{"role": "user", "content": 'h\u00e9llo "q"'}], "temperature": 0}
     material = canonical_json(

@@ -1,6 +1,6 @@
 """The `tokens` key level: a hit must be the answer the model would give, so the key is what the model sees.
 
-Pure properties of gateway/tokens/keyform.py with gateway/keys.py, the backend's own tokenizer as the oracle for
+Pure properties of gateway/tokens/keyform.py with gateway/keys/derive.py, the backend's own tokenizer as the oracle for
 the ids. The same level through a real gateway in front of the backend app: test_keys_tokens_gateway.py.
 """
 
@@ -12,8 +12,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.canonical import Level, canonicalize
-from gateway.keys import derive_key
+from gateway.keys.canonical import Level, canonicalize
+from gateway.keys.derive import derive_key
 from gateway.tokens.cache import TokenCache
 from gateway.tokens.encoder import ModelEncoder
 from gateway.tokens.keyform import canonical_form, model_input

@@ -1,4 +1,4 @@
-"""Cross-replica coalescing with leases (gateway/lease.py): real gateway processes on one real redis-server.
+"""Cross-replica coalescing with leases (gateway/misses/lease.py): real gateway processes on one real redis-server.
 
 The upstream is the scriptable fake in this process; its gate holds the holder's fill until the test has seen
 another replica waiting on the lease (read from that replica's /metrics), so the misses really overlap.
@@ -16,7 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter
 
-from gateway.lease import LEASE_PREFIX, Lease, Leases, LeaseSettings
+from gateway.misses.lease import LEASE_PREFIX, Lease, Leases, LeaseSettings
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import RunningGateway
@@ -210,7 +210,7 @@ async def test_a_waiter_goes_upstream_itself_after_max_wait_while_a_live_holder_
 
 
 def test_cluster_urls_are_validated() -> None:
-    from gateway.config import CacheConfig, ConfigError
+    from gateway.config.settings import CacheConfig, ConfigError
 
     assert CacheConfig(redis_url="redis+cluster://10.0.0.1:6379,10.0.0.2:6380").redis_url
     with pytest.raises(ConfigError, match="host:port"):

@@ -6,8 +6,8 @@ import struct
 
 import pytest
 
-from gateway.entry import Entry, encode, make_etag
-from gateway.keys import entry_tags
+from gateway.keys.derive import entry_tags
+from gateway.keys.entry import Entry, encode, make_etag
 from gateway.tiers.mc_record import (
     ITEM_OVERHEAD_BYTES,
     RecordSerializer,

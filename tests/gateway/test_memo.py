@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import orjson
 
-from gateway.canonical import Level, canonical_json, canonicalize
-from gateway.keys import derive_key_from_bytes
-from gateway.memo import ParsedRequest, RequestMemo
+from gateway.keys.canonical import Level, canonical_json, canonicalize
+from gateway.keys.derive import derive_key_from_bytes
+from gateway.keys.memo import ParsedRequest, RequestMemo
 from tests.gateway.test_memory_tier import traced_growth
 
 CHAT = "chat/completions"

@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import orjson
 
-from gateway.entry import Entry, make_etag
-from gateway.keys import entry_tags
+from gateway.keys.derive import entry_tags
+from gateway.keys.entry import Entry, make_etag
 from gateway.tiers.memory import MemoryTier
 from tests.support.gateway import FakeClock
 

@@ -1,4 +1,4 @@
-"""Model ids with '/' (vLLM's `org/name`) through the gateway's path rules (gateway/paths.py) and relay.
+"""Model ids with '/' (vLLM's `org/name`) through the gateway's path rules (gateway/web/paths.py) and relay.
 
 The SDKs send `models.retrieve("org/name")` as `GET /v1/models/org%2Fname`: the id segment may hold an encoded '/',
 forwarded as sent, while every traversal spelling stays refused and never reaches the upstream.
@@ -10,7 +10,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from gateway.paths import check_path
+from gateway.web.paths import check_path
 from tests.gateway.test_relay import exchange, request_bytes
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import FakeClock, RunningGateway, gateway_config, start_gateway

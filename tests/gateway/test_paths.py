@@ -1,10 +1,10 @@
-"""gateway/paths.py: only normal-form paths pass; every traversal spelling is refused, and named when it leaves /v1/."""
+"""gateway/web/paths.py: only normal-form paths pass; every traversal spelling is refused, and named when it leaves /v1/."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.paths import check_path, origin_path
+from gateway.web.paths import check_path, origin_path
 
 ACCEPTED = [
     "/",

@@ -1,4 +1,4 @@
-"""Tests for gateway/policy.py: lookup or bypass, what may be stored, freshness and max-age."""
+"""Tests for gateway/keys/policy.py: lookup or bypass, what may be stored, freshness and max-age."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from gateway.cache_control import RequestDirectives
-from gateway.policy import (
+from gateway.keys.cache_control import RequestDirectives
+from gateway.keys.policy import (
     Bypass,
     Freshness,
     Lookup,

@@ -9,9 +9,9 @@ import sys
 import orjson
 import pytest
 
-from gateway.hotrecord import Replayable
-from gateway.reask import main, reask, select
-from gateway.warm import hot_record_of
+from gateway.misses.reask import main, reask, select
+from gateway.misses.warm import hot_record_of
+from gateway.tiers.hotrecord import Replayable
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import FakeClock, RunningGateway

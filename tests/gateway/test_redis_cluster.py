@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import redis
 
+from gateway.misses.warm import hot_record_of
 from gateway.tiers.redis_cluster import RedisClusterTier
-from gateway.warm import hot_record_of
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.cluster import LocalCluster
 from tests.support.fake_upstream import FakeUpstream

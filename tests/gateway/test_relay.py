@@ -1,5 +1,5 @@
 """Passthrough hardening over raw sockets: no traversal spelling reaches the upstream, and the operator's key is
-attached only to routes the gateway relays (gateway/handlers/relay.py, gateway/paths.py)."""
+attached only to routes the gateway relays (gateway/handlers/relay.py, gateway/web/paths.py)."""
 
 from __future__ import annotations
 
@@ -186,7 +186,7 @@ async def test_upstream_failures_name_no_address(make_gateway: GatewayFactory) -
 
 @pytest.mark.parametrize("route", ["/files", "../admin", "a/**/b", "a//b", "a;b", "%2e%2e"])
 def test_malformed_relay_routes_fail_at_startup(route: str) -> None:
-    from gateway.config import ConfigError, GatewayConfig
+    from gateway.config.settings import ConfigError, GatewayConfig
 
     with pytest.raises(ConfigError, match="relay_routes"):
         GatewayConfig.from_mapping({"upstream": {"relay_routes": [route]}})

@@ -1,4 +1,4 @@
-"""`POST /v1/responses` cached when stateless: gateway/streaming/responses.py, the policy's Responses rules and the
+"""`POST /v1/responses` cached when stateless: gateway/misses/streaming/responses.py, the policy's Responses rules and the
 route, through the real `openai` client against the gateway in front of the fake upstream (OpenAI's event format).
 
 One entry answers both forms: a JSON hit gets the response object, a streamed hit its event sequence (the recorded
@@ -13,9 +13,9 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
-from gateway.cache_control import RequestDirectives
-from gateway.policy import Bypass, Lookup, Reason, RoutePolicy, decide
-from gateway.streaming.responses import ResponsesRecorder, events
+from gateway.keys.cache_control import RequestDirectives
+from gateway.keys.policy import Bypass, Lookup, Reason, RoutePolicy, decide
+from gateway.misses.streaming.responses import ResponsesRecorder, events
 from tests.gateway.conftest import AUTH_A
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import RunningGateway

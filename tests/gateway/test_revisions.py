@@ -16,7 +16,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from backend.server import revisions
-from gateway.catalog import REVISION_HEADER
+from gateway.upstream.catalog import REVISION_HEADER
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import RunningGateway

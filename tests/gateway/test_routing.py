@@ -5,11 +5,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.routing.affinity import AffinityTable, ids_chain, prompt_text, text_chain
-from gateway.routing.book import RevisionBook, merge
-from gateway.routing.breaker import Breaker, BreakerState
-from gateway.routing.choose import Candidate, Choice, choose, guard
-from gateway.routing.facts import facts_of
+from gateway.upstream.routing.affinity import AffinityTable, ids_chain, prompt_text, text_chain
+from gateway.upstream.routing.book import RevisionBook, merge
+from gateway.upstream.routing.breaker import Breaker, BreakerState
+from gateway.upstream.routing.choose import Candidate, Choice, choose, guard
+from gateway.upstream.routing.facts import facts_of
 from tokenedge_wire.framing import encode_request
 
 

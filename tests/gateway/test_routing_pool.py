@@ -16,14 +16,14 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
-from gateway.catalog import REVISION_HEADER, ModelCatalog
-from gateway.config_sections import BackendConfig, UpstreamConfig
-from gateway.errors import UpstreamError, UpstreamTimeout
-from gateway.routing import health
-from gateway.routing.build import build_upstream, connect
-from gateway.routing.metrics import RoutingMetrics
-from gateway.routing.pool import UpstreamPool
-from gateway.upstream import Upstream
+from gateway.config.sections import BackendConfig, UpstreamConfig
+from gateway.ops.routing_metrics import RoutingMetrics
+from gateway.upstream.catalog import REVISION_HEADER, ModelCatalog
+from gateway.upstream.http import Upstream
+from gateway.upstream.routing import health
+from gateway.upstream.routing.build import build_upstream, connect
+from gateway.upstream.routing.pool import UpstreamPool
+from gateway.web.errors import UpstreamError, UpstreamTimeout
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.gateway import FakeClock
 from tests.support.services import free_port

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestServer
 
-from gateway.routing.pool import UpstreamPool
+from gateway.upstream.routing.pool import UpstreamPool
 from tests.support.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
 from tests.support.token_backend import EchoEngine, backend_app, chatml_byte_tokenizer
 

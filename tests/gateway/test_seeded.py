@@ -12,7 +12,7 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
-from gateway.catalog import parse_models
+from gateway.upstream.catalog import parse_models
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import FakeClock, RunningGateway, gateway_config, start_gateway

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.singleflight import SingleFlight
+from gateway.misses.singleflight import SingleFlight
 
 
 async def test_concurrent_callers_share_one_call() -> None:

@@ -1,4 +1,4 @@
-"""End-to-end streamed completions (gateway.streaming) through a real gateway and the scriptable fake upstream.
+"""End-to-end streamed completions (gateway.misses.streaming) through a real gateway and the scriptable fake upstream.
 
 Ordering is driven by the fake's per-chunk gates and by reading events, never by wall-clock sleeps.
 """
@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from gateway.entry import Entry
+from gateway.keys.entry import Entry
 from tests.gateway.conftest import AUTH_A, AUTH_B, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import FakeClock, RunningGateway

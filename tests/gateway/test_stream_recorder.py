@@ -1,14 +1,14 @@
-"""Pure pieces of gateway.streaming: the SSE parser, the recorder's assembly and store facts, and replay."""
+"""Pure pieces of gateway.misses.streaming: the SSE parser, the recorder's assembly and store facts, and replay."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 
-from gateway.entry import Entry
-from gateway.streaming.recorder import Kind, Recorder
-from gateway.streaming.replay import replay_frames
-from gateway.streaming.sse import Event, SSEParser, data_frame
+from gateway.keys.entry import Entry
+from gateway.misses.streaming.recorder import Kind, Recorder
+from gateway.misses.streaming.replay import replay_frames
+from gateway.misses.streaming.sse import Event, SSEParser, data_frame
 
 
 @pytest.mark.parametrize(

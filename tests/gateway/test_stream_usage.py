@@ -1,4 +1,4 @@
-"""A hit is the whole answer: gateway/streaming/usage.py (the usage ask) and the entry-side checks it serves.
+"""A hit is the whole answer: gateway/misses/streaming/usage.py (the usage ask) and the entry-side checks it serves.
 
 Every cacheable streamed miss asks the upstream for usage, so an entry recorded from a plain stream holds it: a JSON
 hit carries `usage` and a streamed hit with `include_usage` ends with the usage chunk, while a client that did not
@@ -15,7 +15,7 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
-from gateway.streaming.usage import asking_usage
+from gateway.misses.streaming.usage import asking_usage
 from tests.gateway.conftest import AUTH_A, CHAT
 from tests.gateway.test_openai_client import KINDS, MESSAGES, ask
 from tests.gateway.test_stream import STREAM, collect, post, sse, stored

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from gateway.tally import FOLD_EVERY, Tally
+from gateway.ops.tally import FOLD_EVERY, Tally
 
 BUCKETS = (0.001, 0.01, 0.1, 1.0)
 VALUES = [0.0005, 0.001, 0.0011, 0.05, 0.1, 0.5, 1.0, 3.0, 0.0]

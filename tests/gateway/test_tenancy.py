@@ -1,4 +1,4 @@
-"""Tenant scope (gateway/tenancy.py, gateway/handlers/tenancy.py, gateway/secret.py): every credential part
+"""Tenant scope (gateway/hits/tenancy.py, gateway/handlers/tenancy.py, gateway/hits/secret.py): every credential part
 counts, the key is the deployment's secret, the tenant header is honoured only from trusted proxies, and anonymous callers are documented."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import redis
 from aiohttp import web
 from multidict import CIMultiDict
 
-from gateway.secret import SECRET_FILE, SECRET_KEY
+from gateway.hits.secret import SECRET_FILE, SECRET_KEY
 from tests.gateway.conftest import AUTH_A, AUTH_B, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.services import serving
@@ -254,15 +254,15 @@ async def test_replicas_agree_on_a_secret_created_in_redis(
     ],
 )
 def test_unsafe_or_malformed_tenancy_settings_fail_at_startup(server: dict[str, Any], needle: str) -> None:
-    from gateway.config import ConfigError, GatewayConfig
+    from gateway.config.settings import ConfigError, GatewayConfig
 
     with pytest.raises(ConfigError, match=needle):
         GatewayConfig.from_mapping({"server": server})
 
 
 def test_the_scope_memo_never_mixes_credential_sets() -> None:
-    from gateway.config import ServerConfig
-    from gateway.tenancy import MEMO_ENTRIES, Tenancy
+    from gateway.config.settings import ServerConfig
+    from gateway.hits.tenancy import MEMO_ENTRIES, Tenancy
 
     tenancy = Tenancy.from_config(ServerConfig(credential_headers=("X-Team",)), b"secret")
     one = CIMultiDict([("Authorization", "Bearer a"), ("X-Team", "red")])

@@ -8,8 +8,8 @@ from collections.abc import Iterable, Sequence
 
 import pytest
 
-from gateway.entry import Entry, make_etag
-from gateway.metrics import GatewayMetrics
+from gateway.keys.entry import Entry, make_etag
+from gateway.ops.metrics import GatewayMetrics
 from gateway.tiers.base import L2Unavailable, LocalTier, Tier
 from gateway.tiers.memory import MemoryTier
 from gateway.tiers.tiered import TieredCache

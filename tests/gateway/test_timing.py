@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from gateway.timing import StageTimer
+from gateway.ops.timing import StageTimer
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.gateway.test_metrics import scrape, value
 

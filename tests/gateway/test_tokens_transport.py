@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.tokens.transport import BinaryCall
-from gateway.upstream import Upstream
+from gateway.upstream.http import Upstream
+from gateway.web.errors import UpstreamError, UpstreamTimeout
 from tokenedge_wire.framing import FrameReader, WireError, frame
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

@@ -8,12 +8,12 @@ from collections.abc import Sequence
 import orjson
 import pytest
 
-from gateway import warm
-from gateway.entry import Entry
-from gateway.hotrecord import HotRecord, Warmup
+from gateway.keys.entry import Entry
+from gateway.misses import warm
+from gateway.misses.warm import hot_record_of
 from gateway.state import GatewayState
+from gateway.tiers.hotrecord import HotRecord, Warmup
 from gateway.tiers.redis_tier import RedisTier
-from gateway.warm import hot_record_of
 from tests.gateway.conftest import CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import RunningGateway

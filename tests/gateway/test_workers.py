@@ -37,7 +37,7 @@ async def test_totals_across_two_workers_equal_requests_sent(workers: str, fake:
         ):
             assert resp.status == 200
             await resp.read()
-    # Each worker folds its hot-path tallies into the shared files at least once a second (gateway/tally.py):
+    # Each worker folds its hot-path tallies into the shared files at least once a second (gateway/ops/tally.py):
     # poll (bounded) until the other worker's last second has landed.
     m = {}
     for _ in range(50):

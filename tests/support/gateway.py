@@ -9,8 +9,8 @@ from aiohttp.test_utils import TestClient
 
 from cdn.purge import CdnConfig
 from gateway.app import create_app
-from gateway.config import GatewayConfig
-from gateway.edge import EdgeTestServer
+from gateway.config.settings import GatewayConfig
+from gateway.edge.server import EdgeTestServer
 from gateway.state import STATE, GatewayState
 
 

@@ -1,4 +1,4 @@
-"""Upstream transports for tests, swapped in as `GatewayState.upstream` (the `gateway.transport` seam).
+"""Upstream transports for tests, swapped in as `GatewayState.upstream` (the `gateway.upstream.transport` seam).
 
 A test that needs the upstream to fail, or to see what the gateway asked of it, replaces the transport instead of
 reaching into the HTTP client's private attributes.
@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
-from gateway.errors import UpstreamUnavailable
-from gateway.transport import OpenResponse, UpstreamTransport
-from gateway.upstream import UpstreamResponse
+from gateway.upstream.http import UpstreamResponse
+from gateway.upstream.transport import OpenResponse, UpstreamTransport
+from gateway.web.errors import UpstreamUnavailable
 
 REFUSED = "upstream unavailable: connection refused"  # what the HTTP upstream says for a closed port
 

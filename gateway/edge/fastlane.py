@@ -1,0 +1,339 @@
+"""The fast lane: a known request's fresh hit answered from the connection's read, before aiohttp parses it.
+
+The one lane beside the ordinary handler path (router, middleware, handler). It keys on what matters, never on raw
+request bytes: the route, the body (the request memo knows its canonical key), the request's own credential headers
+(its scope, `hits.scope`, computed from this request), the model's current revision. Any other header (an ingress's
+`X-Request-Id`, `traceparent`, `X-Varnish`, `CF-Ray`) changes nothing; a conditional, cache-directive, debug,
+framing or `Connection: close` header sends the request the ordinary way.
+
+What it keeps of the ordinary path:
+- Order: it answers only when every request before it on the connection has been answered (the connection counts
+  requests started and answered, `gateway.edge.framing`), and while it waits for an L2 read the connection holds later
+  bytes, in order.
+- Deadlines: it takes only a request that arrived whole in one read, so no body deadline is ever waited out here
+  (a request still arriving goes to aiohttp's parser as it comes, under the edge's head and body deadlines); the
+  connection cap and slow-client counting are the edge's, unchanged.
+- Trust: the key is bound from this request's own bytes before any await; nothing after the L2 read looks at a
+  record another request can write.
+- Counting: the hit core decides (`hits.verdict`), renders (`hits.render`) and counts (`hits.record`), and the
+  request record (`reqrecord`) is kept, exactly as on the ordinary path.
+Anything else (a miss, a stale entry, a refused credential, an unknown body) goes to aiohttp's parser, with any L2
+read handed over so the tiers are read and counted once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from time import perf_counter
+from typing import Any, Protocol
+
+from multidict import CIMultiDict
+
+from gateway.hits import record, render
+from gateway.hits.scope import key_scope_of_fields
+from gateway.hits.verdict import Verdict, judge
+from gateway.keys.cache_control import NO_DIRECTIVES
+from gateway.keys.entry import Entry
+from gateway.keys.memo import MAX_MEMO_BODY_BYTES, ParsedRequest
+from gateway.keys.policy import CACHEABLE_ENDPOINTS, Lookup, decide
+from gateway.keys.validate import is_json_media
+from gateway.ops.dashboard.hotkeys import prompt_text
+from gateway.ops.reqrecord import DEBUG_HEADER, handler_done
+from gateway.ops.timing import StageTimer
+from gateway.state import GatewayState
+from gateway.tiers.base import L2Unavailable
+from gateway.tiers.tiered import Found
+from gateway.web.errors import GatewayError
+
+log = logging.getLogger("tokenedge.fastlane")
+NOT_SERVED, SERVED, PENDING = 0, 1, 2
+# A plain HTTP/1.1 POST head to a cacheable route, every field line well formed (RFC 9110 §5.1 token names; values
+# without control characters but tab). Anything else is aiohttp's to parse (and to refuse).
+_ROUTES = b"|".join(re.escape(e.encode()) for e in sorted(CACHEABLE_ENDPOINTS, key=len, reverse=True))
+_HEAD = re.compile(
+    rb"POST /v1/(" + _ROUTES + rb") HTTP/1\.1\r\n"
+    rb"((?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[^\x00-\x08\x0a-\x1f\x7f]*\r\n)*)\r\n"
+)
+SLOW, CREDENTIAL, LENGTH, CTYPE, CONNECTION, HOST = range(6)
+# Request headers that send a request the ordinary way: conditionals (RFC 9110 §13), cache directives (the policy
+# reads them), the admin debug header (Server-Timing), and framing a plain request does not have.
+SLOW_HEADERS = (
+    "If-None-Match",
+    "If-Modified-Since",
+    "If-Match",
+    "If-Unmodified-Since",
+    "If-Range",
+    "Range",
+    "Cache-Control",
+    "Pragma",
+    DEBUG_HEADER,
+    "Expect",
+    "Transfer-Encoding",
+    "Upgrade",
+)
+
+
+class Connection(Protocol):
+    """What the lane needs of the edge's protocol (`edge.EdgeRequestHandler`)."""
+
+    transport: Any
+
+    def lane_settled(
+        self, served: bool, data: bytes, handover: tuple[str, Found | None, StageTimer] | None
+    ) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Known:
+    """A memoized request's key for this caller, bound before any await (nothing later reads the memo's record)."""
+
+    parsed: ParsedRequest
+    key: str
+    revision: str
+    endpoint: str
+    needs_usage: bool  # the JSON answer carries usage: an entry without it is not a hit (policy.lacks)
+
+
+@functools.lru_cache(maxsize=16)
+def header_kinds(credential_names: tuple[str, ...]) -> dict[bytes, int]:
+    """Lower-case raw name -> what the lane does with it, one dict probe a header."""
+    kinds = {name.lower().encode("ascii"): CREDENTIAL for name in credential_names}
+    kinds.update({name.lower().encode("ascii"): SLOW for name in SLOW_HEADERS})
+    kinds.update(
+        {b"content-length": LENGTH, b"content-type": CTYPE, b"connection": CONNECTION, b"host": HOST}
+    )
+    return kinds
+
+
+def _json_type(value: bytes) -> bool:
+    """`validate.check_content_type`'s rule, on the raw field value."""
+    return is_json_media(value.split(b";", 1)[0].strip(b" \t").lower().decode("latin-1"))
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    endpoint: str
+    fields: bytes  # the field lines, each ending in CRLF
+    credentials: tuple[tuple[bytes, bytes], ...]  # (lower-case name, raw value), in request order
+    body_at: int
+    length: int
+
+
+def plain_head(data: bytes, kinds: dict[bytes, int]) -> Head | None:
+    """The head of the request `data` starts, when the lane may answer it; else None."""
+    match = _HEAD.match(data)
+    if match is None:
+        return None
+    length, hosts = -1, 0
+    credentials: list[tuple[bytes, bytes]] = []
+    for line in match.group(2).split(b"\r\n")[:-1]:
+        name, _, value = line.partition(b":")
+        lower = name.lower()
+        kind = kinds.get(lower)
+        if kind is None:
+            continue
+        if kind == SLOW:
+            return None
+        value = value.strip(b" \t")
+        if kind == CREDENTIAL:
+            credentials.append((lower, value))
+        elif kind == LENGTH:
+            if length >= 0 or not value.isdigit() or len(value) > 9:
+                return None
+            length = int(value)
+        elif kind == CTYPE:
+            if not _json_type(value):
+                return None
+        elif kind == HOST:
+            hosts += 1
+        elif b"close" in value.lower() or b"upgrade" in value.lower():
+            return None  # aiohttp closes (or upgrades) as the request asks
+    if length <= 0 or hosts != 1:  # RFC 9112 §3.2: HTTP/1.1 without exactly one Host is the parser's 400
+        return None
+    return Head(match.group(1).decode(), match.group(2), tuple(credentials), match.end(), length)
+
+
+def _lookup(parsed: ParsedRequest, state: GatewayState, endpoint: str) -> Lookup | None:
+    """The policy's decision for these bytes without request directives, decided once per memoized request."""
+    fast = parsed.fast
+    if fast is None:
+        decision = decide(endpoint, parsed.body, NO_DIRECTIVES, state.policies[endpoint])
+        # A seeded lookup is the ordinary path's: it asks the upstream's promise each time (policy.confirm_seeded).
+        usable = (
+            isinstance(decision, Lookup)
+            and decision.read
+            and not decision.seeded
+            and parsed.body.get("stream") is not True
+        )
+        fast = parsed.fast = decision if usable else False
+    return fast if isinstance(fast, Lookup) else None
+
+
+def keyed(state: GatewayState, endpoint: str, raw: bytes, scope: Callable[[], str]) -> Known | None:
+    """The key the ordinary path last derived for these body bytes, when it was for this caller (`scope`, asked
+    only once the rest holds) and the model's current revision; else None (the ordinary path derives it)."""
+    parsed = state.memo.get(endpoint, raw)
+    lookup = _lookup(parsed, state, endpoint) if parsed is not None else None
+    if parsed is None or lookup is None:
+        return None
+    revision = state.catalog.fresh_revision(parsed.body["model"])
+    if revision is None:
+        return None
+    key, context = parsed.key, parsed.key_context
+    if key is None or context is None or context[1] != revision or context[0] != scope():
+        return None
+    return Known(parsed, key.key, revision, endpoint, lookup.needs_usage)
+
+
+def _headers_of(fields: bytes) -> CIMultiDict[str]:
+    """The field lines as aiohttp would decode them (UTF-8, surrogate escapes), for a scope computed the first
+    time a credential is seen."""
+    headers: CIMultiDict[str] = CIMultiDict()
+    for line in fields.split(b"\r\n")[:-1]:
+        name, _, value = line.partition(b":")
+        headers.add(name.decode("latin-1"), value.strip(b" \t").decode("utf-8", "surrogateescape"))
+    return headers
+
+
+class FastLane:
+    """One per process: answers the requests a connection offers (`take`), hits only."""
+
+    def __init__(self, state: GatewayState) -> None:
+        self._state = state
+        tenancy = state.tenancy
+        assert tenancy is not None, "tenancy_ctx runs before the server starts"
+        self._kinds = header_kinds(tenancy.credential_headers)
+        self._max_body = min(MAX_MEMO_BODY_BYTES, state.config.server.max_body_bytes)
+
+    def take(self, data: bytes, conn: Connection) -> tuple[int, int]:
+        """(verdict, bytes used): SERVED (the hit is written), PENDING (an L2 read; the connection holds what comes
+        next and `lane_settled` follows), or NOT_SERVED (nothing used or counted: the bytes go to the parser)."""
+        head = plain_head(data, self._kinds)
+        if head is None or head.length > self._max_body or len(data) < head.body_at + head.length:
+            return NOT_SERVED, 0
+        used = head.body_at + head.length
+        state = self._state
+        timer = StageTimer(head.endpoint)
+        try:
+            known = keyed(state, head.endpoint, data[head.body_at : used], partial(self._scope, head))
+        except GatewayError:  # a refused credential: the ordinary path answers it as JSON
+            return NOT_SERVED, 0
+        if known is None:
+            return NOT_SERVED, 0
+        keyed_at = perf_counter()
+        cache = state.cache
+        entry = cache.l1.get(known.key) if cache.l1.enabled else None
+        if entry is not None:
+            now = state.clock()
+            if (
+                judge(entry, now, NO_DIRECTIVES, known.revision, needs_usage=known.needs_usage)
+                is not Verdict.HIT
+            ):
+                return NOT_SERVED, 0  # the ordinary path reads it again and decides (stale-if-error, ...)
+            if not self._write(conn, known, entry, now, "l1", timer, keyed_at):
+                return NOT_SERVED, 0
+            cache.count_l1_hit()
+            return SERVED, used
+        if cache.l2 is None:
+            return NOT_SERVED, 0
+        generation = cache.l1.generation
+        try:
+            pending = cache.l2.read(known.key)
+        except (
+            L2Unavailable
+        ):  # breaker open: the ordinary path reads (and counts the error) as it always does
+            return NOT_SERVED, 0
+        if cache.l1.enabled:
+            cache.count_l1_miss()
+        pending.add_done_callback(
+            partial(self._l2_read, conn, data[:used], known, timer, keyed_at, generation)
+        )
+        return PENDING, used
+
+    def _scope(self, head: Head) -> str:
+        """This request's key scope, from its own credential headers (`hits.scope`)."""
+        return key_scope_of_fields(
+            self._state, head.endpoint, head.credentials, partial(_headers_of, head.fields)
+        )
+
+    def _l2_read(
+        self,
+        conn: Connection,
+        data: bytes,
+        known: Known,
+        timer: StageTimer,
+        keyed_at: float,
+        generation: int,
+        pending: asyncio.Future[Any],
+    ) -> None:
+        """The L2 read is over: a fresh entry is written; anything else goes to the parser with the read."""
+        state = self._state
+        try:
+            exc = pending.exception()
+            if exc is not None and not isinstance(exc, L2Unavailable):
+                raise exc
+            l2 = state.cache.l2
+            assert l2 is not None  # the tier `take` read from
+            value = exc if exc is not None else l2.entry_of(pending.result())
+            found = state.cache.settle(known.key, value, generation)
+        except (
+            Exception,
+            asyncio.CancelledError,
+        ):  # a gateway bug: the ordinary path reads and answers instead
+            log.exception("fast lane: L2 read failed")
+            conn.lane_settled(False, data, None)
+            return
+        if conn.transport is None or conn.transport.is_closing():
+            conn.lane_settled(False, b"", None)  # nobody left to answer
+            handler_done(state, timer, known.endpoint, "client_gone", "client_gone")
+            return
+        now = state.clock()
+        fresh = (
+            found is not None
+            and judge(found.entry, now, NO_DIRECTIVES, known.revision, needs_usage=known.needs_usage)
+            is Verdict.HIT
+        )
+        if (
+            fresh
+            and found is not None
+            and self._write(conn, known, found.entry, now, found.tier, timer, keyed_at)
+        ):
+            conn.lane_settled(True, b"", None)
+            return
+        timer.lap_to("l2", perf_counter())
+        conn.lane_settled(False, data, (known.key, found, timer))
+
+    def _write(
+        self,
+        conn: Connection,
+        known: Known,
+        entry: Entry,
+        now: float,
+        tier: str,
+        timer: StageTimer,
+        keyed_at: float,
+    ) -> bool:
+        """Write a fresh entry's response and count it as the ordinary path counts a hit; False if it cannot be
+        written as bytes (then nothing was written or counted)."""
+        state = self._state
+        looked_up = perf_counter()
+        data = render.hit_bytes(state, entry, now, tier)
+        if data is None:
+            return False
+        conn.transport.write(data)
+        prompt = (prompt_text(known.parsed.body) or "") if state.config.dashboard.show_prompts else None
+        record.hit(state, entry, now, prompt)
+        timer.key = known.key
+        timer.lap_to("parse", keyed_at)
+        timer.lap_to(tier, looked_up)
+        timer.lap("serialize")
+        timer.status, timer.prepared_at = 200, perf_counter()
+        handler_done(state, timer, known.endpoint, "hit", tier)
+        state.metrics.tally.inc(state.metrics.lane_answers, (tier,))
+        return True

@@ -1,0 +1,54 @@
+"""The cache read shared by the JSON and streamed paths: L1/L2 lookup, then the hit core's verdict (DESIGN §4).
+
+A hit is an entry `hits.verdict.judge` accepts for this request now; an entry past its TTL but inside
+stale-if-error is kept aside, to be served only if the upstream then fails. `no-cache` (lookup.read False) skips
+the read entirely. A read the fast lane made and did not serve (`PRE_READ`) is used as it is: the tiers are read
+and counted once per request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from gateway.hits.verdict import Verdict, judge
+from gateway.keys.cache_control import RequestDirectives
+from gateway.keys.entry import Entry
+from gateway.keys.policy import Lookup
+from gateway.ops.timing import lap
+from gateway.state import GatewayState
+from gateway.tiers.tiered import Found
+
+# A lookup the fast lane already made for this request's key and did not serve (a miss, a stale entry): the normal
+# path uses it instead of reading (and counting) the tiers a second time. (key, what `TieredCache.get` returned).
+PRE_READ: web.RequestKey[tuple[str, Found | None]] = web.RequestKey("tokenedge_pre_read", tuple)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheRead:
+    hit: Found | None  # a fresh, acceptable entry
+    stale: Entry | None  # usable only if the upstream fails
+    now: float
+
+
+async def read_cache(
+    request: web.Request,
+    state: GatewayState,
+    key: str,
+    lookup: Lookup,
+    directives: RequestDirectives,
+    revision: str | None = None,
+) -> CacheRead:
+    if not lookup.read:
+        return CacheRead(None, None, state.clock())
+    read = request.pop(PRE_READ, None)
+    found = read[1] if read is not None and read[0] == key else await state.cache.get(key)
+    lap(request, found.tier if found is not None else ("l2" if state.cache.l2 is not None else "l1"))
+    now = state.clock()  # after the (possibly remote) read: the age is the entry's age as served
+    if found is None:
+        return CacheRead(None, None, now)
+    verdict = judge(found.entry, now, directives, revision, needs_usage=lookup.needs_usage)
+    if verdict is Verdict.HIT:
+        return CacheRead(found, None, now)
+    return CacheRead(None, found.entry if verdict is Verdict.STALE else None, now)

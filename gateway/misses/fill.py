@@ -1,0 +1,77 @@
+"""Cache fill for JSON responses: one upstream call, the store decision (DESIGN §4), and the store itself.
+
+Runs inside a single-flight task, so the entry is in the cache before any coalesced follower is released.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.keys.entry import Entry
+from gateway.keys.policy import USAGE_ENDPOINTS, Reason, store_refusal
+from gateway.misses.answer import FillRequest, make_entry, revision_moved
+from gateway.misses.streaming.responses import response_finish
+from gateway.state import GatewayState
+from gateway.upstream.http import UpstreamResponse
+
+__all__ = [
+    "FillRequest",
+    "FillResult",
+    "completion_facts",
+    "fill",
+]  # FillRequest lives in gateway.misses.answer
+
+
+@dataclass(frozen=True, slots=True)
+class FillResult:
+    response: UpstreamResponse
+    entry: Entry | None
+    refusal: Reason | None
+    collapsed: bool = False  # the entry another replica stored under its lease (gateway/misses/lease_fill.py)
+
+
+def completion_facts(body: bytes) -> tuple[list[str | None], Mapping[str, Any] | None] | None:
+    """(finish reasons, usage) of a JSON completion; None when the body is not a JSON object."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    if doc.get("object") == "response":
+        usage = doc.get("usage")
+        return [response_finish(doc)], usage if isinstance(usage, dict) else None
+    choices = doc.get("choices")
+    reasons = (
+        [c.get("finish_reason") for c in choices if isinstance(c, dict)] if isinstance(choices, list) else []
+    )
+    usage = doc.get("usage")
+    return reasons, usage if isinstance(usage, dict) else None
+
+
+async def fill(state: GatewayState, req: FillRequest) -> FillResult:
+    started = time.perf_counter()
+    resp = await (req.via or state.upstream).request("POST", req.path_qs, req.headers, req.body)
+    state.metrics.upstream_duration.labels(req.endpoint).observe(time.perf_counter() - started)
+    facts = completion_facts(resp.body) if resp.status == 200 else None
+    encoded = resp.headers.get("Content-Encoding", "identity").lower() not in ("identity", "")
+    refusal = store_refusal(
+        status=resp.status,
+        body_bytes=len(resp.body),
+        max_entry_bytes=state.config.cache.max_entry_bytes,
+        complete=facts is not None and not encoded,
+        finish_reasons=facts[0] if facts else (),
+        has_usage=(facts is not None and facts[1] is not None) or req.endpoint not in USAGE_ENDPOINTS,
+    )
+    if refusal is None and revision_moved(state, req, resp.headers):
+        refusal = Reason.REVISION
+    if refusal is not None or facts is None:
+        return FillResult(resp, None, refusal or Reason.INCOMPLETE)
+    entry = make_entry(state, req, resp.body, facts[1])
+    await state.cache.put(entry)
+    return FillResult(resp, entry, None)

@@ -1,0 +1,157 @@
+"""The upstream seam: one pooled aiohttp ClientSession per process, and the only place aiohttp errors are translated.
+
+Timeouts are per socket read (`sock_read`) and per connect, never a total, so long generations are not cut while
+a dead or silent upstream is still detected. Bodies are relayed without decompression (`auto_decompress=False`);
+cacheable requests ask the upstream for `identity` encoding so their bodies can be parsed and stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import aiohttp
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from gateway.config.settings import UpstreamConfig
+from gateway.web.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
+
+# RFC 9110 §7.6.1: connection-specific fields a proxy must not forward, plus fields the proxy recomputes.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+# Request fields the gateway consumes itself.
+GATEWAY_ONLY = frozenset(
+    {"cache-control", "pragma", "x-tokenedge-debug", "if-none-match", "x-tokenedge-proxy-secret"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamResponse:
+    status: int
+    headers: CIMultiDictProxy[str]
+    body: bytes
+
+
+def forward_headers(incoming: Mapping[str, str], *, api_key: str, identity: bool) -> CIMultiDict[str]:
+    """The client's headers minus hop-by-hop and gateway-only fields; the configured key replaces theirs."""
+    connection_named = {t.strip().lower() for t in incoming.get("Connection", "").split(",") if t.strip()}
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in incoming.items():
+        lower = name.lower()
+        if lower in HOP_BY_HOP or lower in GATEWAY_ONLY or lower in connection_named:
+            continue
+        if identity and lower == "accept-encoding":
+            continue
+        out.add(name, value)
+    if api_key:
+        out["Authorization"] = f"Bearer {api_key}"
+    if identity:
+        out["Accept-Encoding"] = "identity"
+    return out
+
+
+def relay_headers(upstream: Mapping[str, str]) -> CIMultiDict[str]:
+    """Upstream response fields worth relaying to the client (the gateway sets framing and caching itself; the
+    backend's revision header is for the gateway, and a hit could not repeat it)."""
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in upstream.items():
+        lower = name.lower()
+        if lower in HOP_BY_HOP or lower in (
+            "date",
+            "server",
+            "content-type",
+            "cache-control",
+            "age",
+            "etag",
+            "expires",
+            "set-cookie",
+            "x-tokenedge-revision",
+        ):
+            continue
+        out.add(name, value)
+    return out
+
+
+class Upstream:
+    def __init__(
+        self, config: UpstreamConfig, session: aiohttp.ClientSession, url: str | None = None
+    ) -> None:
+        """`url`: one backend of `config.targets` (gateway.upstream.routing); by default the first (the only one)."""
+        self.config = config
+        self._session = session
+        self._base = (url or config.primary_url).rstrip("/")
+        self._timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=config.connect_timeout_s,
+            sock_connect=config.connect_timeout_s,
+            sock_read=config.read_timeout_s,
+        )
+
+    @staticmethod
+    def make_session(config: UpstreamConfig) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(
+            limit=config.max_connections, keepalive_timeout=30, ttl_dns_cache=300
+        )
+        return aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
+        )
+
+    async def request(
+        self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None = None
+    ) -> UpstreamResponse:
+        async with self.open_stream(method, path_qs, headers, body) as resp:
+            try:
+                data = await resp.read()
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                raise translate(exc) from exc
+            return UpstreamResponse(resp.status, resp.headers, data)
+
+    @asynccontextmanager
+    async def open_stream(
+        self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None = None
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        try:
+            resp = await self._session.request(
+                method,
+                self._base + path_qs,
+                headers=headers,
+                data=body,
+                timeout=self._timeout,
+                allow_redirects=False,
+            )
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise translate(exc) from exc
+        try:
+            yield resp
+        finally:
+            resp.release()
+
+
+def translate(exc: BaseException) -> UpstreamError:
+    """Map aiohttp's exception tree onto ours, once, at the boundary."""
+    # Messages reach clients: they name the failure, never an address, port or path (aiohttp's texts do).
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        errno = getattr(exc.os_error, "errno", None)
+        detail = os.strerror(errno).lower() if isinstance(errno, int) and errno > 0 else type(exc).__name__
+        return UpstreamUnavailable(f"upstream unavailable: {detail}")
+    if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
+        return UpstreamTimeout("upstream timed out")
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
+        return UpstreamError(f"upstream closed the connection early: {type(exc).__name__}")
+    return UpstreamError(f"upstream error: {type(exc).__name__}")
