@@ -18,6 +18,7 @@ from cdn.purge import CdnConfig, build_purge_clients, fan_out
 from gateway.config.cost import parse_prices
 from gateway.config.settings import GatewayConfig
 from gateway.edge.bodies import edge_middleware
+from gateway.edge.needs import EDGE_STATE
 from gateway.handlers import admin, alias, completions, dashboard, ops, relay, tenancy
 from gateway.keys.policy import CACHEABLE_ENDPOINTS
 from gateway.misses.lease_fill import lease_ctx
@@ -158,7 +159,7 @@ def _cache_ctx(
         coherence = Coherence(cache.l1, catalog, _bus(config, local_bus), clock)
         await coherence.start()
         watcher = _revision_watcher(config, session, catalog)
-        app[STATE] = GatewayState(
+        app[STATE] = state = GatewayState(
             config=config,
             metrics=metrics,
             clock=clock,
@@ -167,6 +168,7 @@ def _cache_ctx(
             catalog=catalog,
             coherence=coherence,
         )
+        app[EDGE_STATE] = state  # the edge finds its part of the state here (gateway.edge.needs)
         metrics.prices = parse_prices(config.dashboard.prices)
         try:
             yield
@@ -180,6 +182,29 @@ def _cache_ctx(
                 await l2.close()
 
     return ctx
+
+
+def _on_state(
+    ctx: Callable[[GatewayState], AsyncIterator[None]],
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    """A layer's cleanup_ctx takes the part of the state it uses, never the app: run it on this app's state (which
+    the cache ctx, first in the list, has built by then)."""
+
+    def ctx_on(app: web.Application) -> AsyncIterator[None]:
+        return ctx(app[STATE])
+
+    return ctx_on
+
+
+def _with_state(
+    handler: Callable[[web.Request, GatewayState], Awaitable[web.StreamResponse]],
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """A route whose handler takes the part of the state it uses next to the request, not the app's key."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await handler(request, request.app[STATE])
+
+    return handle
 
 
 def create_app(
@@ -197,11 +222,15 @@ def create_app(
         client_max_size=config.server.max_body_bytes,
     )
     app.cleanup_ctx.append(_cache_ctx(metrics or GatewayMetrics(), clock, config, local_bus))
-    app.cleanup_ctx.append(routing_ctx)  # many backends: health checks, revisions into the catalog
-    app.cleanup_ctx.append(lease_ctx)  # cross-replica leases on L2 misses (Redis L2 only)
-    app.cleanup_ctx.append(tenancy.tenancy_ctx)  # the scope secret (config, Redis or the state file)
-    app.cleanup_ctx.append(tokens_ctx)  # the token path: counts, budgets, the binary transport
-    app.cleanup_ctx.append(warm_ctx)  # the hot-key record and the start-up L1 fill (Redis L2 only)
+    app.cleanup_ctx.append(
+        _on_state(lambda s: routing_ctx(s.upstream, s.catalog))
+    )  # many backends: health checks, revisions into the catalog
+    app.cleanup_ctx.append(_on_state(lease_ctx))  # cross-replica leases on L2 misses (Redis L2 only)
+    app.cleanup_ctx.append(
+        _on_state(tenancy.tenancy_ctx)
+    )  # the scope secret (config, Redis or the state file)
+    app.cleanup_ctx.append(_on_state(tokens_ctx))  # the token path: counts, budgets, the binary transport
+    app.cleanup_ctx.append(_on_state(warm_ctx))  # the hot-key record and the start-up L1 fill (Redis L2 only)
     if cdn is not None and cdn.enabled:
         app.cleanup_ctx.append(_cdn_ctx(cdn))
     for endpoint in CACHEABLE_ENDPOINTS:  # responses: cached only when stateless (policy)
@@ -216,10 +245,12 @@ def create_app(
     app.router.add_get("/health", ops.health)
     app.router.add_get("/ready", ops.ready)
     app.router.add_get("/metrics", ops.metrics)
-    app.router.add_get("/dashboard", dashboard.page)
-    app.router.add_get("/dashboard/data", dashboard.data)
+    app.router.add_get("/dashboard", _with_state(dashboard.page))
+    app.router.add_get("/dashboard/data", _with_state(dashboard.data))
     app.cleanup_ctx.append(ops.gauge_refresher)  # after the cache ctx: it reads the state
-    app.cleanup_ctx.append(dashboard_sampler)  # the dashboard's history: a baseline now, then every step
+    app.cleanup_ctx.append(
+        _on_state(dashboard_sampler)
+    )  # the dashboard's history: a baseline now, then every step
     app.on_response_prepare.append(ops.on_response_prepare)  # Server-Timing and the per-request record
-    app.router.add_route("*", "/v1/{tail:.*}", relay.passthrough)  # known or listed routes only
+    app.router.add_route("*", "/v1/{tail:.*}", _with_state(relay.passthrough))  # known or listed routes only
     return app

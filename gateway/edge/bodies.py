@@ -15,8 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.edge.needs import EDGE_STATE
 from gateway.edge.server import EdgeRequestHandler
-from gateway.state import STATE
 from gateway.web import aioseam
 from gateway.web.errors import GatewayError, PayloadTooLarge
 
@@ -56,7 +56,7 @@ async def read_body_within_deadlines(request: web.Request) -> None:
     """Read the whole body now; `request.read()` then returns it (aiohttp caches a read body in `_read_bytes`)."""
     if aioseam.body_read(request) is not None:
         return  # the fast lane already took the whole, buffered body (gateway.edge.fastlane)
-    state = request.app[STATE]
+    state = request.app[EDGE_STATE]
     server = state.config.server
     declared = request.content_length
     if declared is not None and declared > server.max_body_bytes:

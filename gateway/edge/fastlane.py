@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 from multidict import CIMultiDict
 
+from gateway.edge.needs import EdgeState
 from gateway.hits import record, render
 from gateway.hits.scope import key_scope_of_fields
 from gateway.hits.verdict import Verdict, judge
@@ -46,7 +47,6 @@ from gateway.keys.validate import is_json_media
 from gateway.ops.dashboard.hotkeys import prompt_text
 from gateway.ops.reqrecord import DEBUG_HEADER, handler_done
 from gateway.ops.timing import StageTimer
-from gateway.state import GatewayState
 from gateway.tiers.base import L2Unavailable
 from gateway.tiers.tiered import Found
 from gateway.web.errors import GatewayError
@@ -159,7 +159,7 @@ def plain_head(data: bytes, kinds: dict[bytes, int]) -> Head | None:
     return Head(match.group(1).decode(), match.group(2), tuple(credentials), match.end(), length)
 
 
-def _lookup(parsed: ParsedRequest, state: GatewayState, endpoint: str) -> Lookup | None:
+def _lookup(parsed: ParsedRequest, state: EdgeState, endpoint: str) -> Lookup | None:
     """The policy's decision for these bytes without request directives, decided once per memoized request."""
     fast = parsed.fast
     if fast is None:
@@ -175,7 +175,7 @@ def _lookup(parsed: ParsedRequest, state: GatewayState, endpoint: str) -> Lookup
     return fast if isinstance(fast, Lookup) else None
 
 
-def keyed(state: GatewayState, endpoint: str, raw: bytes, scope: Callable[[], str]) -> Known | None:
+def keyed(state: EdgeState, endpoint: str, raw: bytes, scope: Callable[[], str]) -> Known | None:
     """The key the ordinary path last derived for these body bytes, when it was for this caller (`scope`, asked
     only once the rest holds) and the model's current revision; else None (the ordinary path derives it)."""
     parsed = state.memo.get(endpoint, raw)
@@ -204,7 +204,7 @@ def _headers_of(fields: bytes) -> CIMultiDict[str]:
 class FastLane:
     """One per process: answers the requests a connection offers (`take`), hits only."""
 
-    def __init__(self, state: GatewayState) -> None:
+    def __init__(self, state: EdgeState) -> None:
         self._state = state
         tenancy = state.tenancy
         assert tenancy is not None, "tenancy_ctx runs before the server starts"

@@ -35,10 +35,10 @@ from aiohttp.web_protocol import RequestHandler
 from gateway.config.settings import ServerConfig
 from gateway.edge.fastlane import NOT_SERVED, PENDING, FastLane
 from gateway.edge.framing import Framer
+from gateway.edge.needs import EDGE_STATE
 from gateway.hits.lookup import PRE_READ
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.timing import TIMER, StageTimer
-from gateway.state import STATE
 from gateway.tiers.tiered import Found
 from gateway.web import aioseam
 from gateway.web.errors import error_body, error_response
@@ -326,7 +326,7 @@ class EdgeRunner(aioseam.ServerRunner):
 
     async def serve_with(self, plain: web.Server) -> web.Server:
         app = self.app
-        state = app[STATE]
+        state = app[EDGE_STATE]
         return EdgeServer(
             plain.request_handler,
             request_factory=plain.request_factory,
@@ -340,7 +340,7 @@ class EdgeRunner(aioseam.ServerRunner):
 
 
 def lane_allowed(app: web.Application) -> bool:
-    state = app[STATE]
+    state = app[EDGE_STATE]
     extra = [m for m in app.middlewares if getattr(m, "__name__", "") not in GATEWAY_MIDDLEWARES]
     prepare = [h for h in app.on_response_prepare if getattr(h, "__name__", "") != "on_response_prepare"]
     why = (

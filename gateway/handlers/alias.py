@@ -31,7 +31,7 @@ async def get_alias(request: web.Request) -> web.StreamResponse:
     parsed = parse_key(request.match_info["key"])
     if parsed is None:
         raise NotFound("no such cache entry")
-    if parsed.scope != PUBLIC_SCOPE and scope_of(request) != parsed.scope:
+    if parsed.scope != PUBLIC_SCOPE and scope_of(request, state) != parsed.scope:
         raise NotFound("no such cache entry")
     found = await state.cache.get(parsed.key)
     now = state.clock()

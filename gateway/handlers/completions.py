@@ -23,7 +23,7 @@ from gateway.keys.canonical import CanonicalizationError, Level, canonical_json
 from gateway.keys.derive import PUBLIC_SCOPE, CacheKey, derive_key_from_bytes
 from gateway.keys.entry import Entry
 from gateway.keys.memo import ParsedRequest
-from gateway.keys.policy import Bypass, Lookup, Outcome, Result, confirm_seeded, decide
+from gateway.keys.policy import Bypass, Lookup, Outcome, Result, confirm_seeded, decide, wants_usage
 from gateway.keys.validate import check_content_type, parse_object, read_body, validate
 from gateway.misses.answer import (
     Answered,
@@ -39,7 +39,6 @@ from gateway.misses.answer import (
 from gateway.misses.fill import FillResult, fill
 from gateway.misses.lease_fill import leased_fill
 from gateway.misses.streaming.handler import serve_stream
-from gateway.misses.streaming.replay import wants_usage
 from gateway.ops.dashboard.hotkeys import PROMPT, prompt_text
 from gateway.ops.reqrecord import handler_done
 from gateway.ops.timing import lap, start_timer, timer_of
@@ -182,7 +181,7 @@ async def bypass(
 ) -> web.StreamResponse:
     fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=False)
     await check_bypass(
-        state, prep.endpoint, prep.body, scope_of(request), fwd
+        state, prep.endpoint, prep.body, scope_of(request, state), fwd
     )  # context length, token budget
     return await relay(
         request,
@@ -235,7 +234,7 @@ def fill_request(
         request.path_qs,
         fwd,
         prep.raw,
-        upstream_for(state, prep.endpoint, prep.body, scope_of(request)),
+        upstream_for(state, prep.endpoint, prep.body, scope_of(request, state)),
         level=resolved.level.value,
     )
 

@@ -20,10 +20,10 @@ from aiohttp import web
 
 from gateway.handlers import ops
 from gateway.handlers.tenancy import require_operator
+from gateway.misses.needs import MissState
 from gateway.ops.dashboard.history import WINDOWS, snapshot
 from gateway.ops.dashboard.hotkeys import merged, other_workers
 from gateway.ops.dashboard.summary import summarize
-from gateway.state import STATE, GatewayState
 from gateway.web.errors import BadRequest
 
 DEFAULT_WINDOW = "5m"
@@ -38,17 +38,17 @@ _PAGE_HEADERS = {
 }
 
 
-def check_access(request: web.Request) -> None:
-    require_operator(request, "the dashboard")
+def check_access(request: web.Request, state: MissState) -> None:
+    require_operator(request, state.config.server, "the dashboard")
 
 
-async def page(request: web.Request) -> web.Response:
-    check_access(request)
+async def page(request: web.Request, state: MissState) -> web.Response:
+    check_access(request, state)
     html = resources.files("gateway.handlers").joinpath("dashboard.html").read_bytes()
     return web.Response(body=html, headers=_PAGE_HEADERS)
 
 
-async def _upstream_health(state: GatewayState) -> dict[str, object]:
+async def _upstream_health(state: MissState) -> dict[str, object]:
     cached = state.dashboard.probe
     now = time.monotonic()
     if cached is not None and now - cached[0] < PROBE_EVERY_S:
@@ -59,13 +59,12 @@ async def _upstream_health(state: GatewayState) -> dict[str, object]:
     return health
 
 
-async def data(request: web.Request) -> web.Response:
+async def data(request: web.Request, state: MissState) -> web.Response:
     """Since-start numbers, the chosen window's series and totals (`?window=5m|1h|24h`), hot keys."""
-    check_access(request)
+    check_access(request, state)
     name = request.query.get("window", DEFAULT_WINDOW)
     if name not in WINDOWS:
         raise BadRequest(f"window must be one of {', '.join(WINDOWS)}, got {name!r}", param="window")
-    state = request.app[STATE]
     upstream = await _upstream_health(state)
     ops.update_gauges(state)
     parsed = state.metrics.samples(await ops.shared_tier_sizes(state))  # what /metrics would render now
@@ -82,7 +81,7 @@ async def data(request: web.Request) -> web.Response:
     )
 
 
-def top_keys(state: GatewayState, now: float) -> list[dict[str, object]]:
+def top_keys(state: MissState, now: float) -> list[dict[str, object]]:
     config = state.config.dashboard
     tables = [state.dashboard.hot_keys.rows()]
     shared_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")

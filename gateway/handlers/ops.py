@@ -18,10 +18,11 @@ from aiohttp import web
 from gateway.handlers.relay import upstream_target
 from gateway.handlers.tenancy import is_admin, require_operator
 from gateway.hits.scope import scope_of
+from gateway.misses.needs import MissState
 from gateway.misses.warm import warming
 from gateway.ops.reqrecord import DEBUG_HEADER, finish_request
 from gateway.ops.timing import timer_of
-from gateway.state import STATE, GatewayState
+from gateway.state import STATE
 from gateway.upstream.http import forward_headers, relay_headers
 from gateway.web.errors import UpstreamError
 
@@ -32,7 +33,7 @@ async def health(_request: web.Request) -> web.Response:
     return web.Response(body=b'{"status":"ok"}', content_type="application/json")
 
 
-async def probe(state: GatewayState, headers: Mapping[str, str] | None = None) -> tuple[bool, str]:
+async def probe(state: MissState, headers: Mapping[str, str] | None = None) -> tuple[bool, str]:
     """(upstream answers, Redis state); also sets the `upstream_up` gauge."""
     upstream_ok = True
     try:
@@ -69,7 +70,7 @@ async def ready(request: web.Request) -> web.Response:
     )
 
 
-def update_gauges(state: GatewayState) -> None:
+def update_gauges(state: MissState) -> None:
     """This worker's L1 gauges (livesum over workers in multiprocess mode)."""
     l1 = state.cache.l1
     m = state.metrics
@@ -98,7 +99,7 @@ async def gauge_refresher(app: web.Application) -> AsyncIterator[None]:
         state.metrics.tally.flush()
 
 
-async def shared_tier_sizes(state: GatewayState) -> dict[str, tuple[int, int]]:
+async def shared_tier_sizes(state: MissState) -> dict[str, tuple[int, int]]:
     """L2's (keys, Redis used_memory) read once per scrape; empty when L2 is off, unreachable or breaker-open."""
     if state.cache.l2 is None or not state.cache.l2.available:
         return {}
@@ -106,14 +107,14 @@ async def shared_tier_sizes(state: GatewayState) -> dict[str, tuple[int, int]]:
     return {"l2": stats} if stats is not None else {}
 
 
-async def render_metrics(state: GatewayState) -> bytes:
+async def render_metrics(state: MissState) -> bytes:
     update_gauges(state)
     return state.metrics.render(await shared_tier_sizes(state))
 
 
 async def metrics(request: web.Request) -> web.Response:
     if request.app[STATE].config.server.metrics_require_token:
-        require_operator(request, "/metrics")
+        require_operator(request, request.app[STATE].config.server, "/metrics")
     body = await render_metrics(request.app[STATE])
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
@@ -137,7 +138,7 @@ async def on_response_prepare(request: web.Request, response: web.StreamResponse
 async def models(request: web.Request) -> web.Response:
     state = request.app[STATE]
     fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
-    scope = scope_of(request)
+    scope = scope_of(request, state)
     resp = await state.catalog.models_response(scope, fwd)
     return _answer(resp.status, resp.body, resp.headers)
 
@@ -152,7 +153,7 @@ async def model(request: web.Request) -> web.Response:
     fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
     resp = await state.upstream.request("GET", target, fwd)
     if resp.status == 404:
-        listed = await state.catalog.models_response(scope_of(request), fwd)
+        listed = await state.catalog.models_response(scope_of(request, state), fwd)
         found = _listed(listed.body, request.match_info["model"]) if listed.status == 200 else None
         if found is not None:
             return _answer(200, orjson.dumps(found), listed.headers)

@@ -18,7 +18,7 @@ from typing import Final
 import aiohttp
 from aiohttp import web
 
-from gateway.state import STATE, GatewayState
+from gateway.tokens.needs import TokenState
 from gateway.upstream.http import forward_headers, relay_headers, translate
 from gateway.web.errors import BadRequest, MethodNotAllowed, NotFound
 from gateway.web.paths import check_path, origin_path
@@ -91,7 +91,7 @@ async def path_guard(request: web.Request, handler: Handler) -> web.StreamRespon
     return await handler(request)
 
 
-def upstream_target(request: web.Request, state: GatewayState) -> str:
+def upstream_target(request: web.Request, state: TokenState) -> str:
     """The path and query to send upstream, or an error: never a path outside `/v1/` or an unlisted route."""
     if request.method not in RELAYED_METHODS:
         raise MethodNotAllowed(
@@ -107,9 +107,8 @@ def upstream_target(request: web.Request, state: GatewayState) -> str:
     return f"{path}?{query}" if query else path
 
 
-async def passthrough(request: web.Request) -> web.StreamResponse:
+async def passthrough(request: web.Request, state: TokenState) -> web.StreamResponse:
     """Any other `/v1/*` route: relayed untouched when known or listed, never cached."""
-    state = request.app[STATE]
     target = upstream_target(request, state)
     body = await request.read() if request.body_exists else None
     fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=False)
@@ -126,7 +125,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
 
 async def relay(
     request: web.Request,
-    state: GatewayState,
+    state: TokenState,
     *,
     method: str,
     path_qs: str,

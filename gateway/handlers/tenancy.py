@@ -14,9 +14,10 @@ from typing import Final
 
 from aiohttp import web
 
+from gateway.config.sections import ServerConfig
+from gateway.hits.needs import HitState
 from gateway.hits.secret import load_scope_secret
 from gateway.hits.tenancy import Tenancy
-from gateway.state import STATE
 from gateway.web.errors import NotFound, Unauthorized
 
 FORWARDING_HEADERS: Final = frozenset(
@@ -25,9 +26,8 @@ FORWARDING_HEADERS: Final = frozenset(
 FORWARDING_PREFIX: Final = "x-forwarded-"
 
 
-async def tenancy_ctx(app: web.Application) -> AsyncIterator[None]:
+async def tenancy_ctx(state: HitState) -> AsyncIterator[None]:
     """cleanup_ctx: resolve the deployment secret once at startup (config, Redis SET NX, or the state file)."""
-    state = app[STATE]
     secret = await load_scope_secret(state.config)
     state.tenancy = Tenancy.from_config(state.config.server, secret)
     yield
@@ -72,10 +72,9 @@ def is_direct_loopback(request: web.Request) -> bool:
     return local and not is_forwarded(request.headers)
 
 
-def require_operator(request: web.Request, what: str) -> None:
+def require_operator(request: web.Request, server: ServerConfig, what: str) -> None:
     """Operator endpoints: open to direct loopback when `dashboard_public_on_loopback`, else the admin token
     (bearer, or `?token=` for the dashboard page's own fetches); 404 elsewhere when no token is configured."""
-    server = request.app[STATE].config.server
     if server.dashboard_public_on_loopback and is_direct_loopback(request):
         return
     if not server.admin_token:

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from gateway.hits.needs import HitState
 from gateway.hits.verdict import Verdict, judge
 from gateway.keys.cache_control import RequestDirectives
 from gateway.keys.entry import Entry
 from gateway.keys.policy import Lookup
 from gateway.ops.timing import lap
-from gateway.state import GatewayState
 from gateway.tiers.tiered import Found
 
 # A lookup the fast lane already made for this request's key and did not serve (a miss, a stale entry): the normal
@@ -34,7 +34,7 @@ class CacheRead:
 
 async def read_cache(
     request: web.Request,
-    state: GatewayState,
+    state: HitState,
     key: str,
     lookup: Lookup,
     directives: RequestDirectives,

@@ -7,15 +7,15 @@ on the hit path). The tier lookups themselves are counted by the tiers (`TieredC
 
 from __future__ import annotations
 
+from gateway.hits.needs import HitState
 from gateway.keys.entry import Entry
-from gateway.state import GatewayState
 
 
-def served(state: GatewayState, entry: Entry) -> None:
+def served(state: HitState, entry: Entry) -> None:
     state.metrics.served_from_cache(entry.usage, len(entry.body), entry.model)
 
 
-def hit(state: GatewayState, entry: Entry, now: float, prompt: str | None) -> None:
+def hit(state: HitState, entry: Entry, now: float, prompt: str | None) -> None:
     """A fresh hit on `entry` served (`prompt`: the hot-keys table's text, None unless the operator opted in)."""
     served(state, entry)
     state.dashboard.hot_keys.hit(entry, now, prompt)

@@ -20,11 +20,11 @@ from aiohttp.http import SERVER_SOFTWARE
 
 from cdn.tags import tag_headers
 from gateway.hits.headers import CACHE_STATUS, NAME
+from gateway.hits.needs import HitState
 from gateway.keys.derive import PUBLIC_SCOPE
 from gateway.keys.entry import Entry
 from gateway.ops.reqrecord import DEBUG_HEADER, finish_request
 from gateway.ops.timing import StageTimer, timer_of
-from gateway.state import GatewayState
 from gateway.web import aioseam
 
 Block = dict[str, str]
@@ -78,7 +78,7 @@ def _shared_block(
     return block(key, etag, ttl_s, stale_if_error_s, tags, tag_targets)
 
 
-def entry_block(state: GatewayState, entry: Entry) -> Block:
+def entry_block(state: HitState, entry: Entry) -> Block:
     """A fresh copy of the entry's block for the configured CDN tag headers; dropped tags are counted."""
     headers, truncated = _shared_block(
         entry.key,
@@ -100,7 +100,7 @@ def hit_status(entry: Entry, now: float, *, tier: str) -> tuple[str, str]:
 
 
 def entry_headers(
-    state: GatewayState, entry: Entry, cache_status: str, age: str, *, no_store: bool = False
+    state: HitState, entry: Entry, cache_status: str, age: str, *, no_store: bool = False
 ) -> Block:
     """The entry's block with this answer's Cache-Status and Age (a hit, a stale answer, a stored miss)."""
     headers = entry_block(state, entry)
@@ -111,7 +111,7 @@ def entry_headers(
     return headers
 
 
-def hit_headers(state: GatewayState, entry: Entry, now: float, tier: str) -> Block:
+def hit_headers(state: HitState, entry: Entry, now: float, tier: str) -> Block:
     status, age = hit_status(entry, now, tier=tier)
     return entry_headers(state, entry, status, age)
 
@@ -192,7 +192,7 @@ def _wire(
 
 
 def hit_bytes(
-    state: GatewayState, entry: Entry, now: float, tier: str, *, head_only: bool = False, close: bool = False
+    state: HitState, entry: Entry, now: float, tier: str, *, head_only: bool = False, close: bool = False
 ) -> bytes | None:
     """The whole hit response as bytes, dropped tags counted; None when a header cannot travel as is."""
     built = _wire(entry, now, tier, state.config.cache.cdn_tag_headers, head_only=head_only, close=close)
@@ -212,7 +212,7 @@ class HitResponse(web.StreamResponse):
     signal are skipped; it is used only where the signal has the gateway's own handler alone (`bytes_allowed`), whose
     work (the request record) `prepare` does inline."""
 
-    def __init__(self, state: GatewayState, data: bytes, timer: StageTimer | None) -> None:
+    def __init__(self, state: HitState, data: bytes, timer: StageTimer | None) -> None:
         super().__init__(status=200)
         self._tokenedge = state
         self._data = data
@@ -246,7 +246,7 @@ def bytes_allowed(request: web.Request, debug_header: str) -> bool:
 
 
 def json_hit(
-    request: web.Request, state: GatewayState, entry: Entry, now: float, tier: str
+    request: web.Request, state: HitState, entry: Entry, now: float, tier: str
 ) -> web.StreamResponse:
     """The JSON answer of a fresh hit: pre-built bytes where they may be used, else the same headers as a
     `web.Response` (every response-prepare handler runs on it)."""

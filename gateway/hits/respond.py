@@ -7,9 +7,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway.hits import record, render
+from gateway.hits.needs import HitState
 from gateway.hits.verdict import Condition, condition
 from gateway.keys.entry import Entry
-from gateway.state import GatewayState
 from gateway.web.errors import error_body
 
 _PRECONDITION_BODY = error_body(
@@ -20,7 +20,7 @@ _PRECONDITION_BODY = error_body(
 
 
 def conditional(
-    request: web.Request, state: GatewayState, entry: Entry, now: float, tier: str
+    request: web.Request, state: HitState, entry: Entry, now: float, tier: str
 ) -> web.Response | None:
     """RFC 9110 §13.1.2 for an entry that answers the request: 304 (GET, HEAD) or 412 (the POST routes) with the
     entry's headers when If-None-Match matches its ETag; None when the request is answered in full."""
@@ -36,7 +36,7 @@ def conditional(
 
 
 def json_answer(
-    request: web.Request, state: GatewayState, entry: Entry, now: float, tier: str, prompt: str | None
+    request: web.Request, state: HitState, entry: Entry, now: float, tier: str, prompt: str | None
 ) -> web.StreamResponse:
     """A fresh hit as JSON (or its conditional answer), recorded as a served hit."""
     record.hit(state, entry, now, prompt)

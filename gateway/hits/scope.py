@@ -12,9 +12,9 @@ from typing import Final
 
 from aiohttp import web
 
+from gateway.hits.needs import HitState
 from gateway.hits.tenancy import Tenancy
 from gateway.keys.derive import PUBLIC_SCOPE
-from gateway.state import STATE, GatewayState
 
 _SCOPE_MEMO: Final = web.RequestKey("tokenedge_scope", str)
 Credentials = tuple[
@@ -22,30 +22,30 @@ Credentials = tuple[
 ]  # (lower-case name, raw value) of each credential header, in order
 
 
-def tenancy_of(state: GatewayState) -> Tenancy:
+def tenancy_of(state: HitState) -> Tenancy:
     tenancy = state.tenancy
     assert tenancy is not None, "tenancy_ctx runs after the cache ctx at startup"
     return tenancy
 
 
-def scope_of(request: web.Request) -> str:
+def scope_of(request: web.Request, state: HitState) -> str:
     """The caller's tenant scope (its credentials, or a trusted tenant header), computed once per request; raises
     Unauthorized where the configuration refuses the request."""
     scope = request.get(_SCOPE_MEMO)
     if scope is None:
-        scope = request[_SCOPE_MEMO] = tenancy_of(request.app[STATE]).scope(request.headers, request.remote)
+        scope = request[_SCOPE_MEMO] = tenancy_of(state).scope(request.headers, request.remote)
     return scope
 
 
-def key_scope(request: web.Request, state: GatewayState, endpoint: str) -> str:
+def key_scope(request: web.Request, state: HitState, endpoint: str) -> str:
     """The scope of this request's cache key on `endpoint`: `pub` on a public route, else the caller's."""
     if state.config.routes[endpoint].scope == "public":
         return PUBLIC_SCOPE
-    return scope_of(request)
+    return scope_of(request, state)
 
 
 def key_scope_of_fields(
-    state: GatewayState, endpoint: str, credentials: Credentials, headers: Callable[[], Mapping[str, str]]
+    state: HitState, endpoint: str, credentials: Credentials, headers: Callable[[], Mapping[str, str]]
 ) -> str:
     """`key_scope` for a request the fast lane read itself (no aiohttp request): `pub` on a public route, else the
     caller's scope from its own credential headers, memoized by their raw values (the same raw values give the same

@@ -42,6 +42,20 @@ AUTO: Final = (
     "auto"  # a route setting, never a key level: `tokens` where the model's ids are known, else `exact`
 )
 ROUTE_LEVELS: Final = (AUTO, *(level.value for level in Level))
+
+
+class Fallback(StrEnum):
+    """Why a request under an `auto`/`tokens` route was keyed `exact` (a metric label and explain's reason)."""
+
+    NO_TOKENIZER = "no_tokenizer"  # the upstream offers no tokenize route for this model
+    PROBE_FAILED = "probe_failed"  # a probe call failed or did not answer ids
+    PROBE_INCONSISTENT = "probe_inconsistent"  # ids unstable, or equal where the words differ, ...
+    UNSUPPORTED_REQUEST = "unsupported_request"  # fields or parts whose effect the ids would not show
+    TOKENIZE_ERROR = "tokenize_error"  # this request's remote tokenization failed
+    TOKENIZE_TIMEOUT = "tokenize_timeout"
+    BREAKER_OPEN = "breaker_open"  # recent remote tokenizations failed: not asked for a while
+
+
 TEXT_FIELDS: Final[Mapping[str, str]] = MappingProxyType(
     {"chat/completions": "messages", "completions": "prompt", "embeddings": "input", "responses": "input"}
 )

@@ -19,7 +19,7 @@ from gateway.hits.render import entry_headers
 from gateway.keys.derive import CacheKey, entry_tags
 from gateway.keys.entry import Entry, make_etag
 from gateway.keys.policy import CREDENTIAL_REFUSALS, Outcome, Reason, Result
-from gateway.state import GatewayState
+from gateway.misses.needs import MissState
 from gateway.upstream.catalog import REVISION_HEADER
 from gateway.upstream.http import relay_headers
 from gateway.upstream.transport import UpstreamTransport
@@ -103,7 +103,7 @@ def miss_reason(entry: Entry | None, refusal: Reason | None) -> str:
 # The entry ---------------------------------------------------------------------------------------------------
 
 
-def revision_moved(state: GatewayState, req: FillRequest, headers: Mapping[str, str]) -> bool:
+def revision_moved(state: MissState, req: FillRequest, headers: Mapping[str, str]) -> bool:
     """True when the upstream says it answered with another revision than the key's: the catalog learns it at
     once (and tells every process), and the answer is not stored under the old revision's key."""
     revision = headers.get(REVISION_HEADER)
@@ -114,7 +114,7 @@ def revision_moved(state: GatewayState, req: FillRequest, headers: Mapping[str, 
 
 
 def make_entry(
-    state: GatewayState,
+    state: MissState,
     req: FillRequest,
     body: bytes,
     usage: Mapping[str, Any] | None,
@@ -141,13 +141,13 @@ def make_entry(
 # The headers of an answer served from an entry (DESIGN §5) -------------------------------------------------
 
 
-def stale_headers(state: GatewayState, entry: Entry, detail: str) -> dict[str, str]:
+def stale_headers(state: MissState, entry: Entry, detail: str) -> dict[str, str]:
     status, age = hdr.stale_status(entry, state.clock(), detail)
     return entry_headers(state, entry, status, age, no_store=True)
 
 
 def entry_response(
-    state: GatewayState, entry: Entry, cache_status: str, age: str, status: int = 200
+    state: MissState, entry: Entry, cache_status: str, age: str, status: int = 200
 ) -> web.Response:
     """The entry's JSON body with its headers (a hit, a conditional 304, a stored miss)."""
     return web.Response(
@@ -156,7 +156,7 @@ def entry_response(
 
 
 def stored_miss_response(
-    state: GatewayState,
+    state: MissState,
     entry: Entry,
     upstream_headers: Mapping[str, str],
     *,

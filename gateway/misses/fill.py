@@ -15,8 +15,8 @@ import orjson
 from gateway.keys.entry import Entry
 from gateway.keys.policy import USAGE_ENDPOINTS, Reason, store_refusal
 from gateway.misses.answer import FillRequest, make_entry, revision_moved
+from gateway.misses.needs import MissState
 from gateway.misses.streaming.responses import response_finish
-from gateway.state import GatewayState
 from gateway.upstream.http import UpstreamResponse
 
 __all__ = [
@@ -54,7 +54,7 @@ def completion_facts(body: bytes) -> tuple[list[str | None], Mapping[str, Any] |
     return reasons, usage if isinstance(usage, dict) else None
 
 
-async def fill(state: GatewayState, req: FillRequest) -> FillResult:
+async def fill(state: MissState, req: FillRequest) -> FillResult:
     started = time.perf_counter()
     resp = await (req.via or state.upstream).request("POST", req.path_qs, req.headers, req.body)
     state.metrics.upstream_duration.labels(req.endpoint).observe(time.perf_counter() - started)

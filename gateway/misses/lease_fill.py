@@ -1,7 +1,7 @@
 """Leases around the two fill paths: the JSON fill (`gateway.misses.fill`) and the stream tee (`gateway.misses.streaming.tee`).
 
 Both run once per local flight, so only a flight's leader ever asks Redis for the lease (gateway/misses/lease.py); the
-lease client is built at startup by `lease_ctx` (`GatewayState.leases`). Without leases (no Redis L2,
+lease client is built at startup by `lease_ctx` (`MissState.leases`). Without leases (no Redis L2,
 `cache.lease_enabled = false`, or a Redis error) they are the plain fill and tee.
 
 Streams (`cache.lease_streams`): a replica that finds the lease held waits for the holder's stored entry and replays
@@ -18,7 +18,6 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
-from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import Counter
 
@@ -27,11 +26,11 @@ from gateway.keys.policy import Outcome
 from gateway.misses.answer import FillRequest
 from gateway.misses.fill import FillResult, fill
 from gateway.misses.lease import Lease, Leases, LeaseSettings
+from gateway.misses.needs import MissState
 from gateway.misses.streaming.broadcast import Frame, Head, StreamFlight
 from gateway.misses.streaming.replay import replay_frames
 from gateway.misses.streaming.tee import tee
 from gateway.misses.warm import count_store
-from gateway.state import STATE, GatewayState
 from gateway.tiers.base import L2Unavailable
 from gateway.tiers.redis_cluster import command_client, subscriber_clients
 from gateway.upstream.http import UpstreamResponse
@@ -39,14 +38,14 @@ from gateway.upstream.http import UpstreamResponse
 log = logging.getLogger("tokenedge.lease")
 
 
-def _leases(state: GatewayState) -> Leases | None:
+def _leases(state: MissState) -> Leases | None:
     """The lease client, unless there is none or the L2 breaker is open (then Redis is skipped, leases too)."""
     leases = state.leases
     l2 = state.cache.l2
     return leases if leases is not None and l2 is not None and l2.available else None
 
 
-def _reader(state: GatewayState, key: str):
+def _reader(state: MissState, key: str):
     async def read() -> Entry | None:
         """L2 only (the lookup already missed L1), uncounted in cache_lookups: lease reads are not lookups."""
         l2 = state.cache.l2
@@ -69,7 +68,7 @@ def _shared_response(entry: Entry) -> UpstreamResponse:
     return UpstreamResponse(200, CIMultiDictProxy(headers), entry.body)
 
 
-async def leased_fill(state: GatewayState, req: FillRequest) -> FillResult:
+async def leased_fill(state: MissState, req: FillRequest) -> FillResult:
     """`fill`, or the entry another replica stored under its lease (marked `collapsed`)."""
     result = await _leased_fill(state, req)
     if result.entry is not None and not result.collapsed:
@@ -77,7 +76,7 @@ async def leased_fill(state: GatewayState, req: FillRequest) -> FillResult:
     return result
 
 
-async def _leased_fill(state: GatewayState, req: FillRequest) -> FillResult:
+async def _leased_fill(state: MissState, req: FillRequest) -> FillResult:
     leases = _leases(state)
     if leases is None:
         return await fill(state, req)
@@ -95,14 +94,14 @@ async def _leased_fill(state: GatewayState, req: FillRequest) -> FillResult:
         await got.release(stored=stored)
 
 
-async def leased_tee(state: GatewayState, flight: StreamFlight, req: FillRequest) -> None:
+async def leased_tee(state: MissState, flight: StreamFlight, req: FillRequest) -> None:
     """`tee`, or another replica's stored entry replayed into the flight (`cache.lease_streams`)."""
     await _leased_tee(state, flight, req)
     if flight.outcome == Outcome.STORED:
         count_store(state, req)
 
 
-async def _leased_tee(state: GatewayState, flight: StreamFlight, req: FillRequest) -> None:
+async def _leased_tee(state: MissState, flight: StreamFlight, req: FillRequest) -> None:
     leases = _leases(state)
     if leases is None or not state.config.cache.lease_streams:
         await tee(state, flight, req)
@@ -126,7 +125,7 @@ async def _leased_tee(state: GatewayState, flight: StreamFlight, req: FillReques
         await got.release(stored=flight.outcome == Outcome.STORED)
 
 
-def _replay_into(state: GatewayState, flight: StreamFlight, entry: Entry) -> None:
+def _replay_into(state: MissState, flight: StreamFlight, entry: Entry) -> None:
     """The whole entry as the flight's frames: subscribers that did not ask for usage skip the usage frame."""
     chunk_chars = state.config.stream.replay_chunk_chars
     with_usage = replay_frames(entry, include_usage=True, chunk_chars=chunk_chars)
@@ -138,9 +137,8 @@ def _replay_into(state: GatewayState, flight: StreamFlight, entry: Entry) -> Non
     flight.finish(with_usage[-1], Outcome.LEASE_REPLAY)
 
 
-async def lease_ctx(app: web.Application) -> AsyncIterator[None]:
+async def lease_ctx(state: MissState) -> AsyncIterator[None]:
     """One cleanup_ctx: the lease client and its subscription, when Redis is the L2 and leases are on."""
-    state = app[STATE]
     config = state.config.cache
     if config.l2_kind != "redis" or not config.lease_enabled:
         yield

@@ -19,13 +19,12 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
-from aiohttp import web
 from prometheus_client import Counter
 from redis.exceptions import RedisError
 
 from gateway.keys.entry import Entry
 from gateway.misses.answer import FillRequest
-from gateway.state import STATE, GatewayState
+from gateway.misses.needs import MissState
 from gateway.tiers.base import L2Unavailable, Tier
 from gateway.tiers.hotrecord import HotRecord, HotSettings, Replayable, Warmup
 from gateway.tiers.redis_cluster import command_client
@@ -35,11 +34,11 @@ FILL_BATCH = 200
 READY_WAIT_S = 0.5  # how long one /ready call waits for a running fill before it answers `warming`
 
 
-def hot_record_of(state: GatewayState) -> HotRecord | None:
+def hot_record_of(state: MissState) -> HotRecord | None:
     return state.hot_record
 
 
-async def warming(state: GatewayState, wait_s: float = READY_WAIT_S) -> bool:
+async def warming(state: MissState, wait_s: float = READY_WAIT_S) -> bool:
     """True while the start-up fill runs (bounded by `cache.warm_fill_timeout_s`), after waiting up to `wait_s`
     for it: a small fill answers the first probe `ready`, a large one answers `warming` without holding the probe."""
     warmup = state.warmup
@@ -50,7 +49,7 @@ async def warming(state: GatewayState, wait_s: float = READY_WAIT_S) -> bool:
     return not warmup.done.is_set()
 
 
-def count_store(state: GatewayState, req: FillRequest) -> None:
+def count_store(state: MissState, req: FillRequest) -> None:
     record = hot_record_of(state)
     if record is not None:
         record.stored(
@@ -59,7 +58,7 @@ def count_store(state: GatewayState, req: FillRequest) -> None:
         )
 
 
-async def fill_l1(state: GatewayState, record: HotRecord, top: int, warmup: Warmup) -> None:
+async def fill_l1(state: MissState, record: HotRecord, top: int, warmup: Warmup) -> None:
     """Read the `top` hottest keys' entries from L2 into L1, coldest first; counts what it put in `warmup`.
 
     Then the filled keys are read once more and any entry gone or changed in L2 is dropped from L1: a purge that
@@ -97,7 +96,7 @@ async def read_batched(l2: Tier, keys: list[str]) -> list[Entry | None]:
     return entries
 
 
-async def run_fill(state: GatewayState, record: HotRecord, warmup: Warmup) -> None:
+async def run_fill(state: MissState, record: HotRecord, warmup: Warmup) -> None:
     config = state.config.cache
     try:
         await asyncio.wait_for(
@@ -114,7 +113,7 @@ async def run_fill(state: GatewayState, record: HotRecord, warmup: Warmup) -> No
     log.info("L1 warm-up: %d hot entries from L2 (%s)", warmup.filled, warmup.outcome)
 
 
-def settings_of(state: GatewayState) -> HotSettings:
+def settings_of(state: MissState) -> HotSettings:
     c = state.config.cache
     return HotSettings(
         max_keys=c.hot_record_max_keys,
@@ -126,9 +125,8 @@ def settings_of(state: GatewayState) -> HotSettings:
     )
 
 
-async def warm_ctx(app: web.Application) -> AsyncIterator[None]:
+async def warm_ctx(state: MissState) -> AsyncIterator[None]:
     """One cleanup_ctx: the hot-key record (client, flusher) and the start-up L1 fill, with a Redis L2 only."""
-    state = app[STATE]
     config = state.config.cache
     if config.l2_kind != "redis" or not config.hot_record_enabled:
         yield

@@ -30,11 +30,11 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from gateway.config.cost import Price, saved_usd
+from gateway.keys.canonical import Fallback
 from gateway.keys.policy import CACHEABLE_ENDPOINTS
 from gateway.ops.routing_metrics import register as register_routing
 from gateway.ops.tally import Tally
 from gateway.ops.timing import STAGES
-from gateway.tokens.probe import Fallback
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 ENTRIES = "tokenedge_cache_entries"

@@ -8,15 +8,25 @@ a pre-built hit's `prepare` (`finish_request`).
 from __future__ import annotations
 
 from time import perf_counter
+from typing import Protocol
 
+from gateway.config.settings import GatewayConfig
 from gateway.ops import accesslog
+from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.timing import StageTimer
-from gateway.state import GatewayState
+
+
+class RecordState(Protocol):
+    """What the request record reads of the gateway's state (the shell's `RecordState` provides it)."""
+
+    config: GatewayConfig
+    metrics: GatewayMetrics
+
 
 DEBUG_HEADER = "X-Tokenedge-Debug"  # an admin's request for Server-Timing (gateway.handlers.ops)
 
 
-def finish_request(state: GatewayState, timer: StageTimer) -> None:
+def finish_request(state: RecordState, timer: StageTimer) -> None:
     """Record a cacheable request's breakdown once both its outcome and its status are known."""
     m = state.metrics
     for stage, seconds in timer.stages.items():
@@ -25,7 +35,7 @@ def finish_request(state: GatewayState, timer: StageTimer) -> None:
     accesslog.write(timer, state.config.server.access_log_sample_rate)
 
 
-def handler_done(state: GatewayState, timer: StageTimer, endpoint: str, result: str, reason: str) -> None:
+def handler_done(state: RecordState, timer: StageTimer, endpoint: str, result: str, reason: str) -> None:
     """Called once per cacheable request when its outcome is known (the handler's `finally`, or the fast lane):
     counted and timed, then finished now if the status is known too."""
     tally = state.metrics.tally

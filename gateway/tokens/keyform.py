@@ -17,17 +17,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.keys.canonical import AUTO, Level, canonicalize, tokens_form
-from gateway.state import GatewayState
+from gateway.keys.canonical import AUTO, Fallback, Level, canonicalize, tokens_form
 from gateway.tokens.encoder import ModelEncoder, Unrenderable
-from gateway.tokens.probe import Fallback, Refused, Verified
+from gateway.tokens.needs import TokenState
+from gateway.tokens.probe import Refused, Verified
 from gateway.tokens.remote import remote_input
 
 TOKEN_LEVELS = frozenset({AUTO, Level.TOKENS.value})
 
 
 async def key_encoder(
-    state: GatewayState, model: Any, headers: Callable[[], Mapping[str, str]]
+    state: TokenState, model: Any, headers: Callable[[], Mapping[str, str]]
 ) -> ModelEncoder | None:
     """The encoder whose ids are exactly the backend's for `model`, or None. No await once it is loaded, and
     `headers` (for the one `GET /v1/tokenizer`) is only built when the tokenizer must be fetched."""
@@ -128,7 +128,7 @@ class KeyForm:
 
 
 async def key_tokenizer(
-    state: GatewayState, endpoint: str, model: Any, revision: str, headers: Callable[[], Mapping[str, str]]
+    state: TokenState, endpoint: str, model: Any, revision: str, headers: Callable[[], Mapping[str, str]]
 ) -> KeyTokenizer:
     """The backend's encoder (GET /v1/tokenizer), else a remote engine whose tokenize routes verified for
     (model, revision); no await once both are known."""
@@ -143,7 +143,7 @@ async def key_tokenizer(
 
 
 async def key_form(
-    state: GatewayState,
+    state: TokenState,
     route_level: str,
     endpoint: str,
     body: Mapping[str, Any],
@@ -173,7 +173,7 @@ async def key_form(
     return KeyForm(Level.TOKENS, tokens_form(endpoint, exact, ids, tok.remote.identity), tok.remote.identity)
 
 
-def _counted(state: GatewayState, form: KeyForm) -> KeyForm:
+def _counted(state: TokenState, form: KeyForm) -> KeyForm:
     if form.fallback is not None:
         state.metrics.key_level_fallbacks.labels(form.fallback.reason.value).inc()
     return form

@@ -13,10 +13,9 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.state import STATE, GatewayState
+from gateway.tokens.needs import TokenState
 from gateway.tokens.planner import Plan, TokenPath
 from gateway.tokens.transport import BINARY_ENDPOINTS, BinaryCall
 from gateway.upstream.http import UpstreamResponse
@@ -104,9 +103,8 @@ class _Local:
         return self._body
 
 
-async def tokens_ctx(app: web.Application) -> AsyncIterator[None]:
+async def tokens_ctx(state: TokenState) -> AsyncIterator[None]:
     """cleanup_ctx: the token path, built once at startup after the cache ctx (it needs the upstream and catalog)."""
-    state = app[STATE]
     if state.config.tokens.enabled:
         state.tokens = TokenPath(
             state.config.tokens, state.upstream, state.catalog, state.metrics, state.clock
@@ -118,7 +116,7 @@ async def tokens_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def upstream_for(
-    state: GatewayState, endpoint: str, body: Mapping[str, Any], tenant: str
+    state: TokenState, endpoint: str, body: Mapping[str, Any], tenant: str
 ) -> TokenUpstream | None:
     """The seam for a fill (None: the plain upstream); nothing is counted until the fill goes upstream."""
     path = state.tokens
@@ -128,7 +126,7 @@ def upstream_for(
 
 
 async def check_bypass(
-    state: GatewayState,
+    state: TokenState,
     endpoint: str,
     body: Mapping[str, Any],
     tenant: str,

@@ -19,10 +19,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, Final
 
 import orjson
+
+from gateway.keys.canonical import Fallback
 
 # The chat probes: (name, messages). "hello" is asked twice (stability).
 CHAT_PROBES: Final[tuple[tuple[str, list[dict[str, Any]]], ...]] = (
@@ -37,18 +38,6 @@ PROMPT_PROBES: Final[tuple[tuple[str, str], ...]] = (
     ("goodbye", "Goodbye"),
     ("hello_again", "Hello"),
 )
-
-
-class Fallback(StrEnum):
-    """Why a request under an `auto`/`tokens` route was keyed `exact` (a metric label and explain's reason)."""
-
-    NO_TOKENIZER = "no_tokenizer"  # the upstream offers no tokenize route for this model
-    PROBE_FAILED = "probe_failed"  # a probe call failed or did not answer ids
-    PROBE_INCONSISTENT = "probe_inconsistent"  # ids unstable, or equal where the words differ, ...
-    UNSUPPORTED_REQUEST = "unsupported_request"  # fields or parts whose effect the ids would not show
-    TOKENIZE_ERROR = "tokenize_error"  # this request's remote tokenization failed
-    TOKENIZE_TIMEOUT = "tokenize_timeout"
-    BREAKER_OPEN = "breaker_open"  # recent remote tokenizations failed: not asked for a while
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,9 +29,10 @@ import orjson
 from multidict import CIMultiDict
 
 from gateway.config.settings import TokensConfig
+from gateway.keys.canonical import Fallback
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.ratelog import RateLimitedLog
-from gateway.tokens.probe import CHAT_PROBES, PROMPT_PROBES, Fallback, Refused, Verified, is_ids, judge
+from gateway.tokens.probe import CHAT_PROBES, PROMPT_PROBES, Refused, Verified, is_ids, judge
 from gateway.upstream.transport import UpstreamTransport
 from gateway.web.errors import UpstreamError
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.misses.streaming.replay import wants_usage
+from gateway.keys.policy import wants_usage
 from gateway.tokens.render import JSON_CONTENT_TYPE, SSE_HEADERS, Rendering
 from gateway.upstream.http import UpstreamResponse
 from gateway.upstream.transport import OpenResponse, UpstreamTransport

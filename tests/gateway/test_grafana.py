@@ -17,7 +17,7 @@ from tests.support.gateway import RunningGateway
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "configs" / "grafana" / "tokenedge.json"
-PAGE = ROOT / "gateway" / "dashboard" / "page.html"
+PAGE = ROOT / "gateway" / "handlers" / "dashboard.html"
 METRIC = re.compile(r"\b(tokenedge_[a-z0-9_]+)\b")
 SELECTOR = re.compile(r"\b(tokenedge_[a-z0-9_]+)(?:\{([^}]*)\})?")
 MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
@@ -114,7 +114,7 @@ async def test_a_fresh_gateway_exports_every_series_grafana_and_the_page_read(gw
     assert len(used) > 20
     for name, matchers in used:
         assert any(matches(labels, matchers) for labels in found.get(name, [])), (name, matchers)
-    page_sources = [ROOT / "gateway" / "dashboard" / f for f in ("history.py", "summary.py")]
+    page_sources = [ROOT / "gateway" / "ops" / "dashboard" / f for f in ("history.py", "summary.py")]
     read_by_page = {m for path in page_sources for m in METRIC.findall(path.read_text())}
     assert {"tokenedge_cache_errors_total", "tokenedge_cost_saved_usd_total"} <= read_by_page
     assert read_by_page - set(found) == set()

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from gateway.tokens.probe import Fallback, Refused, Verified, judge
+from gateway.keys.canonical import Fallback
+from gateway.tokens.probe import Refused, Verified, judge
 from gateway.tokens.remote import remote_input
 
 GOOD_CHAT = {

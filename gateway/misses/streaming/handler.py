@@ -35,12 +35,12 @@ from gateway.keys.policy import Lookup, Reason, Result
 from gateway.misses import answer
 from gateway.misses.answer import Answered, FillRequest
 from gateway.misses.lease_fill import leased_tee
+from gateway.misses.needs import MissState
 from gateway.misses.streaming.broadcast import Head, StreamFlight
 from gateway.misses.streaming.replay import replay_frames
 from gateway.misses.streaming.sse import HEARTBEAT_FRAME
 from gateway.ops.dashboard.hotkeys import PROMPT
 from gateway.ops.timing import lap, timer_of
-from gateway.state import GatewayState
 from gateway.upstream.http import relay_headers
 from gateway.web.errors import NotCached, UpstreamError
 
@@ -49,7 +49,7 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "X-Accel-Buffering": "no"}
 
 async def serve_stream(
     request: web.Request,
-    state: GatewayState,
+    state: MissState,
     req: FillRequest,
     lookup: Lookup,
     directives: RequestDirectives,
@@ -74,7 +74,7 @@ async def serve_stream(
 
 async def stream_miss(
     request: web.Request,
-    state: GatewayState,
+    state: MissState,
     req: FillRequest,
     stale: Entry | None,
     *,
@@ -102,7 +102,7 @@ async def stream_miss(
 
 async def answer_flight(
     request: web.Request,
-    state: GatewayState,
+    state: MissState,
     flight: StreamFlight,
     req: FillRequest,
     stale: Entry | None,
@@ -142,7 +142,7 @@ async def answer_flight(
 
 async def relay_flight(
     request: web.Request,
-    state: GatewayState,
+    state: MissState,
     flight: StreamFlight,
     head: Head,
     req: FillRequest,
@@ -163,7 +163,7 @@ async def relay_flight(
 
 
 async def pipe(
-    state: GatewayState,
+    state: MissState,
     flight: StreamFlight,
     response: web.StreamResponse,
     *,
@@ -192,7 +192,7 @@ async def pipe(
 
 async def replay(
     request: web.Request,
-    state: GatewayState,
+    state: MissState,
     entry: Entry,
     headers: dict[str, str],
     *,
@@ -228,7 +228,7 @@ async def replay(
 
 
 async def serve_stale(
-    request: web.Request, state: GatewayState, entry: Entry, decision: answer.ServeStale, include_usage: bool
+    request: web.Request, state: MissState, entry: Entry, decision: answer.ServeStale, include_usage: bool
 ) -> Answered:
     headers = answer.stale_headers(state, entry, decision.detail)
     record.served(state, entry)

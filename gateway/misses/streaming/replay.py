@@ -17,7 +17,6 @@ import orjson
 
 from gateway.keys.entry import Entry
 from gateway.keys.policy import RESPONSES
-from gateway.keys.policy import wants_usage as wants_usage  # the policy's, named here for replay's importers
 from gateway.misses.streaming.recorder import CHAT, is_usage_only
 from gateway.misses.streaming.responses import response_frames
 from gateway.misses.streaming.sse import DONE_FRAME, data_frame

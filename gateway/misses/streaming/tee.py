@@ -23,12 +23,12 @@ import orjson
 from gateway.keys.entry import Entry
 from gateway.keys.policy import RESPONSES, Outcome, Reason, store_refusal
 from gateway.misses.answer import FillRequest, make_entry, revision_moved
+from gateway.misses.needs import MissState
 from gateway.misses.streaming.broadcast import Frame, Head, StreamFlight
 from gateway.misses.streaming.recorder import Kind, Recorder, StreamRecorder
 from gateway.misses.streaming.responses import ResponsesRecorder
 from gateway.misses.streaming.sse import DONE, DONE_FRAME, Event, SSEParser, data_frame, error_frame
 from gateway.misses.streaming.usage import asking_usage
-from gateway.state import GatewayState
 from gateway.tokens.path import TokenUpstream
 from gateway.upstream.http import translate
 from gateway.upstream.transport import OpenResponse
@@ -37,7 +37,7 @@ from gateway.web.errors import UpstreamError
 log = logging.getLogger("tokenedge.stream")
 
 
-async def tee(state: GatewayState, flight: StreamFlight, req: FillRequest) -> None:
+async def tee(state: MissState, flight: StreamFlight, req: FillRequest) -> None:
     req = usage_asked(req)
     cap = state.config.cache.max_entry_bytes
     recorder: StreamRecorder = (
@@ -133,7 +133,7 @@ def usage_asked(req: FillRequest) -> FillRequest:
 
 
 def _stored_entry(
-    state: GatewayState, req: FillRequest, recorder: StreamRecorder
+    state: MissState, req: FillRequest, recorder: StreamRecorder
 ) -> tuple[Entry | None, Reason | None]:
     """The entry to store after [DONE], or why there is none (DESIGN §4)."""
     if recorder.too_large:

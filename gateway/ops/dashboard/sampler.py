@@ -12,26 +12,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
-from aiohttp import web
-
+from gateway.ops.dashboard.dashboard_state import DashboardState
 from gateway.ops.dashboard.history import Snapshot, snapshot
-from gateway.state import STATE, GatewayState
+from gateway.ops.metrics import GatewayMetrics
+
+
+class SampledState(Protocol):
+    """What the sampler reads of the gateway's state (the shell's `GatewayState` provides it)."""
+
+    metrics: GatewayMetrics
+    dashboard: DashboardState
+
+    @property
+    def clock(self) -> Callable[[], float]: ...
+
 
 TICK_S = 1.0  # the loop's period: a snapshot when a step is due, the hot-keys file when it changed
 
 
-def sample(state: GatewayState) -> Snapshot:
+def sample(state: SampledState) -> Snapshot:
     """Read the charted counters now (all workers'), record them where a step is due."""
     snap = snapshot(state.metrics.samples(charted_only=True))
     state.dashboard.history.record(state.clock(), snap)
     return snap
 
 
-async def sampler(app: web.Application) -> AsyncIterator[None]:
+async def sampler(state: SampledState) -> AsyncIterator[None]:
     """cleanup_ctx (after the cache ctx): the baseline snapshot, then one per step, on this worker."""
-    state = app[STATE]
     sample(state)
     shared_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
 

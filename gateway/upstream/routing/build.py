@@ -12,11 +12,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
-from aiohttp import web
 
 from gateway.config.sections import UpstreamConfig
 from gateway.ops.routing_metrics import RoutingMetrics
-from gateway.state import STATE
 from gateway.upstream.catalog import ModelCatalog
 from gateway.upstream.http import Upstream
 from gateway.upstream.routing import health
@@ -56,13 +54,11 @@ def connect(pool: UpstreamPool, catalog: ModelCatalog) -> None:
     catalog.arbiter = pool.book.arbitrate
 
 
-async def routing_ctx(app: web.Application) -> AsyncIterator[None]:
-    state = app[STATE]
-    pool = state.upstream
+async def routing_ctx(pool: UpstreamTransport, catalog: ModelCatalog) -> AsyncIterator[None]:
     if not isinstance(pool, UpstreamPool):
         yield
         return
-    connect(pool, state.catalog)
+    connect(pool, catalog)
     headers = {"Authorization": f"Bearer {pool.config.api_key}"} if pool.config.api_key else {}
     task = asyncio.ensure_future(health.run(pool, headers)) if pool.config.health_path else None
     try:

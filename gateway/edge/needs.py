@@ -1,0 +1,23 @@
+"""What the edge reads of the gateway's state, and where it finds it on the app: the shell's `GatewayState`
+provides it and puts it under `EDGE_STATE` when it is built (gateway.app's cache ctx). A port: the edge knows
+the layers below it, never the shell."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from aiohttp import web
+
+from gateway.hits.needs import HitState
+from gateway.keys.memo import RequestMemo
+from gateway.keys.policy import RoutePolicy
+from gateway.upstream.catalog import ModelCatalog
+
+
+class EdgeState(HitState, Protocol):
+    memo: RequestMemo
+    policies: dict[str, RoutePolicy]  # per cacheable endpoint
+    catalog: ModelCatalog
+
+
+EDGE_STATE: web.AppKey[EdgeState] = web.AppKey("tokenedge_edge_state")
