@@ -45,7 +45,7 @@ def numerics(config: BackendConfig, device: str) -> str:
     two of these, so it is folded into the served revision (`served_revision`) and shown in the runtime."""
     dev = torch.device(device)
     if config.weights == "quantized" and dev.type == "cpu":
-        from backend.kernels import kernel_id
+        from backend.kernels.load import kernel_id
 
         return f"{dev.type} {config.dtype} quantized int4-{kernel_id()}"
     return f"{dev.type} {config.dtype} dequantized"

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from backend.kernels import int4_kernel
+from backend.kernels.load import int4_kernel
 from backend.loader import LoadedModel, default_model_path, load_model
 from bench.harness import write_results
 from bench.llamacpp import LlamaCpp

@@ -1,8 +1,9 @@
 """The synchronous engine: the step loop (draft ->) schedule -> run -> postprocess, driven by AsyncEngine's thread.
 
-With speculation on (`EngineConfig.draft_tokens` > 0), running greedy decodes get prompt-lookup drafts appended before scheduling
-(backend.engine.speculative); drafts of a sequence the scheduler did not run in full are taken back. Rows that
-process their logits or want logprobs never speculate (`SamplingParams.speculates`).
+With speculation on (`EngineConfig.draft_tokens` > 0), running greedy decodes get prompt-lookup drafts proposed
+before scheduling (backend.engine.speculative); the scheduler grants what the step's budget allows and the drafts
+ride on the scheduled step (`ScheduledSeq.draft`), never in `seq.token_ids`. Rows that process their logits or
+want logprobs never speculate (`SamplingParams.speculates`).
 
 Not thread-safe: exactly one thread calls it. Tests use it directly.
 """
@@ -134,12 +135,8 @@ class LLMEngine:
         return self._postprocess(batch, sampled)
 
     def _schedule(self) -> list[ScheduledSeq]:
-        """This step's batch; with speculation, greedy decodes carry drafts, and only those run to their end."""
-        if self.speculative.num_tokens:
-            self._propose_drafts()
-        batch = self.scheduler.schedule()
-        self._take_back_drafts(batch)
-        return batch
+        """This step's batch; with speculation, greedy decodes carry the drafts the scheduler granted them."""
+        return self.scheduler.schedule(self._propose_drafts() if self.speculative.num_tokens else None)
 
     def _postprocess(self, batch: Seq[ScheduledSeq], sampled: Seq[Sampled]) -> list[StepOutput]:
         """Count the step, advance the sequences, and hand back each new token and finished embedding."""
@@ -162,13 +159,13 @@ class LLMEngine:
         """Prefill and speculation counters, read before postprocess moves the sequences on."""
         for item, got in zip(batch, sampled, strict=True):
             seq = item.seq
-            if seq.draft:
+            if item.draft:
                 assert isinstance(got, list)
                 self.spec_verify_steps_total += 1
-                self.spec_draft_tokens_total += len(seq.draft)
+                self.spec_draft_tokens_total += len(item.draft)
                 self.spec_accepted_tokens_total += len(got) - 1
                 drafted, accepted = self._spec_tally.get(seq.request_id, (0, 0))
-                self._spec_tally[seq.request_id] = (drafted + len(seq.draft), accepted + len(got) - 1)
+                self._spec_tally[seq.request_id] = (drafted + len(item.draft), accepted + len(got) - 1)
             elif not (
                 item.num_new_tokens == 1 and seq.num_output_tokens > 0 and item.start == seq.num_tokens - 1
             ):
@@ -190,41 +187,30 @@ class LLMEngine:
             outputs.append(StepOutput(seq.request_id, out))
         return outputs
 
-    def _propose_drafts(self) -> None:
-        """Append drafts to greedy decodes while every decode still fits the step's token budget."""
-        decodes = [
-            s
-            for s in self.scheduler.running
-            if s.num_computed_tokens == s.num_tokens - 1 and not isinstance(s, EmbeddingSequence)
-        ]  # an embedding's last prompt token drafts nothing
-        room = self.config.max_num_batched_tokens - len(decodes)
+    def _propose_drafts(self) -> dict[Sequence, list[int]]:
+        """Prompt-lookup drafts for the running greedy decodes, as many as the request may still use (the
+        scheduler trims them to the step's budget)."""
         spec = self.speculative
-        for seq in decodes:
-            if room <= 0 or not seq.params.speculates or not self._drafts_pay(seq):
+        drafts: dict[Sequence, list[int]] = {}
+        for seq in self.scheduler.running:
+            if seq.num_computed_tokens != seq.num_tokens - 1 or isinstance(seq, EmbeddingSequence):
+                continue  # not a decode (an embedding's last prompt token drafts nothing)
+            if not seq.params.speculates or not self._drafts_pay(seq):
                 continue
             left = min(
                 seq.params.max_tokens - seq.num_output_tokens, self.config.max_model_len - seq.num_tokens
             )
-            k = min(spec.num_tokens, left - 1, room)
-            drafts = propose(seq.token_ids, k, spec.max_ngram, spec.min_ngram) if k > 0 else []
-            seq.token_ids.extend(drafts)
-            seq.draft = drafts
-            room -= len(drafts)
+            k = min(spec.num_tokens, left - 1)
+            proposed = propose(seq.token_ids, k, spec.max_ngram, spec.min_ngram) if k > 0 else []
+            if proposed:
+                drafts[seq] = proposed
+        return drafts
 
     def _drafts_pay(self, seq: Sequence) -> bool:
         """Keep drafting for a request while its drafts are mostly right: after `_PROBE_DRAFTS` drafted tokens,
         only at an acceptance of at least `_MIN_ACCEPTANCE` (a rejected draft costs a wider forward for nothing)."""
         drafted, accepted = self._spec_tally.get(seq.request_id, (0, 0))
         return drafted < _PROBE_DRAFTS or accepted >= _MIN_ACCEPTANCE * drafted
-
-    def _take_back_drafts(self, batch: Seq[ScheduledSeq]) -> None:
-        """Drafts only stay on sequences scheduled to their end this step (a preempted one loses them)."""
-        full = {id(item.seq) for item in batch if item.samples}
-        assert all(item.samples or not item.seq.draft for item in batch), "a verify was cut by the budget"
-        for seq in self.scheduler.running + list(self.scheduler.waiting):
-            if seq.draft and id(seq) not in full:
-                del seq.token_ids[-len(seq.draft) :]
-                seq.draft = []
 
     def stats(self) -> EngineStats:
         return EngineStats(

@@ -4,8 +4,10 @@ Embedding sequences (backend/engine/embedding.py) share the forward; their last 
 stored on them instead of being sampled.
 
 The step's new tokens are flattened across sequences (prefill chunks and decodes mixed); each sequence's
-next token is sampled only when its chunk reaches the end of its tokens. With `invariant`, the model runs
-its linears and LM head in calibrated row tiles (the attention backend was chosen to match by the engine).
+next token is sampled only when its chunk reaches the end of its tokens. A decode verifying speculative drafts
+runs its last token and the step's drafts (`ScheduledSeq.draft`, never in `seq.token_ids`) and samples after
+each. With `invariant`, the model runs its linears and LM head in calibrated row tiles (the attention backend
+was chosen to match by the engine).
 Rows whose request processes logits or wants logprobs get the exact fp32 head; their processors run on their
 own row before sampling (backend/engine/logits_processor.py), and the sampled token then advances the row's
 grammar and its logprobs are left on the sequence for the engine's postprocess.
@@ -54,9 +56,9 @@ class ModelRunner:
         query_start = [0]
         context_lens: list[int] = []
         for item in batch:
-            seq, start, end = item.seq, item.start, item.start + item.num_new_tokens
+            seq, start, end = item.seq, item.start, item.end
             assert len(seq.block_table) * bs >= end, f"{seq} lacks blocks for {end} tokens"
-            token_ids.extend(seq.token_ids[start:end])
+            token_ids.extend(item.input_ids)  # the sequence's tokens, then any drafts it verifies
             positions.extend(range(start, end))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
@@ -106,7 +108,7 @@ class ModelRunner:
                 assert isinstance(item.seq, EmbeddingSequence)
                 item.seq.embedding = hidden[end - 1].clone()  # [hidden] fp32
             if item.samples:  # the last position, and every draft's position when verifying drafts
-                n = 1 + len(item.seq.draft)
+                n = 1 + len(item.draft)
                 last.extend(range(end - n, end))
                 greedy.extend([not item.seq.params.exact_logits] * n)
         rows = hidden[torch.tensor(last, dtype=torch.int64, device=self.device)]  # [N, hidden]
@@ -116,7 +118,7 @@ class ModelRunner:
         """One step: the sampled token per scheduled sequence, None for a prefill chunk short of the end,
         and for a sequence verifying drafts the tokens it gained (`speculative.accept`)."""
         logits = self.compute_logits(batch)  # [N, vocab]
-        samplers = [item.seq for item in batch if item.samples for _ in range(1 + len(item.seq.draft))]
+        samplers = [item.seq for item in batch if item.samples for _ in range(1 + len(item.draft))]
         process_logits(logits, samplers, self.eos_token_ids)
         picked = sample(logits, [s.params for s in samplers], [s.generator for s in samplers])
         for row, (seq, token) in enumerate(zip(samplers, picked, strict=True)):
@@ -127,11 +129,10 @@ class ModelRunner:
         tokens = iter(picked)
         out: list[int | list[int] | None] = []
         for item in batch:
-            draft = item.seq.draft
             if not item.samples:
                 out.append(None)
-            elif draft:
-                out.append(accept(draft, [next(tokens) for _ in range(1 + len(draft))]))
+            elif item.draft:
+                out.append(accept(item.draft, [next(tokens) for _ in range(1 + len(item.draft))]))
             else:
                 out.append(next(tokens))
         return out

@@ -1,7 +1,8 @@
 """One request's state in the engine: its tokens, where their KV lives, and how far it has been computed.
 
-Invariants: `token_ids` = prompt + outputs; the KV of the first `num_computed_tokens` tokens is in the
-blocks of `block_table` (in order); a sequence that is not running holds no blocks.
+Invariants: `token_ids` = prompt + outputs, never a speculative draft (drafts travel on the scheduled step,
+`ScheduledSeq.draft`, so block hashes cover real tokens only); the KV of the first `num_computed_tokens` tokens
+is in the blocks of `block_table` (in order); a sequence that is not running holds no blocks.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ class Sequence:
         "admitted",
         "block_hashes",
         "block_table",
-        "draft",
         "finish_reason",
         "generator",
         "matcher",
@@ -66,8 +66,6 @@ class Sequence:
             None  # set by the runner, taken by the engine's postprocess
         )
         self.block_table: list[int] = []
-        # speculative draft tokens appended to token_ids for one step (backend.engine.speculative), else []
-        self.draft: list[int] = []
         # chained hashes of the leading full blocks, computed once (token content of full blocks never changes)
         self.block_hashes: list[int] = []
         self.num_computed_tokens = 0

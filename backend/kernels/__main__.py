@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from backend.kernels import amx_unavailable, int4_kernel
+from backend.kernels.load import amx_unavailable, int4_kernel
 
 
 def main() -> None:

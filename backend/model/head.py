@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from backend.kernels import GROUP_SIZE, LANES, int4_kernel, pack_int8, pack_vnni, require_amx, vnni_rows
+from backend.kernels.load import int4_kernel, require_amx
+from backend.kernels.ops import GROUP_SIZE, LANES, pack_int8, pack_vnni, vnni_rows
 
 # greedy rows from which the head approximates in bf16 instead of int8 (no AMX kernel library)
 DENSE_ROWS = 8

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from backend.kernels import int4_kernel, pack_int4, require_amx
+from backend.kernels.load import int4_kernel, require_amx
+from backend.kernels.ops import pack_int4
 from backend.loader.quantized import GROUP_SIZE, Int4Blocks
 from backend.model.head import RescoredHead, quantize_int8
 from backend.model.layers import MATMUL_INT4, MATMUL_INT4_AMX, MATMUL_INT8, LlamaDecoderLayer, ScriptParts
@@ -171,7 +172,7 @@ def quantize_model(
     kernel: str | None = None,
 ) -> None:
     """Quantize a loaded CPU model in place: decoder projections and a greedy-exact LM head. `kernel`: the
-    int4 kernel ('amx' or 'torch'; None: `backend.kernels.int4_kernel()`, the served choice)."""
+    int4 kernel ('amx' or 'torch'; None: `backend.kernels.load.int4_kernel()`, the served choice)."""
     if model.device.type != "cpu":
         raise ValueError(
             "quantized weights use torch's CPU kernels: use --weights dequantized on this device"

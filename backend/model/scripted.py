@@ -25,7 +25,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from backend.attention.invariant import StepAttention, aligned_heads
-from backend.kernels import declare_op
+from backend.kernels.load import declare_op
 from backend.model.config import LlamaConfig
 from backend.model.layers import MATMUL_DENSE, LlamaDecoderLayer
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from backend import kernels
+from backend.kernels.build import source_hash
 from backend.model import tiling
 from backend.model.tiling import RowTiling, TilingMemo
 from backend.runtime import cpu_flags, cpu_model
@@ -59,7 +59,7 @@ class TilingContext:
             cpu_model=cpu_model(),
             device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type,
             torch_version=torch.__version__,
-            kernel=kernels.source_hash(),
+            kernel=source_hash(),
             calibration=hashlib.blake2b(Path(tiling.__file__).read_bytes(), digest_size=8).hexdigest(),
             threads=torch.get_num_threads(),
         )

@@ -14,16 +14,17 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from backend import kernels
 from backend.__main__ import numerics
 from backend.config import BackendConfig
-from backend.kernels import KernelUnavailable, int4_kernel, int4_mm, pack_int4
+from backend.kernels import build, load
+from backend.kernels.load import KernelUnavailable, int4_kernel
+from backend.kernels.ops import int4_mm, pack_int4
 from backend.loader.quantized import Int4Blocks
 from backend.loader.revision import served_revision
 from backend.model.quant import Int4Linear
 
 needs_amx = pytest.mark.skipif(
-    kernels.amx_unavailable() is not None, reason="needs AMX-BF16 and the built kernel"
+    load.amx_unavailable() is not None, reason="needs AMX-BF16 and the built kernel"
 )
 # SmolLM2-135M's projections (N, K): fused QKV, o_proj, fused gate/up, down_proj
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
@@ -131,7 +132,7 @@ def test_no_tile_configuration_goes_through_gccs_intrinsics() -> None:
     """GCC 12's _tile_loadconfig and _tile_storeconfig name an 8-byte operand: the compiler may drop the
     stores that fill the rest of the 64-byte configuration, and ldtilecfg then faults (DESIGN.md §8). The
     kernel names the whole struct in its own asm instead."""
-    source = kernels._SOURCE.read_text()
+    source = build.SOURCE.read_text()
     assert not re.search(r"\b_tile_(load|store)config\s*\(", source)
     assert re.search(r'"ldtilecfg %0"\s*::\s*"m"\(cfg\)', source)
 
@@ -139,7 +140,7 @@ def test_no_tile_configuration_goes_through_gccs_intrinsics() -> None:
 def test_tile_loads_and_stores_go_through_the_ordered_macros() -> None:
     """GCC 12's _tile_loadd and _tile_stored tell the compiler of no memory access; the kernel calls each once,
     inside a macro that puts a compiler barrier on its memory side, and everywhere else that macro."""
-    source = kernels._SOURCE.read_text()
+    source = build.SOURCE.read_text()
     assert (
         len(re.findall(r"\b_tile_loadd\(", source)) == 1 and len(re.findall(r"\b_tile_stored\(", source)) == 1
     )
@@ -174,10 +175,10 @@ def test_the_self_check_refuses_a_configuration_that_reads_back_wrong(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The kernel is only used once the CPU holds the configuration `configure` means (else torch's kernel)."""
-    kernels._self_check()
-    monkeypatch.setattr(kernels, "_tile_config", lambda rows, a_bytes, b_rows: tile_config(rows, a_bytes, 1))
+    load._self_check()
+    monkeypatch.setattr(load, "_tile_config", lambda rows, a_bytes, b_rows: tile_config(rows, a_bytes, 1))
     with pytest.raises(RuntimeError, match="tile configuration"):
-        kernels._self_check()
+        load._self_check()
 
 
 def test_the_packing_holds_every_code_once() -> None:
@@ -198,41 +199,41 @@ def test_the_packing_holds_every_code_once() -> None:
 
 
 def test_the_choice_follows_the_environment(fresh_choice: pytest.MonkeyPatch) -> None:
-    fresh_choice.setenv(kernels.ENV, "torch")
+    fresh_choice.setenv(load.ENV, "torch")
     assert int4_kernel() == "torch"
     int4_kernel.cache_clear()
-    fresh_choice.setenv(kernels.ENV, "fastest")
+    fresh_choice.setenv(load.ENV, "fastest")
     with pytest.raises(ValueError, match="auto, amx, torch"):
         int4_kernel()
 
 
 def test_a_cpu_without_amx_keeps_torchs_kernel(fresh_choice: pytest.MonkeyPatch) -> None:
-    fresh_choice.setattr(kernels, "amx_unavailable", lambda: "this CPU lacks amx_bf16")
-    fresh_choice.setenv(kernels.ENV, "auto")
+    fresh_choice.setattr(load, "amx_unavailable", lambda: "this CPU lacks amx_bf16")
+    fresh_choice.setenv(load.ENV, "auto")
     assert int4_kernel() == "torch"
     int4_kernel.cache_clear()
-    fresh_choice.setenv(kernels.ENV, "amx")
+    fresh_choice.setenv(load.ENV, "amx")
     with pytest.raises(KernelUnavailable, match="lacks amx_bf16"):
         int4_kernel()
 
 
 @needs_amx
 def test_a_build_is_reused(tmp_path_factory: pytest.TempPathFactory) -> None:
-    first = kernels.build()
+    first = build.build()
     stamp = first.stat().st_mtime_ns
-    assert kernels.build() == first and first.stat().st_mtime_ns == stamp
+    assert build.build() == first and first.stat().st_mtime_ns == stamp
 
 
 @needs_amx
 def test_the_amx_kernels_id_follows_its_source(fresh_choice: pytest.MonkeyPatch) -> None:
-    fresh_choice.setenv(kernels.ENV, "auto")
-    ident = kernels.kernel_id()
-    digest = hashlib.blake2b(kernels._SOURCE.read_bytes(), digest_size=4).hexdigest()
+    fresh_choice.setenv(load.ENV, "auto")
+    ident = load.kernel_id()
+    digest = hashlib.blake2b(build.SOURCE.read_bytes(), digest_size=4).hexdigest()
     assert ident == f"amx.{digest}"
 
 
 def test_the_served_revision_tells_kernels_and_modes_apart(fresh_choice: pytest.MonkeyPatch) -> None:
-    fresh_choice.setenv(kernels.ENV, "torch")
+    fresh_choice.setenv(load.ENV, "torch")
     quantized_torch = numerics(BackendConfig(), "cpu")
     assert quantized_torch == "cpu bfloat16 quantized int4-torch"
     reference = numerics(BackendConfig(weights="dequantized"), "cpu")

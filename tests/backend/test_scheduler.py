@@ -1,11 +1,12 @@
-"""Scheduler: chunked prefill within the token budget, preemption by recompute, no lost requests or blocks."""
+"""Scheduler: chunked prefill within the token budget, preemption by recompute, no lost requests or blocks, and
+speculative drafts that ride on the scheduled step (never in the sequence), granted within the budget."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from backend.engine.block_pool import BlockPool
+from backend.engine.block_pool import BlockPool, chain_hash
 from backend.engine.config import EngineConfig
 from backend.engine.kv_cache_manager import KVCacheManager
 from backend.engine.llm_engine import LLMEngine
@@ -132,3 +133,53 @@ def test_random_workloads_under_pressure_match_the_reference(seed: int) -> None:
     assert engine.scheduler.num_preemptions_total > 0 and engine.stats().prefix_hit_tokens_total > 0
     assert_matches_reference(model, spy)
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
+
+
+def test_a_verify_runs_its_drafts_without_putting_them_in_the_sequence() -> None:
+    scheduler = make_scheduler(num_blocks=8, budget=16)
+    seq = Sequence("s", [1, 2, 3], GREEDY)
+    scheduler.add(seq)
+    run_step(scheduler)  # prefill 3 and sample 7: [1, 2, 3, 7], 3 computed
+    [item] = scheduler.schedule({seq: [5, 6, 8, 2]})
+    assert item.draft == (5, 6, 8, 2) and item.num_new_tokens == 5 and item.samples
+    assert item.input_ids == [7, 5, 6, 8, 2] and seq.token_ids == [1, 2, 3, 7]
+    assert len(seq.block_table) == 2  # KV room for positions 3..7, the drafts' included
+    # the verify accepts 5 and 6, rejects 8 and picks 9 in its place
+    assert scheduler.postprocess([item], [[5, 6, 9]]) == [(seq, 5, None), (seq, 6, None), (seq, 9, None)]
+    assert seq.token_ids == [1, 2, 3, 7, 5, 6, 9]
+    assert seq.num_computed_tokens == 6  # KV of 7 and the accepted drafts; 9 is the next step's input
+    pool = scheduler.kv.pool
+    h0 = chain_hash(None, [1, 2, 3, 7])
+    assert pool.num_cached_blocks == 1 and seq.block_hashes == [h0]  # block 1 held the rejected drafts
+    assert run_step(scheduler) == [("s", 1)]  # a plain decode at position 6 (9), samples 7
+    assert run_step(scheduler) == [("s", 1)]  # position 7 fills block 1 with real tokens
+    h1 = chain_hash(h0, [5, 6, 9, 7])
+    assert seq.block_hashes == [h0, h1] and pool.lookup(h1, [5, 6, 9, 7]) == seq.block_table[1]
+    assert pool.lookup(chain_hash(h0, [5, 6, 8, 2]), [5, 6, 8, 2]) is None
+    assert len(seq.block_table) == 2  # the block the rejected drafts wrote was reused: none leaked
+
+
+def test_drafts_get_only_the_budget_every_decode_leaves() -> None:
+    scheduler = make_scheduler(num_blocks=16, budget=4)
+    a, b = Sequence("a", [1, 2], GREEDY), Sequence("b", [3, 4], GREEDY)
+    scheduler.add(a)
+    scheduler.add(b)
+    run_step(scheduler)  # both prefill and sample 7
+    batch = scheduler.schedule({a: [5, 6, 8], b: [9]})
+    # two decodes keep a token each; a's drafts take the 2 left, b verifies nothing
+    assert [(i.seq, i.draft, i.num_new_tokens) for i in batch] == [(a, (5, 6), 3), (b, (), 1)]
+    assert a.token_ids == [1, 2, 7] and b.token_ids == [3, 4, 7]
+    scheduler.postprocess(batch, [[4], 2])  # a's first draft rejected: one token, as a plain decode
+    assert a.token_ids == [1, 2, 7, 4] and a.num_computed_tokens == 3 and b.token_ids == [3, 4, 7, 2]
+
+
+def test_a_finish_inside_the_accepted_drafts_drops_the_rest() -> None:
+    scheduler = make_scheduler(num_blocks=8, budget=16)
+    seq = Sequence("s", [1, 2, 3], SamplingParams(temperature=0, max_tokens=20, stop_token_ids=(6,)))
+    scheduler.add(seq)
+    run_step(scheduler)
+    [item] = scheduler.schedule({seq: [5, 6, 8, 2]})
+    assert scheduler.postprocess([item], [[5, 6, 8, 9]]) == [(seq, 5, None), (seq, 6, "stop")]
+    assert seq.token_ids == [1, 2, 3, 7, 5, 6] and seq.is_finished
+    pool = scheduler.kv.pool
+    assert pool.num_free_blocks == pool.num_blocks and pool.num_cached_blocks == 1  # [1, 2, 3, 7] alone

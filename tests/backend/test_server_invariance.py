@@ -27,7 +27,7 @@ from backend.__main__ import build_app
 from backend.config import BackendConfig
 from backend.engine.async_engine import AsyncEngine
 from backend.engine.config import EngineConfig
-from backend.kernels import int4_kernel
+from backend.kernels.load import int4_kernel
 from backend.server import ServedModel, create_app
 from tests.backend.tiny import byte_tokenizer, tiny_model
 

@@ -1,14 +1,19 @@
-"""Prompt-lookup speculation: drafting and acceptance rules, and engine output bitwise equal to plain greedy
-decoding whatever the batch (copy-heavy prompts so that drafts are really accepted)."""
+"""Prompt-lookup speculation: drafting and acceptance rules, engine output bitwise equal to plain greedy
+decoding whatever the batch (copy-heavy prompts so that drafts are really accepted), and drafts that never enter
+a sequence's tokens."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from backend.engine.block_pool import chain_hash
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
+from backend.engine.outputs import TokenOut
 from backend.engine.sampling import SamplingParams
+from backend.engine.scheduler import ScheduledSeq
+from backend.engine.sequence import Sequence
 from backend.engine.speculative import SpeculativeConfig, accept, propose
 from backend.model.llama import LlamaModel
 from tests.backend.tiny import tiny_model
@@ -146,3 +151,43 @@ def test_a_request_whose_drafts_keep_failing_stops_drafting() -> None:
     assert engine._drafts_pay(seq)
     engine.abort_request("r")
     assert "r" not in engine._spec_tally
+
+
+def assert_hashes_cover(seq: Sequence, block_size: int) -> None:
+    """The sequence's memoised block hashes are the chain over its own tokens, full blocks only."""
+    prev: int | None = None
+    for i, block_hash in enumerate(seq.block_hashes):
+        assert (i + 1) * block_size <= seq.num_tokens
+        prev = chain_hash(prev, seq.token_ids[i * block_size : (i + 1) * block_size])
+        assert block_hash == prev
+
+
+def test_no_sequence_holds_a_draft_while_its_verify_runs() -> None:
+    """While the model runs a step, every sequence's token_ids is its prompt and the tokens the engine handed
+    out so far (the drafts ride on the step), and its block hashes cover those tokens alone."""
+    config = EngineConfig(
+        num_blocks=96, block_size=4, max_num_batched_tokens=24, max_model_len=256, speculative_tokens=4
+    )
+    engine = LLMEngine(tiny_model(), config, frozenset({0}))
+    real: dict[str, list[int]] = {}
+    drafts: list[tuple[int, ...]] = []
+    inner = engine.runner.run
+
+    def run(batch: list[ScheduledSeq]) -> list[int | list[int] | None]:
+        for item in batch:
+            assert item.seq.token_ids == real[item.seq.request_id]
+            assert_hashes_cover(item.seq, config.block_size)
+        drafts.extend(item.draft for item in batch if item.draft)
+        return inner(batch)
+
+    engine.runner.run = run  # type: ignore[method-assign]
+    params = SamplingParams(temperature=0, max_tokens=30)
+    seqs = [engine.add_request(f"r{i}", engine.prompt(p), params) for i, p in enumerate(copy_prompts())]
+    real.update((s.request_id, list(s.token_ids)) for s in seqs)
+    while engine.has_unfinished():
+        for out in engine.step():
+            assert isinstance(out.token, TokenOut)
+            real[out.request_id].append(out.token.token_id)
+    assert drafts and all(s.token_ids == real[s.request_id] for s in seqs)  # each token appended once
+    stats = engine.stats()  # some drafts were rejected, and none of them shows in a sequence
+    assert stats.spec_draft_tokens_total == sum(map(len, drafts)) > stats.spec_accepted_tokens_total

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from backend import kernels
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
+from backend.kernels.build import source_hash
 from backend.model import tiling_store
 from backend.model.tiling import RowFn, RowTiling, TilingMemo
 from backend.model.tiling_store import TilingContext, TilingStore, encode
@@ -161,7 +161,7 @@ def test_the_engine_starts_from_the_stored_tilings(tmp_path: Path, context: Tili
 def test_the_context_is_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
     threads = torch.get_num_threads()
     context = TilingContext.current("cpu")
-    assert context.threads == threads and context.kernel == kernels.source_hash()
+    assert context.threads == threads and context.kernel == source_hash()
     assert context.torch_version == torch.__version__ and context.device == "cpu"
     assert context.digest() == TilingContext.current("cpu").digest()
     assert dataclasses.replace(context, threads=threads + 1).digest() != context.digest()

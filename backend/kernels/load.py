@@ -1,0 +1,116 @@
+"""Loading the built kernel into torch and deciding whether it is used: the library is loaded (registering
+`torch.ops.tokenedge.*`) where the CPU has AMX (tile, int8, bf16), AVX512-BF16 and AVX512-VNNI and a self-check
+passes; anywhere else the model keeps torch's int4 kernel. The two differ in their last bits, so the kernel in
+use, down to a hash of its source, is part of the served model revision (`kernel_id`).
+`TOKENEDGE_INT4_KERNEL=torch` forces torch's kernel, `=amx` makes a failure to use this one an error."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import subprocess
+
+import torch
+
+from backend.kernels.build import build, source_hash
+from backend.kernels.ops import int4_mm, pack_int4
+from backend.runtime import cpu_flags
+
+_LOG = logging.getLogger(__name__)
+_CPU_FLAGS = ("amx_tile", "amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni", "avx512bw", "avx512vl")
+ENV = "TOKENEDGE_INT4_KERNEL"
+KERNELS = ("auto", "amx", "torch")
+
+
+class KernelUnavailable(RuntimeError):
+    """`TOKENEDGE_INT4_KERNEL=amx` but the kernel cannot run here (the message says why)."""
+
+
+def _tile_config(rows: int, a_bytes: int, b_rows: int) -> bytes:
+    """The 64-byte AMX tile configuration int4_amx.cpp's `configure` loads: palette 1; C tiles 0-1 and A tiles
+    2-3 of `rows` rows (64 and `a_bytes` bytes each), B tiles 4-5 of `b_rows` rows of 64 bytes."""
+    colsb = [64, 64, a_bytes, a_bytes, 64, 64] + [0] * 10
+    heights = [rows] * 4 + [b_rows] * 2 + [0] * 10
+    return bytes([1] + [0] * 15) + b"".join(c.to_bytes(2, "little") for c in colsb) + bytes(heights)
+
+
+def _self_check() -> None:
+    """The tile configurations as the CPU holds them (GCC 12's intrinsic could drop their bytes: DESIGN.md §8),
+    one small product against the dequantized reference, and a row alone against the same row in a batch.
+    `torch.ops.tokenedge.tile_config_roundtrip` is its debug entry: the 64 bytes read back from the CPU."""
+    for shape in ((16, 32, 8), (16, 64, 16)):  # int4_mm's AMX tiles at 8 rows, int8_mm's at 16
+        held = bytes(torch.ops.tokenedge.tile_config_roundtrip(*shape).tolist())
+        if held != _tile_config(*shape):
+            raise RuntimeError(f"the kernel's tile configuration {shape} reads back as {held.hex()}")
+    gen = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (64, 128), generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(64, 4, generator=gen) * 0.1).half().float()  # Q4_1-like: fp16 d and m
+    zeros = (torch.rand(64, 4, generator=gen) - 0.5).half().float() + 8 * scales
+    weight = (codes.view(64, 4, 32).double() - 8) * scales[:, :, None] + zeros[:, :, None]  # [64, 4, 32]
+    x = torch.randn(20, 128, generator=gen).to(torch.bfloat16)
+    packed = pack_int4(codes, scales, zeros)
+    y = int4_mm(x, *packed)
+    ref = x.double() @ weight.view(64, 128).t()
+    if not torch.allclose(y.double(), ref, rtol=2**-7, atol=1e-3):
+        raise RuntimeError("the kernel's self-check disagreed with the dequantized reference")
+    if not torch.equal(int4_mm(x[7:8], *packed), y[7:8]):
+        raise RuntimeError("the kernel's self-check found a row that depends on its batch")
+
+
+@functools.cache
+def amx_unavailable() -> str | None:
+    """Why the AMX kernel cannot run here (None: built, loaded and self-checked)."""
+    missing = [f for f in _CPU_FLAGS if f not in cpu_flags()]
+    if missing:
+        return f"this CPU lacks {', '.join(missing)}"
+    try:
+        torch.ops.load_library(str(build()))
+        _self_check()
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        return str(exc)
+    return None
+
+
+@functools.cache
+def int4_kernel() -> str:
+    """'amx' (this kernel, built and loaded) or 'torch' (torch's int4 kernel), by $TOKENEDGE_INT4_KERNEL."""
+    choice = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if choice not in KERNELS:
+        raise ValueError(f"{ENV}={choice!r}: expected one of {', '.join(KERNELS)}")
+    if choice == "torch":
+        return "torch"
+    why = amx_unavailable()
+    if why is not None and choice == "amx":
+        raise KernelUnavailable(f"{ENV}=amx but the AMX int4 kernel cannot run: {why}")
+    if why is not None:
+        _LOG.warning("the AMX int4 kernel is not used (%s): torch's int4 kernel instead", why)
+    return "torch" if why is not None else "amx"
+
+
+def kernel_id() -> str:
+    """The int4 kernel in use, as the served revision names it: 'torch', or 'amx.' and a hash of this kernel's
+    source (any change to its arithmetic is a new revision)."""
+    if int4_kernel() == "torch":
+        return "torch"
+    return "amx." + source_hash()
+
+
+def require_amx() -> None:
+    """Load the kernel for a layer that asks for it by name; KernelUnavailable if it cannot run here."""
+    why = amx_unavailable()
+    if why is not None:
+        raise KernelUnavailable(f"the AMX int4 kernel cannot run here: {why}")
+
+
+_STUB: list[torch.library.Library] = []
+
+
+def declare_op() -> None:
+    """Make `torch.ops.tokenedge.int4_mm` known to TorchScript even where the kernel cannot load (the
+    scripted stack names it; it is only called by layers packed for it)."""
+    if _STUB or amx_unavailable() is None:
+        return
+    lib = torch.library.Library("tokenedge", "DEF")
+    lib.define("int4_mm(Tensor x, Tensor codes, Tensor factors) -> Tensor")
+    _STUB.append(lib)
