@@ -100,6 +100,122 @@ def test_no_module_imports_itself_back() -> None:
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
 
 
+def _gateway_table() -> list[str]:
+    """The first cell of each row of docs/layout.md's gateway table: the rooms, lowest first."""
+    section = (ROOT / "docs" / "layout.md").read_text().split("## gateway/", 1)[1].split("\n## ", 1)[0]
+    return [
+        m.group(1) for line in section.splitlines() if (m := re.match(r"\| `([a-z_]+)(?:/|\.py)` \|", line))
+    ]
+
+
+# The gateway's layers, lowest first, written once: docs/layout.md's table. A module may import its own room and the
+# rooms below it, never one above. A room is a first-level entry of gateway/ (a folder or a module). The shell
+# (handlers, app, __main__) is the top; `gateway.state` is the shell's, and the layers below take the part they read.
+LAYERS: tuple[str, ...] = tuple(_gateway_table())
+SHELL = ("gateway.app", "gateway.handlers", "gateway.__main__")
+MAX_ROOMS = 14
+MAX_STATE_IMPORTERS = 6
+
+
+def _room(module: str) -> str | None:
+    """`gateway.misses.stream` -> `misses`; None for `gateway` itself and for other packages."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "gateway" and len(parts) > 1 else None
+
+
+def test_the_gateway_has_at_most_14_rooms_and_every_one_is_in_the_layer_order() -> None:
+    assert len(LAYERS) > 10 and LAYERS[0] == "web" and LAYERS[-1] == "__main__", LAYERS
+    rooms = {p.stem if p.suffix == ".py" else p.name for p in (ROOT / "gateway").iterdir() if _is_room(p)}
+    assert len(rooms) <= MAX_ROOMS, sorted(rooms)
+    assert rooms == set(LAYERS), (
+        f"rooms not in LAYERS: {sorted(rooms - set(LAYERS))}; gone: {sorted(set(LAYERS) - rooms)}"
+    )
+
+
+def _is_room(path: Path) -> bool:
+    if path.name.startswith(("_", ".")) and path.name != "__main__.py":
+        return False
+    return (path.suffix == ".py") or (path.is_dir() and (path / "__init__.py").exists())
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    rank = {room: i for i, room in enumerate(LAYERS)}
+    return sorted(
+        f"{a} -> {b}"
+        for a, targets in graph.items()
+        for b in targets
+        if (ra := _room(a)) and (rb := _room(b)) and ra != rb and rank[rb] > rank[ra]
+    )
+
+
+def test_no_gateway_import_runs_up_the_layers() -> None:
+    assert not _upward(_graph()), "\n".join(_upward(_graph()))
+
+
+def test_the_layer_check_sees_an_import_that_runs_up() -> None:
+    graph = {"gateway.keys.policy": {"gateway.hits.verdict"}, "gateway.hits.verdict": {"gateway.keys.policy"}}
+    assert _upward(graph) == ["gateway.keys.policy -> gateway.hits.verdict"]
+
+
+def _folder_cycles(graph: dict[str, set[str]], folder: str) -> list[list[str]]:
+    """Cycles among the direct children (modules and sub-folders) of `folder`, following their modules' imports."""
+    prefix = folder + "."
+
+    def child(module: str) -> str | None:
+        return module[len(prefix) :].split(".")[0] if module.startswith(prefix) else None
+
+    edges: dict[str, set[str]] = {}
+    for a, targets in graph.items():
+        if (ca := child(a)) is not None:
+            edges.setdefault(ca, set()).update(cb for b in targets if (cb := child(b)) and cb != ca)
+    return _cycles(edges)
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    found: list[list[str]] = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                found.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [])
+    return found
+
+
+def test_no_folder_of_the_gateway_has_an_import_cycle_among_its_children() -> None:
+    graph = _graph()
+    folders = {"gateway"} | {
+        m for m in graph if m.startswith("gateway.") and (ROOT / m.replace(".", "/")).is_dir()
+    }
+    cycles = {f: c for f in sorted(folders) if (c := _folder_cycles(graph, f))}
+    assert not cycles, cycles
+
+
+def test_the_folder_check_sees_a_cycle_through_a_subfolder() -> None:
+    graph = {
+        "gateway.misses.streaming.tee": {"gateway.misses.answer"},
+        "gateway.misses.answer": {"gateway.misses.streaming.sse"},
+    }
+    assert _folder_cycles(graph, "gateway.misses") == [["answer", "streaming", "answer"]]
+
+
+def test_only_the_shell_imports_gateway_state() -> None:
+    importers = sorted(a for a, targets in _graph().items() if "gateway.state" in targets)
+    outside = [a for a in importers if not a.startswith(SHELL)]
+    assert not outside, f"below the shell, take the part of the state you read (docs/layout.md): {outside}"
+    assert len(importers) <= MAX_STATE_IMPORTERS, importers
+
+
 def _layout_rows(doc: str = "README.md") -> dict[str, str]:
     readme = (ROOT / doc).read_text()
     table = readme.split("## Layout", 1)[1].split("\n## ", 1)[0] if "## Layout" in readme else readme
@@ -127,12 +243,13 @@ def test_every_gateway_module_the_layout_map_names_exists_and_every_module_is_na
     assert len(named) > 20
     missing = sorted(n for n in named if not (ROOT / "gateway" / n).exists())
     assert not missing, missing
-    folders = {n.split("/", 1)[0] + "/" for n in named if "/" in n}
+    folders = tuple(n for n in named if n.endswith("/"))
     unnamed = sorted(
-        p.name
-        for p in (ROOT / "gateway").iterdir()
-        if (p.suffix == ".py" and p.name not in named and p.name != "__init__.py")
-        or (p.is_dir() and not p.name.startswith("__") and f"{p.name}/" not in folders)
+        rel
+        for path in (ROOT / "gateway").rglob("*.py")
+        if path.name != "__init__.py"
+        and (rel := path.relative_to(ROOT / "gateway").as_posix()) not in named
+        and not rel.startswith(tuple(f for f in folders if f.count("/") > 1))
     )
     assert not unnamed, f"docs/layout.md does not name {unnamed}"
 

@@ -38,7 +38,7 @@ from gateway.misses.answer import (
 )
 from gateway.misses.fill import FillResult, fill
 from gateway.misses.lease_fill import leased_fill
-from gateway.misses.streaming.handler import serve_stream
+from gateway.misses.stream import serve_stream
 from gateway.ops.dashboard.hotkeys import PROMPT, prompt_text
 from gateway.ops.reqrecord import handler_done
 from gateway.ops.timing import lap, start_timer, timer_of

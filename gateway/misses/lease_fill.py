@@ -1,4 +1,4 @@
-"""Leases around the two fill paths: the JSON fill (`gateway.misses.fill`) and the stream tee (`gateway.misses.streaming.tee`).
+"""Leases around the two fill paths: the JSON fill (`gateway.misses.fill`) and the stream tee (`gateway.misses.tee`).
 
 Both run once per local flight, so only a flight's leader ever asks Redis for the lease (gateway/misses/lease.py); the
 lease client is built at startup by `lease_ctx` (`MissState.leases`). Without leases (no Redis L2,
@@ -29,7 +29,7 @@ from gateway.misses.lease import Lease, Leases, LeaseSettings
 from gateway.misses.needs import MissState
 from gateway.misses.streaming.broadcast import Frame, Head, StreamFlight
 from gateway.misses.streaming.replay import replay_frames
-from gateway.misses.streaming.tee import tee
+from gateway.misses.tee import tee
 from gateway.misses.warm import count_store
 from gateway.tiers.base import L2Unavailable
 from gateway.tiers.redis_cluster import command_client, subscriber_clients

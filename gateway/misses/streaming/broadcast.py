@@ -1,7 +1,7 @@
 """Coalesced streams: one upstream stream shared by every identical streamed request while it is in flight.
 
 A `StreamFlight` is an append-only list of SSE frames plus the upstream's head (status and headers, or an error
-before the first byte). Its producer (`gateway.misses.streaming.tee`) runs in its own task, so no client owns it: a
+before the first byte). Its producer (`gateway.misses.tee`) runs in its own task, so no client owns it: a
 subscriber reads the frames from index 0 (the buffer so far) and then waits for the live tail, at its own pace.
 A slow client only delays itself. Lifetime rules:
 - a subscriber whose connection is gone is pruned at every publish (its transport is closing), and leaves when its

@@ -1,1 +1,2 @@
-"""The built-in dashboard: `/dashboard` (one self-contained HTML page) and `/dashboard/data` (its JSON)."""
+"""The dashboard's data: history rings, hot keys, summaries and the sampler that fills them. Its page and JSON
+routes are the shell's (`gateway.handlers.dashboard`)."""

@@ -4,7 +4,7 @@ Called by the completions route for a cacheable (`Lookup`) request with `stream:
 the metric labels (result, reason), like the JSON path. Errors before the first byte behave like the JSON path:
 an upstream failure raises (the middleware renders JSON) or serves a stale entry inside stale-if-error, and a
 non-200 upstream answer passes through with its body, unstored. After the first byte the status is sent: a failure
-becomes an error event followed by a clean end (see `gateway.misses.streaming.tee`).
+becomes an error event followed by a clean end (see `gateway.misses.tee`).
 
 A `stream: false` request never joins a stream in flight: it takes the JSON path (its own single-flight call),
 which stores the same key; both answers are complete, so whichever is stored last wins, as for two JSON fills.
