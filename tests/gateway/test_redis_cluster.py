@@ -109,7 +109,8 @@ async def test_warm_up_on_a_cluster_fills_a_new_replica_from_the_hot_record(
 async def test_a_batch_of_reads_is_one_batched_call_over_every_node(
     make_gateway: GatewayFactory, cluster_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gw = await make_gateway(cache={"redis_url": cluster_url, "l1_max_bytes": 0})
+    # a generous timeout: this test counts batches, and a slow read on a loaded machine would open the breaker
+    gw = await make_gateway(cache={"redis_url": cluster_url, "l1_max_bytes": 0, "redis_timeout_s": 5.0})
     keys = []
     for i in range(12):
         resp = await gw.client.post("/v1/chat/completions", json=ask(i), headers=AUTH_A)
