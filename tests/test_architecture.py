@@ -80,23 +80,7 @@ def test_no_module_imports_itself_back() -> None:
     graph = _graph()
     # a package's __init__ re-exporting its children is not a cycle of behaviour: drop parent -> child edges
     edges = {a: {b for b in targets if not b.startswith(a + ".")} for a, targets in graph.items()}
-    cycles: list[list[str]] = []
-    state: dict[str, int] = {}
-
-    def visit(node: str, stack: list[str]) -> None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(edges[node]):
-            if state.get(nxt) == 1:
-                cycles.append([*stack[stack.index(nxt) :], nxt])
-            elif nxt not in state:
-                visit(nxt, stack)
-        stack.pop()
-        state[node] = 2
-
-    for node in sorted(edges):
-        if node not in state:
-            visit(node, [])
+    cycles = _cycles(edges)
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
 
 
