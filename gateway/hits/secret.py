@@ -20,7 +20,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from gateway.config.settings import GatewayConfig
-from gateway.tiers.redis_cluster import cluster_client, is_cluster_url
+from gateway.tiers.redis_cluster import REDIS_FAILURES, cluster_client, is_cluster_url
 
 SECRET_KEY = "tokenedge:scope-secret"
 SECRET_FILE = "scope_secret"
@@ -33,7 +33,7 @@ async def load_scope_secret(config: GatewayConfig) -> bytes:
     if config.cache.redis_url:
         try:
             return await _from_redis(config.cache.redis_url, config.cache.redis_timeout_s)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except REDIS_FAILURES as exc:
             log.warning(
                 "scope secret: Redis unreachable (%s); using the file under %s, so replicas will not share "
                 "entries until it is reachable at start",

@@ -31,14 +31,14 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from prometheus_client import Counter
-from redis.exceptions import RedisError
 
 from gateway.keys.entry import Entry
+from gateway.tiers.redis_cluster import REDIS_FAILURES
 
 # What a lease command can raise when Redis fails: redis-py's errors, a timeout, a socket error, and the
 # AttributeError redis-py's async cluster connections raise when a command reuses a connection that a cancelled
 # (timed-out) command left without a writer. Each degrades to no lease, counted; none is a gateway error.
-LEASE_FAILURES: tuple[type[BaseException], ...] = (RedisError, TimeoutError, OSError, AttributeError)
+LEASE_FAILURES: tuple[type[BaseException], ...] = (*REDIS_FAILURES, AttributeError)
 
 log = logging.getLogger("tokenedge.lease")
 LEASE_PREFIX = "te1:lease:"
@@ -234,7 +234,7 @@ class Leases:
                     async for message in pubsub.listen():
                         if message.get("type") == "message":
                             self.deliver(message["data"])
-            except (RedisError, OSError) as exc:
+            except REDIS_FAILURES as exc:
                 self.subscribed.clear()
                 log.warning("lease channel lost (%s); waits poll until it is back", exc)
                 await asyncio.sleep(self._settings.ttl_s / max(1, len(clients)))

@@ -20,15 +20,16 @@ import logging
 from collections.abc import AsyncIterator
 
 from prometheus_client import Counter
-from redis.exceptions import RedisError
 
 from gateway.keys.entry import Entry
 from gateway.misses.answer import FillRequest
 from gateway.misses.needs import MissState
 from gateway.tiers.base import L2Unavailable, Tier
 from gateway.tiers.hotrecord import HotRecord, HotSettings, Replayable, Warmup
-from gateway.tiers.redis_cluster import command_client
+from gateway.tiers.redis_cluster import REDIS_FAILURES, command_client
 
+# an L2 that cannot answer ends the fill early (readiness is delayed, never prevented)
+FILL_FAILURES: tuple[type[BaseException], ...] = (L2Unavailable, *REDIS_FAILURES)
 log = logging.getLogger("tokenedge.warm")
 FILL_BATCH = 200
 READY_WAIT_S = 0.5  # how long one /ready call waits for a running fill before it answers `warming`
@@ -105,7 +106,7 @@ async def run_fill(state: MissState, record: HotRecord, warmup: Warmup) -> None:
         warmup.outcome = "filled"
     except TimeoutError:
         warmup.outcome = "timeout"
-    except (L2Unavailable, RedisError, OSError) as exc:
+    except FILL_FAILURES as exc:
         warmup.outcome = "error"
         log.warning("L1 warm-up from L2 stopped early: %s", exc)
     finally:

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 import orjson
 import redis.asyncio as aioredis
 from prometheus_client import Counter
-from redis.exceptions import RedisError
 
 from gateway.keys.derive import ANONYMOUS_SCOPE, PUBLIC_SCOPE
 from gateway.ops.ratelog import RateLimitedLog
+from gateway.tiers.redis_cluster import REDIS_FAILURES
 
 log = logging.getLogger("tokenedge.hotrecord")
 SCORES = "te1:{hot}:scores"
@@ -190,7 +190,7 @@ class HotRecord:
             await asyncio.wait_for(
                 self._script(keys=[SCORES, REQUESTS, DECAYED_AT], args=args), self._settings.timeout_s
             )
-        except (RedisError, OSError, TimeoutError) as exc:
+        except REDIS_FAILURES as exc:
             self._flushes.labels("error").inc()
             self._log.warning("flush", "hot-key record flush dropped %d keys: %s", len(counts), exc)
             return

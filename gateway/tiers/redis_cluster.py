@@ -26,10 +26,13 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
 
 from gateway.tiers.base import L2Unavailable
 from gateway.tiers.redis_tier import TAG_PREFIX, RedisTier
 
+# What a failed command of a `command_client` raises: redis-py's errors, and socket errors (TimeoutError among them)
+REDIS_FAILURES: tuple[type[BaseException], ...] = (RedisError, OSError)
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 
 

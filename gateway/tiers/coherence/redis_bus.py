@@ -20,11 +20,11 @@ from collections.abc import Callable
 
 import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from gateway.ops.ratelog import RateLimitedLog
 from gateway.tiers.coherence.bus import BusUnavailable, Receiver
+from gateway.tiers.redis_cluster import REDIS_FAILURES
 
 log = logging.getLogger("tokenedge.bus")
 CHANNEL = "te1:invalidate"
@@ -72,13 +72,13 @@ class RedisBus:
     async def publish(self, raw: bytes) -> int:
         try:
             return int(await asyncio.wait_for(self._pub.publish(CHANNEL, raw), self._timeout_s * 4))
-        except (RedisError, OSError, TimeoutError) as exc:
+        except REDIS_FAILURES as exc:
             raise BusUnavailable(f"publish failed: {type(exc).__name__}: {exc}") from exc
 
     async def ack(self, raw: bytes) -> None:
         try:
             await asyncio.wait_for(self._pub.publish(ACK_CHANNEL, raw), self._timeout_s * 4)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except REDIS_FAILURES as exc:
             self._log.warning("ack", "invalidation ack not sent: %s", exc)
 
     async def close(self) -> None:
@@ -99,7 +99,7 @@ class RedisBus:
                 self._subscribed.set()
                 backoff_s = 0.02
                 await self._listen(pubsub, receiver)
-            except (RedisError, OSError, TimeoutError) as exc:
+            except REDIS_FAILURES as exc:
                 self._log.warning(
                     "sub",
                     "invalidation subscription lost, L1 off until back: %s: %s",
@@ -142,5 +142,5 @@ class RedisBus:
 
 
 async def _close_quietly(pubsub: aioredis.client.PubSub) -> None:
-    with contextlib.suppress(RedisError, OSError):
+    with contextlib.suppress(*REDIS_FAILURES):
         await pubsub.aclose()
