@@ -198,7 +198,7 @@ def _on_state(
 
 def _with_state(
     handler: Callable[[web.Request, GatewayState], Awaitable[web.StreamResponse]],
-) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+) -> Handler:
     """A route whose handler takes the part of the state it uses next to the request, not the app's key."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
