@@ -1,6 +1,7 @@
-"""Compiling `int4_amx.cpp` on the machine that runs it: the machine's g++ against the installed torch (about
-8 s, once). The shared library is cached (`cache_dir`) by a hash of the source, torch's version, the compiler
-and the flags, so a change to any of them builds anew and an unchanged toolchain never rebuilds."""
+"""Compiling the kernel library (`SOURCES`, over the header they share) on the machine that runs it: the
+machine's g++ against the installed torch (about 8 s, once). The shared library is cached (`cache_dir`) by a hash
+of the sources, torch's version, the compiler and the flags, so a change to any of them builds anew and an
+unchanged toolchain never rebuilds."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ import torch
 
 _LOG = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("int4_amx.cpp")
+# compiled together into one library; hashed with the header they share
+SOURCES = (SOURCE,)
+HEADERS = (Path(__file__).with_name("int4_core.h"),)
 _ISA = [
     "-mavx512f",
     "-mavx512bw",
@@ -38,7 +42,7 @@ def _command(out: Path) -> list[str]:
     includes = [f"-I{t / 'include'}", f"-I{t / 'include' / 'torch' / 'csrc' / 'api' / 'include'}"]
     links = [f"-L{t / 'lib'}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{t / 'lib'}"]
     flags = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-w", abi, *_ISA]
-    return ["g++", *flags, *includes, str(SOURCE), "-o", str(out), *links]
+    return ["g++", *flags, *includes, *map(str, SOURCES), "-o", str(out), *links]
 
 
 def cache_dir() -> Path:
@@ -55,7 +59,8 @@ def _compiler() -> str:
 def build() -> Path:
     """The kernel's shared library, compiled now unless a build of this very source and toolchain exists."""
     key = hashlib.blake2b(digest_size=10)
-    for part in (SOURCE.read_bytes(), torch.__version__.encode(), _compiler().encode()):
+    sources = [s.read_bytes() for s in (*SOURCES, *HEADERS)]
+    for part in (*sources, torch.__version__.encode(), _compiler().encode()):
         key.update(part + b"\0")
     key.update(" ".join(_command(Path("out"))).encode())
     target = cache_dir() / f"int4_amx-{key.hexdigest()}.so"
@@ -75,4 +80,7 @@ def build() -> Path:
 def source_hash() -> str:
     """A hash of this kernel's source: it names the kernel in the served revision and keys measurements of it
     (backend.model.tiling_store), without building or loading anything."""
-    return hashlib.blake2b(SOURCE.read_bytes(), digest_size=4).hexdigest()
+    digest = hashlib.blake2b(digest_size=4)
+    for source in (*SOURCES, *HEADERS):
+        digest.update(source.read_bytes())
+    return digest.hexdigest()

@@ -1,6 +1,7 @@
 """Loading the built kernel into torch and deciding whether it is used: the library is loaded (registering
-`torch.ops.tokenedge.*`) where the CPU has AMX (tile, int8, bf16), AVX512-BF16 and AVX512-VNNI and a self-check
-passes; anywhere else the model keeps torch's int4 kernel. The two differ in their last bits, so the kernel in
+`torch.ops.tokenedge.*`) where the CPU has AVX512-BF16 and AVX512-VNNI and a self-check passes; its AMX paths
+(int4_mm from 4 rows, int8_mm) only where the CPU also has AMX (tile, int8, bf16), the VNNI ones for every row
+count elsewhere (an AMD EPYC); anywhere else the model keeps torch's int4 kernel. The two differ in their last bits, so the kernel in
 use, down to a hash of its source, is part of the served model revision (`kernel_id`).
 `TOKENEDGE_INT4_KERNEL=torch` forces torch's kernel, `=amx` makes a failure to use this one an error."""
 
@@ -18,7 +19,9 @@ from backend.kernels.ops import int4_mm, pack_int4
 from backend.runtime import cpu_flags
 
 _LOG = logging.getLogger(__name__)
-_CPU_FLAGS = ("amx_tile", "amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni", "avx512bw", "avx512vl")
+# the CPU features the library needs (its VNNI paths serve every row count), and those its AMX paths add
+_CPU_FLAGS = ("avx512_bf16", "avx512_vnni", "avx512bw", "avx512vl", "f16c")
+_AMX_FLAGS = ("amx_tile", "amx_bf16", "amx_int8")
 ENV = "TOKENEDGE_INT4_KERNEL"
 KERNELS = ("auto", "amx", "torch")
 
@@ -39,7 +42,7 @@ def _self_check() -> None:
     """The tile configurations as the CPU holds them (GCC 12's intrinsic could drop their bytes: DESIGN.md §8),
     one small product against the dequantized reference, and a row alone against the same row in a batch.
     `torch.ops.tokenedge.tile_config_roundtrip` is its debug entry: the 64 bytes read back from the CPU."""
-    for shape in ((16, 32, 8), (16, 64, 16)):  # int4_mm's AMX tiles at 8 rows, int8_mm's at 16
+    for shape in ((16, 32, 8), (16, 64, 16)) if has_amx() else ():  # int4_mm's AMX tiles, int8_mm's
         held = bytes(torch.ops.tokenedge.tile_config_roundtrip(*shape).tolist())
         if held != _tile_config(*shape):
             raise RuntimeError(f"the kernel's tile configuration {shape} reads back as {held.hex()}")
@@ -56,6 +59,12 @@ def _self_check() -> None:
         raise RuntimeError("the kernel's self-check disagreed with the dequantized reference")
     if not torch.equal(int4_mm(x[7:8], *packed), y[7:8]):
         raise RuntimeError("the kernel's self-check found a row that depends on its batch")
+
+
+@functools.cache
+def has_amx() -> bool:
+    """Whether the CPU has AMX: the library then takes its AMX paths from a few rows (int8_mm only there)."""
+    return all(f in cpu_flags() for f in _AMX_FLAGS)
 
 
 @functools.cache
