@@ -6,12 +6,12 @@ than wall time does, so two builds compared by it, alternately, give a usable ra
 the waiting threads' spinning is counted too). The README's "where the time goes" comes from this.
 
     python -m bench backend_profile --threads 1 --steps 20
-    python -m bench backend_profile --ab 5     # scripted decoder stack vs the eager layers, alternating rounds
+    python -m bench backend_profile --ab 5     # the native decoder step vs the eager layers, alternating rounds
     python -m bench backend_profile --kernel-ab 5 --threads 2   # the AMX int4 kernel vs torch's (wall time)
     python -m bench backend_profile --kernel-micro --threads 2  # the two int4 kernels alone, by rows
 
-`--ab N` skips the profiler and measures the scripted decoder stack (backend/model/scripted.py) against the
-same model's eager layers (the path main took before it), N alternating rounds in one process: the same
+`--ab N` skips the profiler and measures the native decoder step (backend/model/native_step.py) against the
+same model's eager layers, N alternating rounds in one process: the same
 weights, caches and machine state, so the median of the per-round ratios is a fair same-run A/B.
 """
 
@@ -21,7 +21,6 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -75,20 +74,11 @@ def prefill(engine: LLMEngine, fresh: list[list[int]]) -> Callable[[], list[floa
 
 
 def eager_layers(model: LlamaModel) -> Callable[[bool], None]:
-    """A switch between the scripted stack (True) and the eager layers (False) for the engine's forwards."""
-    scripted = model.forward
-
-    def eager(
-        token_ids: torch.Tensor,
-        positions: torch.Tensor,
-        attend: Any,
-        invariant: bool = False,
-        step: Any = None,
-    ) -> torch.Tensor:
-        return scripted(token_ids, positions, attend, invariant)  # no step: the eager layers
+    """A switch between the native decoder step (True) and the eager layers (False) for the engine's forwards."""
+    native = model.native_stack
 
     def use(on: bool) -> None:
-        model.forward = scripted if on else eager  # type: ignore[method-assign]
+        model.native_stack = native if on else lambda: None  # type: ignore[method-assign]
 
     return use
 
@@ -113,8 +103,8 @@ def ab_rounds(
         )
 
 
-def scripted_ab(engine: LLMEngine, loaded: LoadedModel, steps: int, rounds: int) -> None:
-    """The scripted decoder stack vs the same model's eager layers, CPU time (`--ab`)."""
+def native_ab(engine: LLMEngine, loaded: LoadedModel, steps: int, rounds: int) -> None:
+    """The native decoder step vs the same model's eager layers, CPU time (`--ab`)."""
     use = eager_layers(engine.model)
     batch = prompts(loaded)
 
@@ -126,7 +116,7 @@ def scripted_ab(engine: LLMEngine, loaded: LoadedModel, steps: int, rounds: int)
         "batch-1 decode": (side(batch[:1], False), side(batch[:1], True)),
         "8 concurrent decode": (side(batch, False), side(batch, True)),
     }
-    ab_rounds(scenarios, ("eager", "scripted"), rounds, "CPU ms")
+    ab_rounds(scenarios, ("eager", "native"), rounds, "CPU ms")
     use(True)
 
 
@@ -181,7 +171,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rows", type=int, default=12, help="profiler table rows per scenario")
-    parser.add_argument("--ab", type=int, default=0, help="rounds of scripted vs eager layers (no profiler)")
+    parser.add_argument(
+        "--ab", type=int, default=0, help="rounds of the native step vs eager layers (no profiler)"
+    )
     parser.add_argument("--kernel-ab", type=int, default=0, help="rounds of the AMX vs torch int4 kernel")
     parser.add_argument(
         "--kernel-micro", action="store_true", help="the two int4 kernels alone, 120 projections"
@@ -207,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "prefill 250": prefill(engine, prefill_prompts(loaded, 1)),
     }
     if args.ab:
-        scripted_ab(engine, loaded, args.steps, args.ab)
+        native_ab(engine, loaded, args.steps, args.ab)
         return
     for name, run in scenarios.items():
         run()  # warm-up

@@ -53,25 +53,6 @@ class _Call:
 
 
 @dataclass(frozen=True, slots=True)
-class StepAttention:
-    """A plan's calls as plain tensors and the pool's caches, for the scripted decoder stack
-    (backend/model/scripted.py runs the very ops of `InvariantSdpaBackend.forward` on them)."""
-
-    k_caches: list[torch.Tensor]  # per layer [num_blocks, block_size, KH, D]
-    v_caches: list[torch.Tensor]
-    slot_mapping: torch.Tensor  # [T] int64
-    token_index: list[torch.Tensor]  # per call [R] int64
-    block_ids: list[torch.Tensor]  # per call [S * nb] int64
-    num_seqs: list[int]  # per call S
-    in_order: bool  # one call over every token, in order
-    calls: tuple[_Call, ...]
-
-    def masks(self, dtype: torch.dtype) -> list[torch.Tensor]:
-        """Per call [R, 1, 1, L] additive masks in q's dtype (built once per step and dtype)."""
-        return [call.additive_mask(dtype) for call in self.calls]
-
-
-@dataclass(frozen=True, slots=True)
 class InvariantPlan:
     ctx: AttentionContext
     calls: tuple[_Call, ...]
@@ -173,24 +154,6 @@ class InvariantSdpaBackend:
         blocks = _blocks(ctx, [s for _, s, _ in rows], num_blocks)
         return _Call(index, blocks, len(rows), visible[:, None, None, :], {})
 
-    def step_attention(
-        self, plan: InvariantPlan, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]
-    ) -> StepAttention | None:
-        """The plan for the scripted decoder stack; None on CUDA (its kernel pin needs the eager call)."""
-        if plan.ctx.slot_mapping.is_cuda:
-            return None
-        calls = plan.calls
-        return StepAttention(
-            k_caches,
-            v_caches,
-            plan.ctx.slot_mapping,
-            [call.token_index for call in calls],
-            [call.block_ids for call in calls],
-            [call.num_seqs for call in calls],
-            plan.in_order,
-            calls,
-        )
-
     def forward(
         self,
         q: torch.Tensor,
@@ -279,7 +242,7 @@ def aligned_heads(q: torch.Tensor) -> torch.Tensor:
     not depend on its row's place in the call. fp32 SDPA on CPU runs MKL's sgemm over each [G, D] query block,
     which sums a row differently by its address modulo 16 bytes on some CPUs (measured on an AMD EPYC: head_dim
     14, every other row). Never a copy for head dims of 16 fp32 / 32 bf16 multiples (every Llama's)."""
-    # q: [R, KH, G, D]; backend/model/scripted.py scripts this function as it is
+    # q: [R, KH, G, D]
     step = 64 // q.element_size()
     aligned = q.stride(-1) == 1 and q.storage_offset() % step == 0
     for dim in range(q.dim() - 1):

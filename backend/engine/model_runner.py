@@ -21,7 +21,6 @@ import torch
 
 from backend.attention.backend import AttentionBackend
 from backend.attention.context import AttentionContext
-from backend.attention.invariant import InvariantPlan, InvariantSdpaBackend
 from backend.engine.block_pool import BlockPool
 from backend.engine.embedding import EmbeddingSequence
 from backend.engine.logits_processor import process_logits, token_logprobs
@@ -29,6 +28,7 @@ from backend.engine.sampling import sample
 from backend.engine.scheduler import ScheduledSeq
 from backend.engine.speculative import accept
 from backend.model.llama import LlamaModel
+from backend.model.native_step import PagedStep
 
 
 class ModelRunner:
@@ -89,16 +89,15 @@ class ModelRunner:
         """fp32 logits [N, vocab] for the sequences whose chunk reaches their end (in batch order); a
         sequence verifying k drafts gets k + 1 rows, one per position from its last token on."""
         token_ids, positions, ctx = self.build_context(batch)
-        plan = self.attention.plan(ctx)
         k_caches, v_caches, backend = self.pool.k_caches, self.pool.v_caches, self.attention
+        step = None
+        if self.model.native_stack() is not None:  # the layers run as one native call: no attention plan
+            step = PagedStep(ctx, k_caches, v_caches)
+        plan = backend.plan(ctx) if step is None else None
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             return backend.forward(q, k, v, k_caches[layer], v_caches[layer], plan)
 
-        step = None
-        if isinstance(backend, InvariantSdpaBackend):  # the layers then run as one scripted call
-            assert isinstance(plan, InvariantPlan)
-            step = backend.step_attention(plan, k_caches, v_caches)
         hidden = self.model(token_ids, positions, attend, self.invariant, step)  # [T, hidden] fp32
         ends = ctx.query_start_host[1:]
         last: list[int] = []

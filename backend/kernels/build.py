@@ -17,7 +17,7 @@ import torch
 _LOG = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("int4_amx.cpp")
 # compiled together into one library; hashed with the header they share
-SOURCES = (SOURCE,)
+SOURCES = (SOURCE, Path(__file__).with_name("decoder_step.cpp"))
 HEADERS = (Path(__file__).with_name("int4_core.h"),)
 _ISA = [
     "-mavx512f",

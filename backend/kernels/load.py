@@ -110,16 +110,3 @@ def require_amx() -> None:
     why = amx_unavailable()
     if why is not None:
         raise KernelUnavailable(f"the AMX int4 kernel cannot run here: {why}")
-
-
-_STUB: list[torch.library.Library] = []
-
-
-def declare_op() -> None:
-    """Make `torch.ops.tokenedge.int4_mm` known to TorchScript even where the kernel cannot load (the
-    scripted stack names it; it is only called by layers packed for it)."""
-    if _STUB or amx_unavailable() is None:
-        return
-    lib = torch.library.Library("tokenedge", "DEF")
-    lib.define("int4_mm(Tensor x, Tensor codes, Tensor factors) -> Tensor")
-    _STUB.append(lib)

@@ -24,9 +24,6 @@ from backend.model.tiling import Calibrate, RowTiling, TilingMemo, calibrate_til
 
 # (q [T, H, D], k [T, KH, D], v [T, KH, D]) -> [T, H, D]; k/v are the new tokens only.
 AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-# How the scripted decoder stack (backend/model/scripted.py) runs a projection's `matmul`: (kind, a, b)
-MATMUL_INT4, MATMUL_INT8, MATMUL_DENSE, MATMUL_INT4_AMX = 0, 1, 2, 3
-ScriptParts = tuple[int, torch.Tensor, torch.Tensor]
 
 
 class TiledLinear(nn.Linear):
@@ -42,10 +39,6 @@ class TiledLinear(nn.Linear):
 
     def matmul(self, rows: torch.Tensor) -> torch.Tensor:
         return F.linear(rows, self.weight)  # [M, in] -> [M, out]
-
-    def script_parts(self) -> ScriptParts | None:
-        """This matmul for the scripted stack; None for a subclass (its matmul may be another)."""
-        return (MATMUL_DENSE, self.weight, self.weight.new_empty(0)) if type(self) is TiledLinear else None
 
     def calibrate(self, memo: TilingMemo, measure: Calibrate = calibrate_tiling) -> None:
         """Measure this shape's tiling once per model (`memo` shares it between layers of one shape and holds

@@ -8,7 +8,8 @@ on logit ties).
 `invariant=True` (the engine's batch-invariant mode, DESIGN.md §8) runs every linear and the LM head in
 calibrated row tiles (backend/model/tiling.py); RoPE always comes from a per-position table.
 `backend.model.quant.quantize_model` swaps the projections for int4/int8 kernels and sets `head`, a
-greedy-exact quantized LM head used for the rows that decode greedily.
+greedy-exact quantized LM head used for the rows that decode greedily. Where every projection is on tokenedge's
+int4 kernel, an engine step runs the decoder layers as one native call (backend/model/native_step.py).
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from backend.attention.invariant import StepAttention
 from backend.model.config import LlamaConfig
 from backend.model.layers import AttendFn, LlamaDecoderLayer, RMSNorm
+from backend.model.native_step import NativeStack, PagedStep, build_native
 from backend.model.rope import RopeTable, inv_frequencies
-from backend.model.scripted import ScriptedStack, build_stack
 from backend.model.tiling import Calibrate, RowTiling, TilingMemo, calibrate_tiling, tiled_rows
 
 if TYPE_CHECKING:
@@ -76,9 +76,9 @@ class LlamaModel(nn.Module):
         # fp32 logits: an fp32 copy of the output matrix when the weights are half precision.
         self._logits_weight_fp32: torch.Tensor | None = None
         self.head: GreedyHead | None = None  # set by quantize_model
-        # invariant -> (stack key, the scripted layers or None where they cannot run), see scripted.py; the key:
-        # `_revision` (moved by every change of projections, tilings or weights) and the norm weights' versions
-        self._stacks: dict[bool, tuple[tuple[int, ...], ScriptedStack | None]] = {}
+        # (stack key, the native layers or None where they cannot run), see native_step.py; the key: `_revision`
+        # (moved by every change of projections or weights) and the norm weights' versions
+        self._native: tuple[tuple[int, ...], NativeStack | None] | None = None
         self._revision = 0
         self._norm_weights = [n.weight for layer in self.layers for n in _norms(layer)]
 
@@ -198,18 +198,18 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,
         attend: LayerAttendFn,
         invariant: bool = False,
-        step: StepAttention | None = None,
+        step: PagedStep | None = None,
     ) -> torch.Tensor:
         """Hidden states after the final norm, fp32 [T, hidden], for the flattened new tokens of a step.
-        With `step` (the batch-invariant attention's calls) the layers run as one TorchScript call of the same
-        ops (backend/model/scripted.py), `attend` otherwise."""
+        With `step` (the engine's pool and context) and a native stack the layers run as one native call
+        (backend/model/native_step.py), through `attend` otherwise."""
         # token_ids, positions: [T] int64
         assert token_ids.dim() == 1 and token_ids.shape == positions.shape
         if invariant:
             self.calibrate_invariance()
         cos, sin = self.rope.lookup(positions, self.config.rope_interleaved)  # [T, 1, D/2 or D] each
         x = self.embed_tokens(token_ids).float()  # x: [T, hidden] fp32 residual
-        stack = self.scripted_stack(invariant) if step is not None else None
+        stack = self.native_stack() if step is not None else None
         if stack is not None and step is not None:
             x = stack.run(x, cos, sin, step)
         else:
@@ -220,16 +220,14 @@ class LlamaModel(nn.Module):
                 )  # no hooks: skip __call__
         return self.norm.forward(x)  # [T, hidden] fp32
 
-    def scripted_stack(self, invariant: bool) -> ScriptedStack | None:
-        """The layers flattened for TorchScript, rebuilt when a projection, tiling or norm weight changed."""
+    def native_stack(self) -> NativeStack | None:
+        """The layers as the native step takes them (None: they run eagerly), rebuilt when a projection or a
+        norm weight changed."""
         key = (self._revision, *(w._version for w in self._norm_weights))
-        found = self._stacks.get(invariant)
-        if found is None or found[0] != key:
-            stack = None
-            if self.device.type == "cpu":
-                stack = build_stack(list(self.layers), self.config, self.dtype, invariant)
-            found = self._stacks[invariant] = (key, stack)
-        return found[1]
+        if self._native is None or self._native[0] != key:
+            stack = build_native(list(self.layers), self.config) if self.device.type == "cpu" else None
+            self._native = (key, stack)
+        return self._native[1]
 
     @torch.inference_mode()
     def compute_logits(

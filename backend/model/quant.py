@@ -30,7 +30,7 @@ from backend.kernels.load import int4_kernel, require_amx
 from backend.kernels.ops import pack_int4
 from backend.loader.quantized import GROUP_SIZE, Int4Blocks
 from backend.model.head import RescoredHead, quantize_int8
-from backend.model.layers import MATMUL_INT4, MATMUL_INT4_AMX, MATMUL_INT8, LlamaDecoderLayer, ScriptParts
+from backend.model.layers import LlamaDecoderLayer
 from backend.model.tiling import Calibrate, RowTiling, TilingMemo, calibrate_tiling, tiled_rows
 
 if TYPE_CHECKING:
@@ -50,10 +50,6 @@ class QuantizedLinear(nn.Module):
 
     def matmul(self, rows: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
-
-    def script_parts(self) -> ScriptParts | None:
-        """This matmul for the scripted decoder stack (backend/model/scripted.py), None if it has none."""
-        return None
 
     def forward(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
         if not invariant:
@@ -100,10 +96,6 @@ class Int4Linear(QuantizedLinear):
             rows.to(torch.bfloat16), self.packed, GROUP_SIZE, self.factors
         )
 
-    def script_parts(self) -> ScriptParts:
-        assert isinstance(self.packed, torch.Tensor) and isinstance(self.factors, torch.Tensor)
-        return (MATMUL_INT4_AMX if self.kernel == "amx" else MATMUL_INT4), self.packed, self.factors
-
 
 class Int8Linear(QuantizedLinear):
     """y = x @ W.T with W as int8 codes and one bf16 scale per output row (`_weight_int8pack_mm`)."""
@@ -118,10 +110,6 @@ class Int8Linear(QuantizedLinear):
     def matmul(self, rows: torch.Tensor) -> torch.Tensor:
         # rows: [M, K] -> [M, N] bf16
         return torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16), self.codes, self.scales)
-
-    def script_parts(self) -> ScriptParts:
-        assert isinstance(self.codes, torch.Tensor) and isinstance(self.scales, torch.Tensor)
-        return MATMUL_INT8, self.codes, self.scales
 
 
 def quantized_linear(

@@ -83,7 +83,7 @@ class Calibrate(Protocol):
 
 def aligned(rows: torch.Tensor) -> torch.Tensor:
     """rows itself where it is contiguous and starts on an ALIGN_BYTES boundary of its storage, else a copy."""
-    # rows: [M, in]; backend/model/scripted.py's `_aligned` is this very rule (TorchScript has no data_ptr)
+    # rows: [M, in]
     if rows.is_contiguous() and rows.storage_offset() * rows.element_size() % ALIGN_BYTES == 0:
         return rows
     return rows.clone(memory_format=torch.contiguous_format)

@@ -1,5 +1,7 @@
 """Batch invariance (DESIGN.md §8): a sequence's logits have the same bits alone, in any batch, with staggered
-arrivals, under any prefill chunking, with its prefix from the cache, and after preemption and recompute."""
+arrivals, under any prefill chunking, with its prefix from the cache, and after preemption and recompute. For the
+dense eager layers (fp32, bf16) and for the int4 model, whose layers run as the native decoder step where
+tokenedge's kernel runs (backend/model/native_step.py)."""
 
 from __future__ import annotations
 
@@ -18,17 +20,25 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
 from backend.engine.scheduler import ScheduledSeq
 from backend.model.llama import LlamaModel
+from tests.backend.test_quant import _quantized_tiny
 from tests.backend.tiny import tiny_model, tiny_weights, unaligned_config
 
 TARGET = "target"
 NEW_TOKENS = 12
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# the CPU models: the dense ones, and int4 (the GGUF's blocks, tests/backend/test_quant.py)
+CPU_MODELS = [*sorted(DTYPES), "int4"]
 _MODELS: dict[tuple[str, str], LlamaModel] = {}
 
 
 def model_for(dtype: str, device: str = "cpu") -> LlamaModel:
     if (dtype, device) not in _MODELS:
-        _MODELS[dtype, device] = tiny_model(seed=3, dtype=DTYPES[dtype], device=device)
+        if dtype == "int4":
+            model = _quantized_tiny(with_blocks=True)
+            assert isinstance(model, LlamaModel)
+            _MODELS[dtype, device] = model
+        else:
+            _MODELS[dtype, device] = tiny_model(seed=3, dtype=DTYPES[dtype], device=device)
     return _MODELS[dtype, device]
 
 
@@ -91,7 +101,7 @@ def assert_bitwise(alone: dict[int, torch.Tensor], other: dict[int, torch.Tensor
         assert torch.equal(other[length], row), f"logits at length {length} differ by {diff}"
 
 
-@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("dtype", CPU_MODELS)
 def test_every_scenario_gives_the_logits_of_the_sequence_alone(dtype: str) -> None:
     model = model_for(dtype)
     prompt = rand_ids(40, seed=1)
@@ -106,7 +116,7 @@ def test_every_scenario_gives_the_logits_of_the_sequence_alone(dtype: str) -> No
         assert_bitwise(alone, target_logits(model, prompt, Scenario(budget=budget, others=others)))
 
 
-@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("dtype", CPU_MODELS)
 def test_a_prefix_from_the_cache_gives_the_same_logits(dtype: str) -> None:
     model = model_for(dtype)
     for length in (33, 48, 49):  # 49: two full cached blocks leave a one-token remainder (query_len == 1)
@@ -116,7 +126,7 @@ def test_a_prefix_from_the_cache_gives_the_same_logits(dtype: str) -> None:
         assert_bitwise(alone, target_logits(model, prompt, Scenario(warm=prompt)))
 
 
-@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("dtype", CPU_MODELS)
 def test_preemption_and_recompute_give_the_same_logits(dtype: str) -> None:
     model = model_for(dtype)
     prompt = rand_ids(30, seed=5)
@@ -147,7 +157,7 @@ def test_rows_off_64_byte_boundaries_give_the_logits_of_the_sequence_alone(dtype
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    dtype=st.sampled_from(sorted(DTYPES)),
+    dtype=st.sampled_from(CPU_MODELS),
     prompt_len=st.integers(1, 70),
     budget=st.sampled_from([1, 3, 16, 17, 40, 512]),
     others=st.lists(st.tuples(st.integers(0, 12), st.integers(1, 60)), max_size=15),

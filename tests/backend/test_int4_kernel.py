@@ -115,7 +115,7 @@ def test_int4_linear_on_either_kernel_computes_the_same_weight() -> None:
     for y, atol in ((amx(x), 1e-4), (reference(x), 5e-3)):
         assert y.dtype == torch.bfloat16
         torch.testing.assert_close(y.double(), exact, rtol=2**-7, atol=atol)
-    assert amx.script_parts()[0] != reference.script_parts()[0]
+    assert hasattr(amx, "factors") and amx.packed.dim() == 4 and reference.packed.dim() != 4  # two layouts
 
 
 @needs_amx

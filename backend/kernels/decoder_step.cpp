@@ -1,0 +1,292 @@
+// The whole decoder stack of a step as one native call (`decoder_step`): per layer RMSNorm, the fused QKV
+// projection, RoPE, the K/V written into the paged pool, attention over each token's own keys, the output
+// projection and residual, RMSNorm, the fused gate/up projection, SiLU-gate, the down projection and residual.
+// The projections are int4_mm's own VNNI product (int4_core.h), so they give int4_mm's bits.
+//
+// Why: a batch-1 decode step of a small model is bound by per-op overhead in torch (about 35 ops a layer, each
+// dispatched, allocated and, from Python, interpreted); here a layer is a few loops over preallocated buffers.
+//
+// Batch invariance by construction: every value a token computes is one fixed sequence of operations over its
+// own row (norms: 16 fp32 lanes then one fixed reduction; RoPE, SiLU and the residual adds: elementwise), its
+// own keys (attention: its L = position + 1 keys in order, one fixed exp, one fixed sum), and its own
+// columns (int4: exact integer sums, then one fixed fold). Which thread runs it, how many other tokens share
+// the call, prefill or decode: none of it reaches the arithmetic. The model's Python layers
+// (backend/model/layers.py) stay its one definition and the test oracle; this step computes the same math
+// with its own rounding in the norms, the softmax and SiLU (tests/backend/test_native_step.py).
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "int4_core.h"
+
+namespace {
+
+using namespace te;
+
+inline __m512 load_bf16(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+inline void store_bf16(uint16_t* p, __m512 v) { _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(v)); }
+inline __m512 round_bf16(__m512 v) {  // to the nearest bf16 (even on ties), back in fp32
+  const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// exp(x) for x <= 0 (softmax and SiLU's exp(-|g|)): 2^n * p(r), r = x - n ln2, a degree-6 polynomial; one fixed
+// sequence of operations per element
+inline __m512 exp_neg(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), 0);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// y = bf16(x * rsqrt(mean(x^2) + eps) * w) for one row of `h` floats (h a multiple of 16)
+void rms_norm_row(const float* x, const float* w, int64_t h, float eps, uint16_t* y) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < h; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(x + i), acc);
+  const float inv = 1.0f / std::sqrt(_mm512_reduce_add_ps(acc) / static_cast<float>(h) + eps);
+  const __m512 s = _mm512_set1_ps(inv);
+  for (int64_t i = 0; i < h; i += 16)
+    store_bf16(y + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), s), _mm512_loadu_ps(w + i)));
+}
+
+struct Int4Weight {
+  Panel panel;
+  int64_t n;
+};
+
+Int4Weight weight_of(const at::Tensor& codes, const at::Tensor& factors) {
+  return {{codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(factors.data_ptr()), codes.size(1)},
+          codes.size(0) * kLanes};
+}
+
+// scratch for one projection's quantized rows: a [M, 2, K] int8, s [M, G, 2] and xs [M, G] fp32
+struct Scratch {
+  std::vector<int8_t> a;
+  std::vector<float> s;
+};
+
+// y [m, n] bf16 = x [m, k] bf16 @ W.T: int4_mm's VNNI product (the same bits)
+void project(const uint16_t* x, int64_t m, int64_t k, const Int4Weight& w, Scratch& sc, uint16_t* y) {
+  const int64_t groups = k / kGroup;
+  sc.a.resize(m * 2 * k);
+  sc.s.resize(m * groups * 3);
+  float* xs = sc.s.data() + m * groups * 2;
+  for (int64_t r = 0; r < m; ++r)
+    quantize_row(x + r * k, groups, sc.a.data() + r * 2 * k, sc.a.data() + (r * 2 + 1) * k,
+                 sc.s.data() + r * groups * 2, xs + r * groups);
+  const Quantized q{sc.a.data(), sc.s.data(), xs, k, groups};
+  at::parallel_for(0, w.n / kLanes, 1, [&](int64_t begin, int64_t end) { vnni_blocks(w.panel, q, m, begin, end, y, w.n); });
+}
+
+struct Dims {
+  int64_t tokens, hidden, heads, kv_heads, head_dim, inter, block_size;
+  float eps;
+};
+
+struct Paged {
+  const int64_t* slots;        // [T] flat slot of each new token
+  const int32_t* block_tables; // [B, max_blocks]
+  int64_t max_blocks;
+  std::vector<int64_t> seq, keys;  // per token: its sequence, and how many keys it sees (position + 1)
+};
+
+// RoPE on q and k (half split: x * [cos | cos] + [x2 | x1] * [-sin | sin], in fp32), q into `q`, k and v
+// into the caches at each token's slot
+void rope_and_write(const uint16_t* qkv, const float* cos, const float* sin, const Dims& d, const Paged& pg,
+                    uint16_t* q, uint16_t* kc, uint16_t* vc) {
+  const int64_t dim = d.head_dim, half = dim / 2, width = (d.heads + 2 * d.kv_heads) * dim;
+  std::vector<float> xf(2 * dim);  // the head's values twice: [x1 | x2 | x1 | x2], so [x2 | x1] starts at half
+  for (int64_t t = 0; t < d.tokens; ++t) {
+    const float* c = cos + t * dim;
+    const float* s = sin + t * dim;
+    for (int64_t h = 0; h < d.heads + d.kv_heads; ++h) {
+      const uint16_t* src = qkv + t * width + h * dim;
+      for (int64_t i = 0; i < dim; i += 16) {
+        _mm512_storeu_ps(xf.data() + i, load_bf16(src + i));
+        _mm512_storeu_ps(xf.data() + dim + i, load_bf16(src + i));
+      }
+      uint16_t* dst = h < d.heads ? q + (t * d.heads + h) * dim : kc + (pg.slots[t] * d.kv_heads + h - d.heads) * dim;
+      for (int64_t i = 0; i < dim; i += 16) {
+        const __m512 a = _mm512_mul_ps(_mm512_loadu_ps(xf.data() + i), _mm512_loadu_ps(c + i));
+        const __m512 b = _mm512_mul_ps(_mm512_loadu_ps(xf.data() + half + i), _mm512_loadu_ps(s + i));
+        store_bf16(dst + i, _mm512_add_ps(a, b));
+      }
+    }
+    const uint16_t* v = qkv + t * width + (d.heads + d.kv_heads) * dim;
+    std::copy_n(v, d.kv_heads * dim, vc + pg.slots[t] * d.kv_heads * dim);
+  }
+}
+
+// one token's G query heads of KV head g against its L keys: softmax(q.k / sqrt(D)) . v, out in bf16
+void attend_one(const uint16_t* q, const uint16_t* kc, const uint16_t* vc, const Dims& d, const Paged& pg, int64_t t,
+                int64_t g, std::vector<float>& scores, uint16_t* out) {
+  const int64_t dim = d.head_dim, group = d.heads / d.kv_heads, len = pg.keys[t], lanes = dim / 16;
+  const int32_t* table = pg.block_tables + pg.seq[t] * pg.max_blocks;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+  scores.resize(group * ((len + 15) / 16 * 16));
+  const int64_t stride = (len + 15) / 16 * 16;
+  for (int64_t h = 0; h < group; ++h) {
+    __m512 qv[8];
+    const uint16_t* qh = q + (t * d.heads + g * group + h) * dim;
+    for (int64_t i = 0; i < lanes; ++i) qv[i] = load_bf16(qh + i * 16);
+    float* sh = scores.data() + h * stride;
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t slot = static_cast<int64_t>(table[j / d.block_size]) * d.block_size + j % d.block_size;
+      const uint16_t* kj = kc + (slot * d.kv_heads + g) * dim;
+      __m512 acc = _mm512_mul_ps(qv[0], load_bf16(kj));
+      for (int64_t i = 1; i < lanes; ++i) acc = _mm512_fmadd_ps(qv[i], load_bf16(kj + i * 16), acc);
+      sh[j] = _mm512_reduce_add_ps(acc) * scale;
+    }
+    float best = sh[0];
+    for (int64_t j = 1; j < len; ++j) best = std::max(best, sh[j]);
+    __m512 total = _mm512_setzero_ps();
+    for (int64_t j = 0; j < len; j += 16) {
+      const __mmask16 live = j + 16 <= len ? 0xFFFF : static_cast<__mmask16>((1u << (len - j)) - 1);
+      const __m512 e = exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, sh + j), _mm512_set1_ps(best)));
+      _mm512_mask_storeu_ps(sh + j, live, e);
+      total = _mm512_add_ps(total, _mm512_maskz_mov_ps(live, e));
+    }
+    __m512 acc[8];
+    for (int64_t i = 0; i < lanes; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t slot = static_cast<int64_t>(table[j / d.block_size]) * d.block_size + j % d.block_size;
+      const uint16_t* vj = vc + (slot * d.kv_heads + g) * dim;
+      const __m512 p = _mm512_set1_ps(sh[j]);
+      for (int64_t i = 0; i < lanes; ++i) acc[i] = _mm512_fmadd_ps(p, load_bf16(vj + i * 16), acc[i]);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
+    uint16_t* oh = out + (t * d.heads + g * group + h) * dim;
+    for (int64_t i = 0; i < lanes; ++i) store_bf16(oh + i * 16, _mm512_mul_ps(acc[i], inv));
+  }
+}
+
+// y = bf16(bf16(silu(gate)) * up) over [T, 2I] rows [gate | up] -> [T, I] (SiLU as g / (1 + exp(-g)))
+void silu_gate(const uint16_t* gu, int64_t tokens, int64_t inter, uint16_t* y) {
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t i = 0; i < inter; i += 16) {
+      const __m512 g = load_bf16(gu + t * 2 * inter + i);
+      const __m512 e = exp_neg(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));  // exp(-|g|)
+      const __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+      // sigmoid(g) = 1 / (1 + exp(-g)) for g >= 0, exp(g) / (1 + exp(g)) below
+      const __m512 r = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+      const __m512 act = round_bf16(_mm512_mul_ps(g, _mm512_mask_mul_ps(r, neg, r, e)));  // F.silu's bf16 output
+      store_bf16(y + t * inter + i, _mm512_mul_ps(act, load_bf16(gu + t * 2 * inter + inter + i)));
+    }
+}
+
+// x [T, H] fp32 += bf16 y
+void residual(float* x, const uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(x + i, _mm512_add_ps(_mm512_loadu_ps(x + i), load_bf16(y + i)));
+}
+
+// one layer over every token of the step, x updated in place; w: norm_in, norm_post, then (codes, factors) of
+// qkv, o, gate_up, down
+struct Buffers {
+  std::vector<uint16_t> h, qkv, q, attn, out, gu, act;
+  Scratch scratch;
+};
+
+void layer(float* x, const at::Tensor* w, const float* cos, const float* sin, const Dims& d, const Paged& pg,
+           uint16_t* kc, uint16_t* vc, Buffers& b) {
+  const int64_t t = d.tokens, hid = d.hidden, q_dim = d.heads * d.head_dim;
+  const Int4Weight qkv = weight_of(w[2], w[3]), o = weight_of(w[4], w[5]);
+  const Int4Weight gate_up = weight_of(w[6], w[7]), down = weight_of(w[8], w[9]);
+  for (int64_t r = 0; r < t; ++r) rms_norm_row(x + r * hid, w[0].data_ptr<float>(), hid, d.eps, b.h.data() + r * hid);
+  project(b.h.data(), t, hid, qkv, b.scratch, b.qkv.data());
+  rope_and_write(b.qkv.data(), cos, sin, d, pg, b.q.data(), kc, vc);
+  at::parallel_for(0, t * d.kv_heads, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> scores;
+    for (int64_t i = begin; i < end; ++i)
+      attend_one(b.q.data(), kc, vc, d, pg, i / d.kv_heads, i % d.kv_heads, scores, b.attn.data());
+  });
+  project(b.attn.data(), t, q_dim, o, b.scratch, b.out.data());
+  residual(x, b.out.data(), t * hid);
+  for (int64_t r = 0; r < t; ++r) rms_norm_row(x + r * hid, w[1].data_ptr<float>(), hid, d.eps, b.h.data() + r * hid);
+  project(b.h.data(), t, hid, gate_up, b.scratch, b.gu.data());
+  silu_gate(b.gu.data(), t, d.inter, b.act.data());
+  project(b.act.data(), t, d.inter, down, b.scratch, b.out.data());
+  residual(x, b.out.data(), t * hid);
+}
+
+// per token: its sequence (by query_start) and its key count, context_len - (tokens of its sequence after it)
+void locate(Paged& pg, const at::Tensor& query_start, const at::Tensor& context_lens, int64_t tokens) {
+  const int32_t* qs = query_start.data_ptr<int32_t>();
+  const int32_t* cl = context_lens.data_ptr<int32_t>();
+  pg.seq.resize(tokens);
+  pg.keys.resize(tokens);
+  for (int64_t s = 0; s < context_lens.size(0); ++s)
+    for (int64_t t = qs[s]; t < qs[s + 1]; ++t) {
+      pg.seq[t] = s;
+      pg.keys[t] = cl[s] - (qs[s + 1] - 1 - t);
+    }
+}
+
+// x [T, hidden] fp32 -> the residual stream after every layer, [T, hidden] fp32
+at::Tensor decoder_step(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
+                        const at::Tensor& query_start, const at::Tensor& context_lens, const at::Tensor& block_tables,
+                        at::TensorList k_caches, at::TensorList v_caches, at::TensorList weights,
+                        at::IntArrayRef dims, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: [T, hidden] fp32");
+  TORCH_CHECK(dims.size() == 5, "dims: heads, kv_heads, head_dim, intermediate, block_size");
+  const int64_t layers = static_cast<int64_t>(k_caches.size());
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == 10 * layers && v_caches.size() == k_caches.size(),
+              "weights: 10 per layer");
+  const Dims d{x.size(0), x.size(1), dims[0], dims[1], dims[2], dims[3], dims[4], static_cast<float>(eps)};
+  TORCH_CHECK(d.hidden % kGroup == 0 && d.inter % kGroup == 0 && d.head_dim % 16 == 0 && d.head_dim <= 128 &&
+                  d.heads % d.kv_heads == 0, "unsupported dims");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && cos.numel() == d.tokens * d.head_dim &&
+                  sin.is_contiguous() && sin.numel() == cos.numel(), "cos, sin: [T, head_dim] fp32");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && block_tables.scalar_type() == at::kInt &&
+                  query_start.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt &&
+                  block_tables.is_contiguous(), "slots int64; block tables, query starts, context lens int32");
+  at::Tensor out = x.clone();
+  Paged pg{slots.data_ptr<int64_t>(), block_tables.data_ptr<int32_t>(), block_tables.size(1), {}, {}};
+  locate(pg, query_start, context_lens, d.tokens);
+  const int64_t t = d.tokens, q_dim = d.heads * d.head_dim;
+  Buffers b;
+  b.h.resize(t * std::max(d.hidden, d.inter));
+  b.qkv.resize(t * (q_dim + 2 * d.kv_heads * d.head_dim));
+  b.q.resize(t * q_dim);
+  b.attn.resize(t * q_dim);
+  b.out.resize(t * d.hidden);
+  b.gu.resize(t * 2 * d.inter);
+  b.act.resize(t * d.inter);
+  for (int64_t l = 0; l < layers; ++l) {
+    TORCH_CHECK(k_caches[l].scalar_type() == at::kBFloat16 && k_caches[l].is_contiguous() &&
+                    v_caches[l].scalar_type() == at::kBFloat16 && v_caches[l].is_contiguous(), "caches: bf16");
+    layer(out.data_ptr<float>(), weights.data() + 10 * l, cos.data_ptr<float>(), sin.data_ptr<float>(), d, pg,
+          reinterpret_cast<uint16_t*>(k_caches[l].data_ptr()), reinterpret_cast<uint16_t*>(v_caches[l].data_ptr()),
+          b);
+  }
+  return out;
+}
+
+}  // namespace
+
+#ifndef TE_NAMESPACE
+#define TE_NAMESPACE tokenedge
+#endif
+
+TORCH_LIBRARY_FRAGMENT(TE_NAMESPACE, m) {
+  m.def(
+      "decoder_step(Tensor x, Tensor cos, Tensor sin, Tensor slots, Tensor query_start, Tensor context_lens, "
+      "Tensor block_tables, Tensor[] k_caches, Tensor[] v_caches, Tensor[] weights, int[] dims, float eps) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(TE_NAMESPACE, CPU, m) { m.impl("decoder_step", &decoder_step); }
