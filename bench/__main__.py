@@ -13,7 +13,8 @@ SCENARIOS = {
     "backend": "bench.backend_vs_hf",
     "backend_invariance": "bench.backend_invariance",
     "backend_profile": "bench.backend_profile",
-    "llamacpp_server": "bench.llamacpp_peer",  # builds llama.cpp natively on first use (minutes)
+    "llamacpp_server": "bench.llamacpp_peer",
+    "engine_alone": "bench.engine_alone",  # our engine measured as llama-bench measures llama.cpp  # builds llama.cpp natively on first use (minutes)
     "engines": "bench.vllm_peer",  # vLLM CPU behind the gateway, own venv (installs on first use): not in `all`
     "speculative": "bench.speculative",
     "agreement": "bench.agreement",

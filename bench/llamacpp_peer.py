@@ -1,5 +1,6 @@
 """The tokenedge backend vs llama.cpp's own `llama-server` (native build, bench/llamacpp_build.py) over HTTP, on
-the same GGUF, the same free-text chat prompts and the same threads, streamed; plus `llama-bench`, engine to engine.
+the same GGUF, the same free-text chat prompts and the same threads, streamed; plus `llama-bench`, engine to engine,
+beside our engine alone measured its way (bench/engine_alone.py).
 
 Both servers run together and are measured in alternating rounds (which side goes first alternates too); medians
 are reported, because the machine is shared. Each request opens with its own round/slot tag, so neither side's
@@ -29,6 +30,7 @@ import aiohttp
 
 from backend.loader import default_model_path
 from backend.runtime import cpu_model
+from bench.engine_alone import engine_rates
 from bench.harness import PYTHON, free_port, server, write_results
 from bench.llama_server import llama_server
 from bench.llamacpp_build import LlamaBuild, ensure_build
@@ -189,6 +191,7 @@ def main(argv: list[str] | None = None) -> None:
         rounds = [
             asyncio.run(one_round(urls, r, args.max_tokens, args.concurrency)) for r in range(args.rounds)
         ]
+    ours_alone = engine_rates(args.threads)  # engine to engine, back to back with llama-bench
     engines = llama_bench(build, model, args.threads)
     result = merged(rounds)
     print_table(
@@ -200,11 +203,19 @@ def main(argv: list[str] | None = None) -> None:
         f"\nllama-bench (engine only, {args.threads} threads): "
         + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in engines.items())
     )
+    print(
+        "ours alone (bench/engine_alone.py): "
+        + ", ".join(
+            f"{k} {v:.1f} ({v / float(engines[k]):.2f}x llama-bench)"  # type: ignore[arg-type]
+            for k, v in ours_alone.items()
+        )
+    )
     payload = {
         "cpu": cpu_model(),
         "build": build.describe(),
         "ours_runtime": runtime,
         "http": result,
         "llama_bench": engines,
+        "ours_alone": ours_alone,
     }
     print(f"results: {write_results('llamacpp_server', payload)}")

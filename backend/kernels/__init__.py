@@ -12,8 +12,11 @@ operations: batch-invariant by construction (see the .cpp). The inputs keep abou
 int8 passes), finer than the bf16 they arrive in. The head's kernels only approximate: it rescores its
 candidates exactly (backend.model.head.RescoredHead).
 
+Built into the same library: `decoder_step.cpp`, a model's whole decoder stack over the same int4 core
+(`int4_core.h`; backend/model/native_step.py), and `rescore.cpp`, the greedy head's exact pass over its candidates.
+
 One module per job; callers import the module that owns the name (this package re-exports nothing):
-`build` compiles the .cpp on the machine at hand and caches the library, `load` loads it, registers the ops
+`build` compiles the sources on the machine at hand and caches the library, `load` loads it, registers the ops
 and decides whether they are used (the served `kernel_id`), `ops` packs weights and calls the ops.
 
     python -m backend.kernels       # build (if needed), self-check and print the kernel in use

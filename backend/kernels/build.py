@@ -17,7 +17,7 @@ import torch
 _LOG = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("int4_amx.cpp")
 # compiled together into one library; hashed with the header they share
-SOURCES = (SOURCE, Path(__file__).with_name("decoder_step.cpp"))
+SOURCES = (SOURCE, *(Path(__file__).with_name(n) for n in ("decoder_step.cpp", "rescore.cpp")))
 HEADERS = (Path(__file__).with_name("int4_core.h"),)
 _ISA = [
     "-mavx512f",

@@ -100,6 +100,11 @@ class RescoredHead:
         """[N, V] fp32 whose row argmax is the exact argmax of hidden @ W.T (ties: the lowest id, as argmax)."""
         # hidden: [N, H] fp32
         approx, bound = self.approximate(hidden)  # [N, V]
+        if (
+            self.vnni is not None
+        ):  # the kernel library's pass: the same candidates, each in one fixed fp64 order
+            torch.ops.tokenedge.rescore(approx, bound.contiguous(), hidden.contiguous(), self.exact)
+            return approx
         floor = (approx - bound).amax(dim=1, keepdim=True)  # [N, 1]: a lower bound of each row's max
         rows, cols = torch.nonzero(approx + bound >= floor, as_tuple=True)  # candidates [C]
         exact = (self.exact[cols].double() * hidden[rows].double()).sum(dim=-1)  # [C]
