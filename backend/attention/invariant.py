@@ -82,6 +82,13 @@ class InvariantSdpaBackend:
         self.block_size = block_size
         self.split = split_tokens_for(block_size, split_tokens)
         self.one_row_calls = False  # every query token in its own call (`calibrate`)
+        # (dtype, device) of a calibration deferred to the first plan (`defer_calibration`)
+        self._deferred: tuple[torch.dtype, torch.device | str] | None = None
+
+    def defer_calibration(self, dtype: torch.dtype, device: torch.device | str) -> None:
+        """`calibrate` before the first `plan`, not now: an engine whose model runs the native decoder step
+        (backend/model/native_step.py) never plans, and skips the measurement (about 1 s at start)."""
+        self._deferred = (dtype, device)
 
     @torch.inference_mode()
     def calibrate(self, dtype: torch.dtype, device: torch.device | str) -> None:
@@ -97,6 +104,10 @@ class InvariantSdpaBackend:
         self.one_row_calls = not _rows_stand_alone(shape, dtype, dev, torch.get_num_threads())
 
     def plan(self, ctx: AttentionContext) -> InvariantPlan:
+        if self._deferred is not None:
+            dtype, device = self._deferred
+            self._deferred = None
+            self.calibrate(dtype, device)
         device = ctx.block_tables.device
         starts = ctx.query_start_host
         singles: dict[int, list[tuple[int, int, int]]] = {}  # bucket -> (token index, seq, length)

@@ -64,7 +64,7 @@ def make_attention_backend(
                 "attention='flash' is not batch-invariant: use 'auto' or turn batch_invariant off"
             )
         invariant = InvariantSdpaBackend(num_heads, num_kv_heads, head_dim, block_size)
-        invariant.calibrate(dtype, device)
+        invariant.defer_calibration(dtype, device)
         return invariant
     name = resolve_attention(requested, device, dtype, block_size)
     if name == "flash":

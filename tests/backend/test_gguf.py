@@ -1,6 +1,9 @@
-"""GGUF loading: the SmolLM2 file's facts (DESIGN §8) and the Q/K un-permutation."""
+"""GGUF loading: the SmolLM2 file's facts (DESIGN §8), the Q/K un-permutation, and our one-pass reader
+(backend/loader/gguf_file.py) against the `gguf` package's."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,8 +29,6 @@ def test_unpermute_inverts_the_converter_permutation(n_heads: int) -> None:
 
 
 def test_quantization_suffix_is_not_part_of_the_model_name() -> None:
-    from pathlib import Path
-
     assert model_name_from_file(Path("SmolLM2-135M-Instruct.Q4_1.gguf")) == "SmolLM2-135M-Instruct"
     assert model_name_from_file(Path("llama-3.2-1b.F16.gguf")) == "llama-3.2-1b"
     assert model_name_from_file(Path("model.gguf")) == "model"
@@ -64,3 +65,59 @@ def test_smollm2_reference_forward_knows_paris(smollm2: LoadedModel) -> None:
     with torch.no_grad():
         next_id = int(model.reference_logits(torch.tensor(ids))[-1].argmax())
     assert tok.decode([next_id]) == " Paris"
+
+
+@pytest.mark.slow
+def test_smollm2_weights_are_ggufs_own_dequantization(smollm2: LoadedModel) -> None:
+    """The fp32 weights (the reference the goldens pin) are gguf's dequantization of every tensor, bit for bit,
+    though the 4-bit ones are computed from their blocks in torch."""
+    import gguf
+    import numpy as np
+
+    from backend.loader import default_model_path
+    from backend.loader.gguf_loader import _qk_heads, hf_name
+
+    reader = gguf.GGUFReader(default_model_path())
+    for tensor in reader.tensors:
+        name = hf_name(tensor.name)
+        assert name is not None
+        shape = tuple(int(d) for d in reversed(tensor.shape))
+        array = np.ascontiguousarray(
+            gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32
+        )
+        expected = torch.from_numpy(array.copy()).reshape(shape)
+        heads = _qk_heads(name, smollm2.config)
+        if heads:
+            expected = unpermute_qk(expected, heads)
+        assert torch.equal(smollm2.weights[name], expected), name
+
+
+@pytest.mark.slow
+def test_the_one_pass_reader_reads_what_ggufs_reader_reads() -> None:
+    """Every metadata value (and its Python type) and every tensor's name, shape, type and data."""
+    import gguf
+    import numpy as np
+
+    from backend.loader import default_model_path
+    from backend.loader.gguf_file import read_gguf
+
+    path = default_model_path()
+    ours, theirs = read_gguf(path), gguf.GGUFReader(path)
+    fields = {k: f.contents() for k, f in theirs.fields.items() if not k.startswith("GGUF.")}
+    assert ours.metadata.keys() == fields.keys() and len(fields) > 20
+    for key, value in fields.items():
+        assert ours.metadata[key] == value and type(ours.metadata[key]) is type(value), key
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    for mine, other in zip(ours.tensors, theirs.tensors, strict=True):
+        assert mine.shape == tuple(int(d) for d in other.shape) and mine.tensor_type == other.tensor_type
+        assert mine.data.dtype == other.data.dtype and mine.data.shape == other.data.shape, mine.name
+        assert np.array_equal(mine.data, other.data), mine.name
+
+
+def test_a_file_that_is_not_gguf_is_refused(tmp_path: Path) -> None:
+    from backend.loader.gguf_file import read_gguf
+
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGML" + bytes(60))
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        read_gguf(path)
