@@ -65,6 +65,12 @@ void rms_norm_row(const float* x, const float* w, int64_t h, float eps, uint16_t
     store_bf16(y + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), s), _mm512_loadu_ps(w + i)));
 }
 
+// Steps of fewer tokens run on the calling thread alone: a decode step's 150 fork/joins (4 projections and the
+// attention per layer) cost more than a second thread gains on a shared 2-core machine, where the other core is
+// also the server's event loop's (SmolLM2 batch 1 over HTTP, 2 threads: 60 tok/s with them, against 1 thread's
+// 172). A row's bits never depend on the threads: each output is computed by one thread, in one fixed order.
+constexpr int64_t kParallelTokens = 16;
+
 struct Int4Weight {
   Panel panel;
   int64_t n;
@@ -91,7 +97,9 @@ void project(const uint16_t* x, int64_t m, int64_t k, const Int4Weight& w, Scrat
     quantize_row(x + r * k, groups, sc.a.data() + r * 2 * k, sc.a.data() + (r * 2 + 1) * k,
                  sc.s.data() + r * groups * 2, xs + r * groups);
   const Quantized q{sc.a.data(), sc.s.data(), xs, k, groups};
-  at::parallel_for(0, w.n / kLanes, 1, [&](int64_t begin, int64_t end) { vnni_blocks(w.panel, q, m, begin, end, y, w.n); });
+  const int64_t blocks = w.n / kLanes;
+  at::parallel_for(0, blocks, m >= kParallelTokens ? 1 : blocks,
+                   [&](int64_t begin, int64_t end) { vnni_blocks(w.panel, q, m, begin, end, y, w.n); });
 }
 
 struct Dims {
@@ -210,7 +218,7 @@ void layer(float* x, const at::Tensor* w, const float* cos, const float* sin, co
   for (int64_t r = 0; r < t; ++r) rms_norm_row(x + r * hid, w[0].data_ptr<float>(), hid, d.eps, b.h.data() + r * hid);
   project(b.h.data(), t, hid, qkv, b.scratch, b.qkv.data());
   rope_and_write(b.qkv.data(), cos, sin, d, pg, b.q.data(), kc, vc);
-  at::parallel_for(0, t * d.kv_heads, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, t * d.kv_heads, t >= kParallelTokens ? 1 : t * d.kv_heads, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scores;
     for (int64_t i = begin; i < end; ++i)
       attend_one(b.q.data(), kc, vc, d, pg, i / d.kv_heads, i % d.kv_heads, scores, b.attn.data());

@@ -343,7 +343,9 @@ at::Tensor int8_vnni(const at::Tensor& u, const at::Tensor& row_scales, const at
   const uint8_t* up = u.data_ptr<uint8_t>();
   const float* rs = row_scales.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, blocks, 64, [&](int64_t begin, int64_t end) {
+  // a few rows on the calling thread alone: the fork/join of a second thread costs a decode step more than it
+  // saves on a shared 2-core machine (decoder_step.cpp: kParallelTokens); the blocking never changes a sum
+  at::parallel_for(0, blocks, m >= 16 ? 64 : blocks, [&](int64_t begin, int64_t end) {
     vnni_span(cp, csp, sp, quads, begin, end, up, rs, m, yp, blocks * kLanes);
   });
   return y;
