@@ -24,6 +24,8 @@ constexpr int64_t kAmxRows = 8;          // rows per AMX product (both passes fi
 constexpr int64_t kAmxFrom = 4;
 static_assert(kAmxFrom <= kAmxRows, "the VNNI path keeps at most kAmxRows rows in registers");
 
+constexpr int64_t kPrefetchBlocks = 2;  // how far ahead vnni_block asks for codes (1: -7%, 2 and 4: -14%)
+
 struct Panel {
   const uint8_t* codes;  // [blocks, G, 8 quads, 32]
   const uint16_t* factors;  // [blocks, G, 2, 16] fp16: the group's 16 scales, then its 16 zp (GGUF's own fp16)
@@ -68,6 +70,11 @@ inline void vnni_block(const Panel& p, int64_t b, const Quantized& x, int64_t m,
   for (int64_t r = 0; r < m; ++r) out[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < p.groups; ++g) {
     const uint8_t* src = p.codes + (b * p.groups + g) * kGroupBytes;
+    // the same group kPrefetchBlocks blocks on, into L2: a one-row product waits on memory, not on arithmetic
+    // (a prefetch never faults, past the panel's end included)
+    const uint8_t* ahead = src + kPrefetchBlocks * p.groups * kGroupBytes;
+    for (int64_t line = 0; line < kGroupBytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(p.scales(b + kPrefetchBlocks, g)), _MM_HINT_T1);
     __m512i q[kQuads];
     for (int64_t j = 0; j < kQuads; ++j) q[j] = quad_codes(src + j * kQuadBytes);
     for (int64_t r = 0; r < m; ++r) {
