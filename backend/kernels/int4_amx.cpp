@@ -300,6 +300,10 @@ void vnni_span(const int8_t* codes, const int32_t* colsum, const float* scales, 
       __m512i a0 = _mm512_setzero_si512(), a1 = a0, b0 = a0, b1 = a0;  // two chains per pass
       int64_t q = 0;
       for (; q + 1 < quads; q += 2) {
+        if (r == 0) {  // the same 128 bytes two blocks on, into L2: one row's pass waits on memory
+          _mm_prefetch(reinterpret_cast<const char*>(w + (2 * quads + q) * 64), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(w + (2 * quads + q + 1) * 64), _MM_HINT_T1);
+        }
         const __m512i w0 = _mm512_loadu_si512(w + q * 64), w1 = _mm512_loadu_si512(w + (q + 1) * 64);
         a0 = _mm512_dpbusd_epi32(a0, _mm512_set1_epi32(u0[q]), w0);
         b0 = _mm512_dpbusd_epi32(b0, _mm512_set1_epi32(u1[q]), w0);
