@@ -225,7 +225,9 @@ class LlamaModel(nn.Module):
         norm weight changed."""
         key = (self._revision, *(w._version for w in self._norm_weights))
         if self._native is None or self._native[0] != key:
-            stack = build_native(list(self.layers), self.config) if self.device.type == "cpu" else None
+            # the step reads and writes the pool in bf16, the dtype the quantized kernels produce
+            native = self.device.type == "cpu" and self.dtype == torch.bfloat16
+            stack = build_native(list(self.layers), self.config) if native else None
             self._native = (key, stack)
         return self._native[1]
 

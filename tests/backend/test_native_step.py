@@ -12,8 +12,9 @@ from backend.attention.context import AttentionContext
 from backend.kernels import load
 from backend.model.llama import LlamaModel, _causal_attention
 from backend.model.native_step import PagedStep, sequence_step
-from tests.backend.test_quant import _quantized_tiny
-from tests.backend.tiny import tiny_model
+from backend.model.quant import Int4Linear, quantize_model
+from tests.backend.test_quant import Q4, _quantized_tiny, gguf_blocks
+from tests.backend.tiny import tiny_config, tiny_model, tiny_weights
 
 needs_kernel = pytest.mark.skipif(
     load.amx_unavailable() is not None, reason="needs tokenedge's int4 kernel (AVX512-VNNI/BF16)"
@@ -53,6 +54,11 @@ def test_only_a_model_on_tokenedges_int4_kernel_runs_natively() -> None:
     assert _quantized_tiny(with_blocks=False).native_stack() is None  # type: ignore[operator]  # int8
     assert tiny_model(seed=3).native_stack() is None
     assert tiny_model(seed=3, dtype=torch.bfloat16).native_stack() is None
+    fp32 = tiny_model(seed=3)  # int4 projections, but an fp32 model: its pool is fp32, the step's is bf16
+    weights = tiny_weights(tiny_config())
+    blocks = {n: gguf_blocks(w, Q4[1])[0] for n, w in weights.items() if w.dim() == 2 and "embed" not in n}
+    quantize_model(fp32, weights, blocks)
+    assert isinstance(fp32.layers[0].self_attn.qkv_proj, Int4Linear) and fp32.native_stack() is None
 
 
 def test_torchs_int4_kernel_keeps_the_eager_layers(monkeypatch: pytest.MonkeyPatch) -> None:
