@@ -10,11 +10,11 @@ SCENARIOS = {
     "gateway": "bench.gateway_suite",
     "gateway_ab": "bench.gateway_ab",  # before/after of one change (needs --before DIR): not in `all`
     "e2e": "bench.e2e",
-    "backend": "bench.backend_vs_hf",
+    "backend": "bench.llamacpp_peer",  # against native llama.cpp: llama-server over HTTP, our engine vs llama-bench
+    "backend_hf": "bench.backend_vs_hf",  # against transformers (and llama-cpp-python's wheel, history)
     "backend_invariance": "bench.backend_invariance",
     "backend_profile": "bench.backend_profile",
-    "llamacpp_server": "bench.llamacpp_peer",
-    "engine_alone": "bench.engine_alone",  # our engine measured as llama-bench measures llama.cpp  # builds llama.cpp natively on first use (minutes)
+    "engine_alone": "bench.engine_alone",  # our engine alone, as llama-bench measures llama.cpp (also in `backend`)
     "engines": "bench.vllm_peer",  # vLLM CPU behind the gateway, own venv (installs on first use): not in `all`
     "speculative": "bench.speculative",
     "agreement": "bench.agreement",

@@ -10,7 +10,7 @@ Ours runs `--weights quantized` (the default: int4 blocks as shipped) unless tol
 runs `--dtype`; llama.cpp runs the GGUF's own Q4_1 (built once into bench/.venv-llamacpp, see
 bench/llamacpp.py). transformers + accelerate come from the `bench` extra.
 
-    python -m bench backend --max-new-tokens 64 --threads 2
+    python -m bench backend_hf --max-new-tokens 64 --threads 2
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Our engine alone, measured the way `llama-bench` measures llama.cpp's: tg32 (32 greedy decode steps of one
 sequence, no speculation, tokens/s of the steps alone) and pp128 (one 128-token prefill, a new prompt each
 repetition so no prefix cache serves it). In process, the served defaults otherwise (quantized, batch-invariant),
-so the native decoder step runs where tokenedge's int4 kernel does. `bench llamacpp_server` prints it beside
+so the native decoder step runs where tokenedge's int4 kernel does. `bench backend` prints it beside
 llama-bench's numbers from the same minutes.
 
     python -m bench engine_alone --threads 1

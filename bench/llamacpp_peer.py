@@ -10,7 +10,7 @@ Per request: time to first token, and decode tokens/s after the first token (`us
 continuously), aggregate completion tokens over wall time. Neither side can ignore EOS over the OpenAI API, so the
 median completion length of each side is printed beside its rates. Ours runs its defaults (`python -m backend`).
 
-    python -m bench llamacpp_server [--rounds 3] [--max-tokens 48] [--concurrency 8] [--threads 2]
+    python -m bench backend [--rounds 3] [--max-tokens 48] [--concurrency 8] [--threads 2]
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def print_table(result: dict[str, dict[str, float]], header: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="bench llamacpp_server", description=__doc__)
+    parser = argparse.ArgumentParser(prog="bench backend", description=__doc__)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--concurrency", type=int, default=8)
@@ -218,4 +218,4 @@ def main(argv: list[str] | None = None) -> None:
         "llama_bench": engines,
         "ours_alone": ours_alone,
     }
-    print(f"results: {write_results('llamacpp_server', payload)}")
+    print(f"results: {write_results('backend', payload)}")

@@ -1,5 +1,5 @@
 """Runs inside the llama.cpp bench venv (never imported by tokenedge): one llama.cpp model driven over
-stdin/stdout JSON lines, so `bench backend` can alternate it with our engine round by round.
+stdin/stdout JSON lines, so `bench backend_hf` can alternate it with our engine round by round.
 
 Commands: {"op": "batch1", "ids": [...], "n": N} -> decode tok/s after the first token (EOS ignored);
 {"op": "prefill", "ids": [...]} -> prompt tok/s; {"op": "argmax", "ids": [...]} -> teacher-forced top-1 ids.
