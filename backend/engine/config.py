@@ -5,10 +5,9 @@ speculation. The one home of these fields and their defaults: the served backend
 `batch_invariant` (default on, DESIGN.md §8): a sequence's logits have the same bits whatever else is batched,
 however its prefill is chunked and whether its prefix came from the cache; off trades that for throughput.
 `speculative_tokens` (default 3): prompt-lookup drafts per verify forward for greedy requests
-(backend/engine/speculative.py). A verify of k + 1 rows costs more than a one-row step (the CPU int4 kernel: about
-1.15x at 2 rows, 1.4x at 3, 1.7x at 4), and since the decoder stack became one TorchScript call the one-row step is
-lean enough that 2 drafts pay best: `bench speculative`, same hour, quiet: k=2 1.49x copy-heavy / 0.99x free,
-k=3 1.28-1.37x / 0.99-1.03x, k=1 1.35x / 1.07x. Speculation is exact only on batch-invariant kernels (a
+(backend/engine/speculative.py). A verify of k + 1 rows costs more than a one-row step, so drafts pay where they are
+accepted: copy-heavy prompts (`bench speculative`: 1.3-1.5x with k = 2-3), while on free text about 20% are kept
+and speculation is roughly neutral (docs/performance.md). Speculation is exact only on batch-invariant kernels (a
 k-token verify equals k single steps bitwise), so it is off whenever `batch_invariant` is: `draft_tokens` is what
 the engine uses.
 """
