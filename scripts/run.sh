@@ -21,6 +21,10 @@ trap 'stop; exit 130' INT
 trap 'stop; exit 143' TERM
 trap stop EXIT
 CONFIG="${TOKENEDGE_CONFIG:-configs/gateway.toml}"
+# A backend on another port: the gateway asks it (unless its upstream is given explicitly).
+if [[ -n "${TOKENEDGE_BACKEND_PORT:-}" && -z "${TOKENEDGE_UPSTREAM_URL:-}" ]]; then
+  export TOKENEDGE_UPSTREAM_URL="http://127.0.0.1:${TOKENEDGE_BACKEND_PORT}"
+fi
 # The gateway's real address (file + TOKENEDGE_* environment); a config error stops here, before anything runs.
 gateway_url="$("$PY" -m gateway --config "$CONFIG" --print-url)" || exit 2
 "$PY" -m backend --host 127.0.0.1 --port "${TOKENEDGE_BACKEND_PORT:-8000}" &

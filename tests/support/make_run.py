@@ -20,7 +20,6 @@ async def start_run_script(*, stdout: int) -> tuple[asyncio.subprocess.Process, 
         **os.environ,
         "TOKENEDGE_BACKEND_PORT": str(backend_port),
         "TOKENEDGE_SERVER_PORT": str(gateway_port),
-        "TOKENEDGE_UPSTREAM_URL": f"http://127.0.0.1:{backend_port}",
         "TOKENEDGE_BACKEND_NUM_BLOCKS": "256",
     }
     proc = await asyncio.create_subprocess_exec(
