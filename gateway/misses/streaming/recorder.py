@@ -37,6 +37,16 @@ class _Choice:
     finish_reason: str | None = None
 
 
+def json_object(payload: bytes) -> dict[str, Any] | None:
+    """A data payload as a JSON object; None when it is not JSON, or JSON but not an object (what a recorder
+    forwards and never stores)."""
+    try:
+        doc = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 class StreamRecorder(Protocol):
     """What the tee needs of a recorder: this module's for completions, `gateway.misses.streaming.responses`' for Responses."""
 
@@ -84,12 +94,8 @@ class Recorder:
         if payload.strip() == DONE:
             self.done = True
             return Kind.DONE
-        try:
-            doc = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            self.error = True
-            return Kind.CHUNK
-        if not isinstance(doc, dict) or self.done:
+        doc = json_object(payload)
+        if doc is None or self.done:
             self.error = True  # not a completion chunk, or data after [DONE]: forwarded, never stored
             return Kind.CHUNK
         if doc.get("error"):

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from gateway.misses.streaming.recorder import Kind
+from gateway.misses.streaming.recorder import Kind, json_object
 from gateway.misses.streaming.sse import data_frame
 
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -53,12 +53,8 @@ class ResponsesRecorder:
         self._response: dict[str, Any] | None = None
 
     def feed(self, payload: bytes) -> Kind:
-        try:
-            doc = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            self.error = True
-            return Kind.CHUNK
-        if not isinstance(doc, dict) or self.done:
+        doc = json_object(payload)
+        if doc is None or self.done:
             self.error = True
             return Kind.CHUNK
         kind = doc.get("type")
