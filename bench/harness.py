@@ -80,11 +80,17 @@ def server(
         wait_http(ready_url, ready_timeout_s)
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc, grace_s=10)
+
+
+def stop(proc: subprocess.Popen, *, grace_s: float) -> None:
+    """SIGTERM, up to `grace_s` for a graceful exit, then SIGKILL; reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def cpu_seconds(pids: Sequence[int]) -> float:

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.harness import stop
 from bench.llamacpp_build import LlamaBuild
 
 READY = "listening on http://"
@@ -79,10 +80,5 @@ def llama_server(
             raise RuntimeError(f"llama-server did not start ({' '.join(argv)}):\n{tail}")
         yield running
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, grace_s=15)
         drainer.join(timeout=5)

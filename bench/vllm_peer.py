@@ -33,7 +33,7 @@ from typing import Any
 import aiohttp
 
 from backend.runtime import cpu_flags, cpu_model
-from bench.harness import PYTHON, ROOT, free_port, server, wait_http, write_results
+from bench.harness import PYTHON, ROOT, free_port, server, stop, wait_http, write_results
 
 VENV = Path(os.environ.get("TOKENEDGE_VLLM_VENV", ROOT / "bench" / ".venv-vllm"))
 CACHE = Path.home() / ".cache" / "tokenedge" / "vllm"
@@ -140,12 +140,7 @@ def vllm_server(python: Path, model: Path, threads: int, ready_timeout_s: float)
         wait_ready(f"{url}/health", proc, log, ready_timeout_s)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, grace_s=20)
 
 
 def body(i: int, max_tokens: int, **extra: Any) -> dict[str, Any]:
