@@ -54,10 +54,9 @@ async def probe(state: MissState, headers: Mapping[str, str] | None = None) -> t
 
 async def ready(request: web.Request) -> web.Response:
     """200 when the upstream answers and the start-up L1 fill is over; Redis down degrades, reported, still ready."""
-    upstream_ok, redis = await probe(request.app[STATE], request.headers)
-    filling = await warming(
-        request.app[STATE]
-    )  # a new replica first fills L1 with L2's hot entries (bounded)
+    state = request.app[STATE]
+    upstream_ok, redis = await probe(state, request.headers)
+    filling = await warming(state)  # a new replica first fills L1 with L2's hot entries (bounded)
     body = {
         "status": "warming" if upstream_ok and filling else "ready" if upstream_ok else "unready",
         "upstream": "up" if upstream_ok else "down",
@@ -113,9 +112,10 @@ async def render_metrics(state: MissState) -> bytes:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    if request.app[STATE].config.server.metrics_require_token:
-        require_operator(request, request.app[STATE].config.server, "/metrics")
-    body = await render_metrics(request.app[STATE])
+    state = request.app[STATE]
+    if state.config.server.metrics_require_token:
+        require_operator(request, state.config.server, "/metrics")
+    body = await render_metrics(state)
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
 
