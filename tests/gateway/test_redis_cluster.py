@@ -20,6 +20,12 @@ from tests.support.gateway import FakeClock, RunningGateway
 ADMIN = {"Authorization": "Bearer admin-secret"}
 
 
+# The tests of a healthy cluster (slots, batching, purges, warm-up) give Redis a generous timeout: a slow command
+# on a loaded machine would otherwise open the tier's breaker and test the degradation instead, which the
+# failover test below does on purpose, with the default timeout.
+HEALTHY = {"redis_timeout_s": 5.0}
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
     running = LocalCluster(masters=3, replicas_per_master=1)
@@ -65,8 +71,8 @@ def _held_here(client: redis.Redis, key: str) -> bool:
 async def test_l1_and_l2_hits_across_gateways_on_a_cluster(
     make_gateway: GatewayFactory, fake: FakeUpstream, cluster_url: str, cluster: LocalCluster
 ) -> None:
-    one = await make_gateway(cache={"redis_url": cluster_url})
-    two = await make_gateway(cache={"redis_url": cluster_url})
+    one = await make_gateway(cache={"redis_url": cluster_url, **HEALTHY})
+    two = await make_gateway(cache={"redis_url": cluster_url, **HEALTHY})
     keys: list[str] = []
     while len(keys) < 96 and (len(keys) < 12 or masters_holding(cluster, keys) < 3):
         # Keys hash with this run's scope secret: ask until the entries really span every master (12 usually do).
@@ -85,7 +91,7 @@ async def test_l1_and_l2_hits_across_gateways_on_a_cluster(
 async def test_warm_up_on_a_cluster_fills_a_new_replica_from_the_hot_record(
     make_gateway: GatewayFactory, fake: FakeUpstream, cluster_url: str, cluster: LocalCluster
 ) -> None:
-    one = await make_gateway(cache={"redis_url": cluster_url})
+    one = await make_gateway(cache={"redis_url": cluster_url, **HEALTHY})
     for i in range(
         6
     ):  # anonymous: these requests are kept for `gateway warm`, and their entries span the masters
@@ -95,7 +101,7 @@ async def test_warm_up_on_a_cluster_fills_a_new_replica_from_the_hot_record(
     await record.flush()  # the record's keys share one hash tag: one slot, one script call
     assert len(await record.top(10)) == 6
     assert all(r is not None for r in await record.requests(await record.top(10)))
-    two = await make_gateway(cache={"redis_url": cluster_url})
+    two = await make_gateway(cache={"redis_url": cluster_url, **HEALTHY})
     warmup = two.state.warmup
     assert warmup is not None
     await warmup.done.wait()
@@ -109,8 +115,7 @@ async def test_warm_up_on_a_cluster_fills_a_new_replica_from_the_hot_record(
 async def test_a_batch_of_reads_is_one_batched_call_over_every_node(
     make_gateway: GatewayFactory, cluster_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # a generous timeout: this test counts batches, and a slow read on a loaded machine would open the breaker
-    gw = await make_gateway(cache={"redis_url": cluster_url, "l1_max_bytes": 0, "redis_timeout_s": 5.0})
+    gw = await make_gateway(cache={"redis_url": cluster_url, "l1_max_bytes": 0, **HEALTHY})
     keys = []
     for i in range(12):
         resp = await gw.client.post("/v1/chat/completions", json=ask(i), headers=AUTH_A)
@@ -134,7 +139,7 @@ async def test_purge_by_key_and_by_tag_across_slots(
     make_gateway: GatewayFactory, fake: FakeUpstream, cluster_url: str
 ) -> None:
     gw = await make_gateway(
-        cache={"redis_url": cluster_url, "l1_max_bytes": 0}, server={"admin_token": "admin-secret"}
+        cache={"redis_url": cluster_url, "l1_max_bytes": 0, **HEALTHY}, server={"admin_token": "admin-secret"}
     )
     keys = [
         (await gw.client.post("/v1/chat/completions", json=ask(i), headers=AUTH_A)).headers["X-Cache-Key"]
@@ -157,8 +162,8 @@ async def test_concurrent_misses_on_two_gateways_share_one_call_through_cluster_
     make_gateway: GatewayFactory, fake: FakeUpstream, cluster_url: str
 ) -> None:
     fake.gate = asyncio.Event()
-    one = await make_gateway(cache={"redis_url": cluster_url})
-    two = await make_gateway(cache={"redis_url": cluster_url})
+    one = await make_gateway(cache={"redis_url": cluster_url, **HEALTHY})
+    two = await make_gateway(cache={"redis_url": cluster_url, **HEALTHY})
     first = asyncio.ensure_future(one.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A))
     await fake.entered.wait()
     second = asyncio.ensure_future(two.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A))
