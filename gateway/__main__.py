@@ -80,7 +80,7 @@ def serve(config: GatewayConfig, *, reuse_port: bool, local_bus: LocalBusEnd | N
     # handler_cancellation (set by serve_edge): a client that disconnects cancels its handler at once (fills are
     # shielded tasks). The edge adds read deadlines and the connection cap (gateway.edge.server).
     try:
-        serve_edge(app, host=config.server.host, port=config.server.port, reuse_port=reuse_port)
+        serve_edge(app, config.server, reuse_port=reuse_port)  # drains on SIGTERM (gateway.edge.drain)
     except OSError as exc:  # lost a race after check_bind: still one line, never a traceback
         print(
             f"{PROG}: configuration error: cannot listen on {config.server.host}:{config.server.port}: "

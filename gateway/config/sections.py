@@ -67,6 +67,8 @@ class ServerConfig:
     body_total_s: float = 60.0  # the whole body
     max_connections: int = 4096  # per process; connections beyond are closed at once
     fast_lane: bool = True  # known hits answered from the read, before parsing (gateway/edge/fastlane.py)
+    drain_grace_s: float = 0.0  # SIGTERM: /ready is 503 at once; new connections are accepted this long
+    drain_timeout_s: float = 30.0  # SIGTERM: in-flight work may run this long from the signal, then is cut
 
     def __post_init__(self) -> None:
         require(0 < self.port < 65536, f"server.port must be 1-65535, got {self.port}")
@@ -88,6 +90,10 @@ class ServerConfig:
         for name in ("header_read_timeout_s", "header_total_s", "body_read_timeout_s", "body_total_s"):
             require(getattr(self, name) > 0, f"server.{name} must be > 0")
         require(self.max_connections >= 1, "server.max_connections must be >= 1")
+        require(
+            0.0 <= self.drain_grace_s <= self.drain_timeout_s,
+            "server.drain_grace_s must be in [0, server.drain_timeout_s]",
+        )
 
 
 @dataclass(frozen=True, slots=True)

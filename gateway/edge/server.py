@@ -33,6 +33,7 @@ from aiohttp.test_utils import TestServer
 from aiohttp.web_protocol import RequestHandler
 
 from gateway.config.settings import ServerConfig
+from gateway.edge.drain import DRAIN, Drain, cut_at_deadline, listen, stop_accepting
 from gateway.edge.fastlane import NOT_SERVED, PENDING, FastLane
 from gateway.edge.framing import Framer
 from gateway.edge.needs import EDGE_STATE
@@ -370,17 +371,28 @@ class EdgeTestServer(TestServer):
         return EdgeRunner(self.app, **kwargs)
 
 
-def serve(app: web.Application, *, host: str, port: int, reuse_port: bool) -> None:
-    """`web.run_app` on `EdgeRunner`: serve until SIGINT/SIGTERM, then clean up."""
+def serve(app: web.Application, config: ServerConfig, *, reuse_port: bool) -> None:
+    """`web.run_app` on `EdgeRunner`: serve until SIGINT/SIGTERM, then drain (`gateway.edge.drain`) and clean up."""
+    host, port = config.host, config.port
+    app[DRAIN] = drain = Drain(grace_s=config.drain_grace_s, timeout_s=config.drain_timeout_s)
 
     async def main() -> None:
-        runner = EdgeRunner(app, handle_signals=True, access_log=None, handler_cancellation=True)
+        listen(drain)  # before setup: a signal during start-up drains once the listener is up
+        runner = EdgeRunner(
+            app,
+            handle_signals=False,
+            access_log=None,
+            handler_cancellation=True,
+            shutdown_timeout=config.drain_timeout_s,  # a backstop: the drain's own deadline cuts first
+        )
         await runner.setup()
         try:
             await web.TCPSite(runner, host, port, reuse_port=reuse_port).start()
-            await asyncio.Event().wait()
+            await drain.requested.wait()
+            await stop_accepting(runner, drain)
         finally:
-            await runner.cleanup()
+            with cut_at_deadline(runner, drain):
+                await runner.cleanup()
 
-    with contextlib.suppress(web.GracefulExit, KeyboardInterrupt):
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())

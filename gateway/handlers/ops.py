@@ -15,6 +15,7 @@ from time import perf_counter
 import orjson
 from aiohttp import web
 
+from gateway.edge.drain import DRAIN
 from gateway.handlers.relay import upstream_target
 from gateway.handlers.tenancy import is_admin, require_operator
 from gateway.hits.scope import scope_of
@@ -53,7 +54,11 @@ async def probe(state: MissState, headers: Mapping[str, str] | None = None) -> t
 
 
 async def ready(request: web.Request) -> web.Response:
-    """200 when the upstream answers and the start-up L1 fill is over; Redis down degrades, reported, still ready."""
+    """200 when the upstream answers and the start-up L1 fill is over; Redis down degrades, reported, still ready.
+    503 at once, asking nothing, from a SIGTERM on (`gateway.edge.drain`): the balancer stops sending here."""
+    drain = request.app.get(DRAIN)
+    if drain is not None and drain.draining:
+        return web.Response(status=503, body=b'{"status":"draining"}', content_type="application/json")
     state = request.app[STATE]
     upstream_ok, redis = await probe(state, request.headers)
     filling = await warming(state)  # a new replica first fills L1 with L2's hot entries (bounded)
