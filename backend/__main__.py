@@ -65,7 +65,13 @@ def build_app(config: BackendConfig) -> web.Application:
     engine = dataclasses.replace(
         config.engine, max_model_len=min(config.engine.max_model_len, loaded.config.max_position_embeddings)
     )
-    attention = resolve_attention(engine.attention, engine.device, config.torch_dtype, engine.block_size)
+    attention = resolve_attention(
+        engine.attention,
+        engine.device,
+        config.torch_dtype,
+        engine.block_size,
+        batch_invariant=engine.batch_invariant,
+    )
     runtime = describe_runtime(engine.device, config.torch_dtype, attention)
     runtime["numerics"] = numerics(config, engine.device)
     log_runtime(runtime)

@@ -17,17 +17,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-_ATTENTION = ("auto", "sdpa", "flash")
+_ATTENTION = ("auto", "sdpa", "flash", "triton")
 
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    block_size: int = 16  # 16 on CPU; 256 (a multiple of 256) with flash-attn
+    block_size: int = 16  # any size on CPU and with Triton; a multiple of 256 with flash-attn
     num_blocks: int = 2048
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 512
     max_model_len: int = 4096  # the server clamps it to the model's max_position_embeddings
-    attention: Literal["auto", "sdpa", "flash"] = "auto"
+    attention: Literal["auto", "sdpa", "flash", "triton"] = "auto"
     device: str = "cpu"
     max_waiting: int = 256
     enable_prefix_caching: bool = True
