@@ -30,30 +30,31 @@ def process_logits(logits: torch.Tensor, seqs: Seq[Sequence], eos_token_ids: fro
 
 
 def _process_row(row: torch.Tensor, seq: Sequence, eos_token_ids: frozenset[int]) -> None:
-    # row: [vocab] fp32, a view into the step's logits
-    params, vocab = seq.params, row.shape[0]
+    # row: [vocab] fp32, a view into the step's logits. Every tensor made here is made on the row's device: CUDA
+    # refuses a CPU operand that is not zero-dimensional. No step reads a value back (no host sync per row).
+    params, vocab, dev = seq.params, row.shape[0], row.device
     if params.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.int64)  # [S]
+        seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.int64, device=dev)  # [S]
         picked = row[seen]
         row[seen] = torch.where(
             picked > 0, picked / params.repetition_penalty, picked * params.repetition_penalty
         )
     if (params.frequency_penalty or params.presence_penalty) and seq.num_output_tokens:
-        output = torch.tensor(seq.output_token_ids, dtype=torch.int64)
-        counts = torch.bincount(output, minlength=vocab)[:vocab].float()  # [vocab]
+        output = torch.tensor(seq.output_token_ids, dtype=torch.int64, device=dev)  # [O]
+        counts = torch.zeros(vocab, device=dev).index_add_(0, output, torch.ones(output.shape, device=dev))
         row -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).float()
     if params.logit_bias:
-        ids = torch.tensor([t for t, _ in params.logit_bias], dtype=torch.int64)
-        row[ids] += torch.tensor([b for _, b in params.logit_bias], dtype=row.dtype)
+        ids = torch.tensor([t for t, _ in params.logit_bias], dtype=torch.int64, device=dev)
+        row[ids] += torch.tensor([b for _, b in params.logit_bias], dtype=row.dtype, device=dev)
     if seq.num_output_tokens < params.min_tokens:
         banned = [t for t in (eos_token_ids | params.stop_token_ids) if t < vocab]
-        row[banned] = float("-inf")
+        row[torch.tensor(banned, dtype=torch.int64, device=dev)] = float("-inf")
     if seq.matcher is not None:
-        row.masked_fill_(~seq.matcher.allowed(vocab), float("-inf"))
-        if not torch.isfinite(row).any():
-            eos = min(eos_token_ids)
-            row.fill_(float("-inf"))
-            row[eos] = 0.0
+        row.masked_fill_(~seq.matcher.allowed(vocab).to(dev), float("-inf"))
+        dead = ~torch.isfinite(row).any()  # [] bool: the grammar left nothing
+        eos = min(eos_token_ids)
+        row.masked_fill_(dead, float("-inf"))
+        row[eos] = torch.where(dead, torch.zeros((), device=dev), row[eos])
 
 
 def token_logprobs(row: torch.Tensor, token: int, top: int) -> TokenLogprobs:
