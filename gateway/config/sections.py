@@ -226,6 +226,10 @@ class CacheConfig:
     max_entry_bytes: int = 2 * 1024 * 1024
     stale_if_error_s: int = 600
     cdn_tag_headers: tuple[str, ...] = ("surrogate-key", "cache-tag", "xkey")
+    # True only behind an edge that keys every answer by the caller's credentials (the shipped Varnish and nginx
+    # configs do): tenant answers then tell it `max-age`. False: `CDN-Cache-Control: private` and
+    # `Surrogate-Control: no-store`, so an edge that keys without the credential never shares one (RFC 9213).
+    cdn_credential_keyed_edge: bool = False
     lease_enabled: bool = (
         True  # with a Redis L2: one replica fills a missed key, the others wait (gateway/misses/lease.py)
     )

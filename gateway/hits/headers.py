@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 from gateway.keys.entry import Entry
 from gateway.upstream.http import relay_headers
@@ -42,6 +43,18 @@ def bypass_status(reason: str) -> str:
 
 
 BYPASS_CACHE_CONTROL = "no-store"
+# What a coalesced follower may see of the leader's upstream answer when no entry was stored: what describes the body
+# it is sent (RFC 9110 §8.4, §8.5) and when to ask again. Never the leader's account, quota counters or request ids
+# (`openai-organization`, `x-ratelimit-*`, `x-request-id`): on a public route the follower is another caller.
+FOLLOWER_RELAYED = frozenset({"content-encoding", "content-language", "retry-after"})
+
+
+def relayed(upstream_headers: Mapping[str, str], *, collapsed: bool) -> CIMultiDict[str]:
+    """The upstream fields relayed with a miss: the leader gets its own answer's, a follower only FOLLOWER_RELAYED."""
+    headers = relay_headers(upstream_headers)
+    if not collapsed:
+        return headers
+    return CIMultiDict((n, v) for n, v in headers.items() if n.lower() in FOLLOWER_RELAYED)
 
 
 def unstored_response(
@@ -54,9 +67,12 @@ def unstored_response(
     level: str = "",
 ) -> web.Response:
     """An upstream answer relayed with its own status and body, marked as not stored (JSON and stream paths)."""
-    headers = relay_headers(upstream_headers)
+    headers = relayed(upstream_headers, collapsed=collapsed)
     headers[CACHE_STATUS] = miss_status(stored=False, collapsed=collapsed, detail=detail, level=level)
     headers["Cache-Control"] = "no-store"
+    # RFC 9213: an upstream's own CDN-Cache-Control would override no-store at a CDN.
+    for edge in ("CDN-Cache-Control", "Surrogate-Control"):
+        headers.popall(edge, None)
     if "Content-Type" in upstream_headers:
         headers["Content-Type"] = upstream_headers["Content-Type"]
     return web.Response(status=status, body=body, headers=headers)

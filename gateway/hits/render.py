@@ -32,7 +32,9 @@ Block = dict[str, str]
 # stored: their size is charged to L1 once). Bounded in count and in response size: at most 16 MiB.
 WIRE_CACHE_ENTRIES = 1024
 WIRE_CACHE_MAX_RESPONSE_BYTES = 16 * 1024
-_WIRES: dict[tuple[str, str, float], tuple[tuple[int, bytes, str, tuple[str, ...]], bytes, int]] = {}
+# The block's settings on the byte lane: tag targets, the credential `Vary`, `cache.cdn_credential_keyed_edge`.
+EdgeSettings = tuple[tuple[str, ...], str, bool]
+_WIRES: dict[tuple[str, str, float], tuple[tuple[int, bytes, str, EdgeSettings], bytes, int]] = {}
 _date_cache: list[object] = [-1, b""]
 
 
@@ -43,8 +45,13 @@ def block(
     stale_if_error_s: int,
     tags: tuple[str, ...],
     tag_targets: tuple[str, ...],
+    credentials: str,
+    keyed_edge: bool,
 ) -> tuple[Block, int]:
-    """The per-entry, time-independent headers, and how many tags were dropped to fit CDN header limits."""
+    """The per-entry, time-independent headers, and how many tags were dropped to fit CDN header limits.
+
+    `credentials` is the `Vary` of a tenant answer (every header the scope is computed from); `keyed_edge` is
+    `cache.cdn_credential_keyed_edge`, the operator's word that every edge keys by those headers."""
     public = key.split(":", 2)[1] == PUBLIC_SCOPE
     edge = f"max-age={ttl_s}"
     if stale_if_error_s:
@@ -54,10 +61,13 @@ def block(
         "ETag": etag,
         # RFC 9111 §5.2.2.10: s-maxage governs shared caches; max-age=0 keeps browsers from reusing it unasked.
         "Cache-Control": f"public, max-age=0, s-maxage={ttl_s}" if public else "private",
-        "CDN-Cache-Control": edge,
-        "Surrogate-Control": edge,
+        # RFC 9213 §2.1: a CDN obeys CDN-Cache-Control instead of Cache-Control, so a tenant answer says
+        # `private` there too unless every edge keys by the credential. Surrogate-Control has no `private`.
+        "CDN-Cache-Control": edge if public or keyed_edge else "private",
+        "Surrogate-Control": edge if public or keyed_edge else "no-store",
         "X-Cache-Key": key,
-        "Vary": "Authorization" if not public else "Accept-Encoding",
+        # RFC 9110 §12.5.5: a cache that honours Vary keeps one answer per credential even if its key has none.
+        "Vary": "Accept-Encoding" if public else credentials,
     }
     tag_values, truncated = tag_headers(tags, tag_targets)
     headers.update(tag_values)
@@ -72,21 +82,46 @@ def _shared_block(
     stale_if_error_s: int,
     tags: tuple[str, ...],
     tag_targets: tuple[str, ...],
+    credentials: str,
+    keyed_edge: bool,
 ) -> tuple[Block, int]:
     """`block`, memoized by its inputs (a pure function; callers copy), so an L2 hit (a new Entry object each time)
     reuses it and the entry's L1 size never grows after it is stored."""
-    return block(key, etag, ttl_s, stale_if_error_s, tags, tag_targets)
+    return block(key, etag, ttl_s, stale_if_error_s, tags, tag_targets, credentials, keyed_edge)
+
+
+# (the tenancy it was made for, the `Vary` of its tenant answers): one tenancy serves a process for its life, so a
+# hit pays an identity check, not a join.
+_vary_cache: list[object] = [object(), ""]
+
+
+def credential_vary(state: HitState) -> str:
+    """The `Vary` of a tenant answer: every credential header the tenancy names (read from it, so a header it learns
+    to count is named here too), and the trusted proxy's tenant header. Headers the scope counts by pattern cannot
+    be listed; `CDN-Cache-Control: private` is what keeps an edge from sharing, `Vary` is a second line."""
+    tenancy = state.tenancy
+    if _vary_cache[0] is not tenancy:
+        if tenancy is None:  # no tenancy yet: RFC 9110 §12.5.5, any request field may matter
+            _vary_cache[0], _vary_cache[1] = tenancy, "*"
+        else:
+            tenant = (tenancy.tenant_header.lower(),) if tenancy.tenant_header else ()
+            names = dict.fromkeys((*tenancy.credential_headers, *tenant))
+            _vary_cache[0], _vary_cache[1] = tenancy, ", ".join(names)
+    return _vary_cache[1]  # type: ignore[return-value]
 
 
 def entry_block(state: HitState, entry: Entry) -> Block:
     """A fresh copy of the entry's block for the configured CDN tag headers; dropped tags are counted."""
+    cache = state.config.cache
     headers, truncated = _shared_block(
         entry.key,
         entry.etag,
         entry.ttl_s,
         entry.stale_if_error_s,
         entry.tags,
-        state.config.cache.cdn_tag_headers,
+        cache.cdn_tag_headers,
+        credential_vary(state),
+        cache.cdn_credential_keyed_edge,
     )
     if truncated:
         state.metrics.tag_truncations.inc(truncated)
@@ -106,8 +141,8 @@ def entry_headers(
     headers = entry_block(state, entry)
     headers[CACHE_STATUS] = cache_status
     headers["Age"] = age
-    if no_store:
-        headers["Cache-Control"] = "no-store"  # a stale answer must not be cached further downstream
+    if no_store:  # a stale answer must not be cached further downstream, by a CDN either (RFC 9213)
+        headers["Cache-Control"] = headers["CDN-Cache-Control"] = headers["Surrogate-Control"] = "no-store"
     return headers
 
 
@@ -146,10 +181,14 @@ def _constant_head(
     stale_if_error_s: int,
     tags: tuple[str, ...],
     tag_targets: tuple[str, ...],
+    credentials: str,
+    keyed_edge: bool,
     body_len: int,
 ) -> tuple[bytes, int] | None:
     """Status line and every header that does not change per answer, encoded; None if one is not transportable."""
-    headers, truncated = _shared_block(key, etag, ttl_s, stale_if_error_s, tags, tag_targets)
+    headers, truncated = _shared_block(
+        key, etag, ttl_s, stale_if_error_s, tags, tag_targets, credentials, keyed_edge
+    )
     if not all(_safe(name) and _safe(value) for name, value in headers.items()):
         return None
     lines = [f"{name}: {value}\r\n" for name, value in headers.items()]
@@ -163,11 +202,17 @@ def _varying(entry: Entry, now: float, tier: str, date: bytes) -> bytes:
 
 
 def _wire(
-    entry: Entry, now: float, tier: str, targets: tuple[str, ...], *, head_only: bool, close: bool
+    entry: Entry,
+    now: float,
+    tier: str,
+    edge: EdgeSettings,
+    *,
+    head_only: bool,
+    close: bool,
 ) -> tuple[bytes, int] | None:
     """The whole response for a fresh hit, and how many tags the block dropped; None when it cannot be bytes."""
     date = http_date(time.time())
-    stamp = (int(entry.age_s(now)), date, tier, targets)
+    stamp = (int(entry.age_s(now)), date, tier, edge)
     plain = not (head_only or close)
     ident = (entry.key, entry.etag, entry.created_at)  # a re-stored entry under the same key is another entry
     if plain:
@@ -175,7 +220,7 @@ def _wire(
         if cached is not None and cached[0] == stamp:
             return cached[1], cached[2]
     const = _constant_head(
-        entry.key, entry.etag, entry.ttl_s, entry.stale_if_error_s, entry.tags, targets, len(entry.body)
+        entry.key, entry.etag, entry.ttl_s, entry.stale_if_error_s, entry.tags, *edge, len(entry.body)
     )
     if const is None:
         return None
@@ -195,7 +240,9 @@ def hit_bytes(
     state: HitState, entry: Entry, now: float, tier: str, *, head_only: bool = False, close: bool = False
 ) -> bytes | None:
     """The whole hit response as bytes, dropped tags counted; None when a header cannot travel as is."""
-    built = _wire(entry, now, tier, state.config.cache.cdn_tag_headers, head_only=head_only, close=close)
+    cache = state.config.cache
+    edge = (cache.cdn_tag_headers, credential_vary(state), cache.cdn_credential_keyed_edge)
+    built = _wire(entry, now, tier, edge, head_only=head_only, close=close)
     if built is None:
         return None
     data, truncated = built

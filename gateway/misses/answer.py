@@ -163,9 +163,11 @@ def stored_miss_response(
     collapsed: bool,
     level: str,
 ) -> web.Response:
-    """A JSON miss that was stored: the entry's headers (as its later hits), then the upstream's own."""
+    """A JSON miss that was stored: the entry's headers (as its later hits), then the leader's upstream's own. A
+    follower (`collapsed`) gets exactly the entry's headers, as a hit would: the upstream's belong to the leader."""
     status = hdr.miss_status(stored=True, collapsed=collapsed, level=level)
     response = entry_response(state, entry, status, "0")
-    for name, value in relay_headers(upstream_headers).items():
-        response.headers.setdefault(name, value)
+    if not collapsed:
+        for name, value in relay_headers(upstream_headers).items():
+            response.headers.setdefault(name, value)
     return response

@@ -41,7 +41,6 @@ from gateway.misses.streaming.replay import replay_frames
 from gateway.misses.streaming.sse import HEARTBEAT_FRAME
 from gateway.ops.dashboard.hotkeys import PROMPT
 from gateway.ops.timing import lap, timer_of
-from gateway.upstream.http import relay_headers
 from gateway.web.errors import NotCached, UpstreamError
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "X-Accel-Buffering": "no"}
@@ -152,7 +151,8 @@ async def relay_flight(
 ) -> Answered:
     """The flight's event stream, piped to this client from its first frame."""
     collapsed = result is Result.COALESCED
-    response = web.StreamResponse(headers=miss_headers(head, req, collapsed=collapsed))
+    vary = "Accept-Encoding" if req.key.scope == PUBLIC_SCOPE else render.credential_vary(state)
+    response = web.StreamResponse(headers=miss_headers(head, req, collapsed=collapsed, vary=vary))
     await response.prepare(request)
     try:
         await pipe(state, flight, response, include_usage=include_usage, on_first=_first_token(request))
@@ -238,8 +238,10 @@ async def serve_stale(
     )  # the JSON path's label (`status`, not `status-502`)
 
 
-def miss_headers(head: Head, req: FillRequest, *, collapsed: bool) -> dict[str, str]:
-    headers = dict(relay_headers(head.headers))
+def miss_headers(head: Head, req: FillRequest, *, collapsed: bool, vary: str) -> dict[str, str]:
+    """A streamed miss's headers: the leader's upstream fields (a follower gets only `hdr.FOLLOWER_RELAYED`), then
+    ours; `vary` names the credential headers on a tenant route (`render.credential_vary`)."""
+    headers = dict(hdr.relayed(head.headers, collapsed=collapsed))
     headers.update(SSE_HEADERS)
     headers.update(
         {
@@ -248,6 +250,7 @@ def miss_headers(head: Head, req: FillRequest, *, collapsed: bool) -> dict[str, 
             "CDN-Cache-Control": "no-store",  # a stream may still be cut: no edge keeps it (RFC 9213)
             "Surrogate-Control": "no-store",
             "X-Cache-Key": req.key.key,
+            "Vary": vary,
             "Age": "0",
         }
     )

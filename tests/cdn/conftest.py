@@ -80,8 +80,11 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 def _sections(sections: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The gateway behind a shipped edge: the edge keys by every credential part, as the operator then declares
+    (`cache.cdn_credential_keyed_edge`); a test of a careless edge sets it back to false."""
     server = {"admin_token": ADMIN_TOKEN, **sections.get("server", {})}
-    return {**sections, "server": server}
+    cache = {"cdn_credential_keyed_edge": True, **sections.get("cache", {})}
+    return {**sections, "server": server, "cache": cache}
 
 
 @pytest.fixture
