@@ -6,6 +6,8 @@ vcl 4.1;
 # credential + the request body, and GET /v1/cache/{key} (the alias) keyed by URL + Host (+ credential for
 # tenant keys). Only 200 answers that the gateway marks for the edge (Surrogate-Control or CDN-Cache-Control
 # with max-age > 0, no no-store) are stored; everything else is hit-for-miss, so bypasses and errors never are.
+# Tenant answers are marked so only when the gateway runs with cache.cdn_credential_keyed_edge = true, which this
+# config allows because vcl_hash keys by every credential part (docs/deployment.md "Behind a CDN").
 #
 # RFC 9110 §9.3.3 does not let a cached POST answer a later POST: this is a private arrangement between the
 # gateway and this config, safe because the gateway decides cacheability and the key holds the full body.

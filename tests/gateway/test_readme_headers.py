@@ -1,4 +1,5 @@
-"""The documented response-header table (docs/request-flow.md) is the CDN contract: its streamed-miss column matches a real streamed miss."""
+"""The documented response-header table (docs/request-flow.md) is the CDN contract: its streamed-miss column matches a real streamed miss
+(on a tenant route, so "the credential headers" is the tenancy's credential header list)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ async def test_the_streamed_miss_column_matches_a_streamed_miss(gw: RunningGatew
         "Age",
         "ETag",
         "X-Cache-Key",
+        "Vary",
     } <= table.keys()
     for name, cells in table.items():
         cell, actual = cells[column], resp.headers.get(name)
@@ -44,6 +46,9 @@ async def test_the_streamed_miss_column_matches_a_streamed_miss(gw: RunningGatew
             assert actual is None, (name, actual)
         elif cell == "the key":
             assert actual is not None and actual.startswith("te1:"), name
+        elif cell.startswith("the credential headers"):
+            assert gw.state.tenancy is not None
+            assert actual == ", ".join(gw.state.tenancy.credential_headers), name
         else:
             documented = re.match(r"`([^`]*)`", cell)
             assert documented is not None, f"README: streamed-miss cell for {name} is not a literal: {cell!r}"
