@@ -1,8 +1,13 @@
 """Canonical form of an OpenAI-style request: the value a cache key is derived from (DESIGN §2).
 
 Two requests get the same canonical form only when the chosen level says they are equivalent. `exact` removes
-JSON-level differences only (key order, number spelling, documented OpenAI defaults, the `max_tokens` alias,
-transport and bookkeeping fields); text bytes and content-part structure are never touched. `tokens` replaces the
+JSON-level differences only (number spelling, documented OpenAI defaults, the `max_tokens` alias, transport and
+bookkeeping fields, and key order where it never reaches the model); text bytes and content-part structure are never
+touched. Key order is sorted only in the request's own fields, each message's (and content part's) own keys and the
+known order-free maps (`logit_bias`, `metadata`); everywhere else (`tools`, `functions`, `response_format`, engine
+extras such as `guided_json` or `structured_outputs`, any nested value not known to be order-free) the client's
+order is kept, since engines render tools into the prompt and generate schema properties in that order. The form's
+own member order is that canonical order, and `canonical_json` writes it as it is. `tokens` replaces the
 prompt (the rendered chat template, the completion prompt or the embeddings input) with the exact token ids the
 model receives, next to the `exact` form of every other field (`tokens_form`; the ids come from the token path).
 `normalized` and `aggressive` (opt-in, never a default) also rewrite text (NFC, zero-width removal, CRLF folding,
@@ -14,9 +19,6 @@ unknown field can only split keys, never merge them. Pure functions: no I/O, the
 
 from __future__ import annotations
 
-import math
-import re
-import unicodedata
 from collections.abc import Callable, Mapping
 from enum import StrEnum
 from types import MappingProxyType
@@ -24,9 +26,13 @@ from typing import Any, Final, assert_never
 
 import orjson
 
-CANON_VERSION: Final = (
-    2  # 2: `exact` keeps content parts; `standard` became the opt-in `normalized`; `tokens`
-)
+from gateway.keys.jsonvalue import CanonicalizationError, plain_json
+from gateway.keys.textnorm import aggressive_text, normalized_text
+
+# Part of every key, so a change here leaves old entries unreachable (a miss, never a wrong hit; no migration).
+# 3: key order kept wherever it reaches the model (tools, schemas, unknown nested values); 2: `exact` keeps
+# content parts, `standard` became the opt-in `normalized`, `tokens`.
+CANON_VERSION: Final = 3
 
 
 class Level(StrEnum):
@@ -61,16 +67,7 @@ TEXT_FIELDS: Final[Mapping[str, str]] = MappingProxyType(
 )
 
 
-class CanonicalizationError(ValueError):
-    """The request is not representable as canonical JSON; the message is fit for a 400 response."""
-
-
 TextFn = Callable[[str], str]
-
-# JSON nesting deeper than this is refused instead of overflowing the Python stack.
-MAX_DEPTH: Final = 128
-_INT_MIN: Final = -(2**63)
-_INT_MAX: Final = 2**64 - 1  # orjson writes integers in [-2^63, 2^64 - 1]
 
 # Fields that never change the answer, only its transport or bookkeeping (DESIGN §2).
 NON_SEMANTIC: Final = frozenset(
@@ -85,6 +82,12 @@ NON_SEMANTIC: Final = frozenset(
         "service_tier",
         "request_id",
     }
+)
+
+# Maps whose member order no upstream reads: sorted, like the request's and each message's own keys.
+ORDER_FREE_MAPS: Final = frozenset({"logit_bias", "metadata"})
+_MESSAGE_LISTS: Final[Mapping[str, str]] = MappingProxyType(
+    {"chat/completions": "messages", "responses": "input"}
 )
 
 # OpenAI documents these as "... or null" with null meaning the default: null == absent.
@@ -139,10 +142,6 @@ _DEFAULTS: Final[Mapping[str, Mapping[str, Any]]] = MappingProxyType(
 )
 ENDPOINTS: Final = frozenset(_DEFAULTS)
 
-_ZERO_WIDTH: Final = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff"))
-_WHITESPACE_RUN: Final = re.compile(r"\s+")
-_FOLD_PASSES: Final = 4
-
 
 def canonicalize(endpoint: str, body: Mapping[str, Any], level: Level) -> dict[str, Any]:
     """The canonical request for `endpoint` ("chat/completions", "completions", "embeddings" or "responses").
@@ -165,7 +164,32 @@ def canonicalize(endpoint: str, body: Mapping[str, Any], level: Level) -> dict[s
             _strings_field(request, "prompt", text)
         case "embeddings":
             _strings_field(request, "input", text)
-    return request
+    return _in_canonical_order(endpoint, request)
+
+
+def _in_canonical_order(endpoint: str, request: dict[str, Any]) -> dict[str, Any]:
+    """Sorts the members no upstream reads in order: the request's fields, each message's and content part's
+    own keys, the order-free maps. Everything nested keeps the client's order (tools, schemas, extras)."""
+    for name in ORDER_FREE_MAPS & request.keys():
+        if isinstance(request[name], dict):
+            request[name] = _sorted(request[name])
+    items = request.get(_MESSAGE_LISTS.get(endpoint, ""))
+    if isinstance(items, list):
+        request[_MESSAGE_LISTS[endpoint]] = [_message_order(item) for item in items]
+    return _sorted(request)
+
+
+def _message_order(message: Any) -> Any:
+    if not isinstance(message, dict):
+        return message
+    content = message.get("content")
+    if isinstance(content, list):
+        message["content"] = [_sorted(part) if isinstance(part, dict) else part for part in content]
+    return _sorted(message)
+
+
+def _sorted(obj: dict[str, Any]) -> dict[str, Any]:
+    return dict(sorted(obj.items()))
 
 
 def tokens_form(endpoint: str, exact: Mapping[str, Any], ids: Any, tokenizer: str) -> dict[str, Any]:
@@ -179,55 +203,15 @@ def tokens_form(endpoint: str, exact: Mapping[str, Any], ids: Any, tokenizer: st
 
 
 def canonical_json(obj: Any) -> bytes:
-    """Canonical UTF-8 JSON: keys sorted recursively, no spaces, integral floats as ints."""
+    """Canonical UTF-8 JSON of a canonical form: no spaces, integral floats as ints, the top-level keys sorted
+    (a request's fields, a tokens form's parts, a key's material) and every nested member in the order given:
+    `canonicalize` has already sorted the nested objects whose order no upstream reads. One pass, then orjson.
+    """
+    plain = plain_json(obj)
     try:
-        return orjson.dumps(plain_json(obj), option=orjson.OPT_SORT_KEYS)
+        return orjson.dumps(_sorted(plain) if isinstance(plain, dict) else plain)
     except orjson.JSONEncodeError as exc:  # unreachable after plain_json; kept as the one boundary
         raise CanonicalizationError(f"not representable as JSON: {exc}") from exc
-
-
-def plain_json(value: Any, depth: int = 0) -> Any:
-    """A deep copy of `value` as plain JSON types with numbers normalized; raises CanonicalizationError."""
-    if depth > MAX_DEPTH:
-        raise CanonicalizationError(f"JSON nested deeper than {MAX_DEPTH} levels")
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        return _valid_str(value)
-    if isinstance(value, int):
-        if not _INT_MIN <= value <= _INT_MAX:
-            raise CanonicalizationError("integer outside the 64-bit range")
-        return int(value)
-    if isinstance(value, float):
-        return _number(value)
-    if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise CanonicalizationError("JSON object keys must be strings")
-            out[_valid_str(key)] = plain_json(item, depth + 1)
-        return out
-    if isinstance(value, list | tuple):
-        return [plain_json(item, depth + 1) for item in value]
-    raise CanonicalizationError(f"not a JSON value: {type(value).__name__}")
-
-
-def _number(value: float) -> int | float:
-    # RFC 8259 §6: NaN and Infinity are not JSON numbers.
-    if math.isnan(value) or math.isinf(value):
-        raise CanonicalizationError("NaN and Infinity are not valid JSON numbers")
-    if value.is_integer() and _INT_MIN <= value < 2**63:
-        return int(value)  # 1.0 -> 1 and -0.0 -> 0
-    return value
-
-
-def _valid_str(value: str) -> str:
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise CanonicalizationError("string is not valid Unicode (lone surrogate)") from exc
-    return value
 
 
 def _same(value: Any, default: Any) -> bool:
@@ -340,34 +324,3 @@ def _text_normalizer(level: Level) -> tuple[TextFn | None, bool]:
             return aggressive_text, True
         case _:
             assert_never(level)
-
-
-def normalized_text(value: str) -> str:
-    """NFC, zero-width characters removed, CRLF/CR -> LF, outer whitespace stripped; inner whitespace kept.
-
-    Opt-in only: every one of these changes the bytes the tokenizer sees, so the answer may differ.
-
-    Zero-width characters go before NFC, since removing one can bring a letter and its accent together.
-    """
-    value = value.translate(_ZERO_WIDTH).replace("\r\n", "\n").replace("\r", "\n")
-    return unicodedata.normalize("NFC", value).strip()
-
-
-def aggressive_text(value: str) -> str:
-    """`normalized_text` plus NFKC, casefold, punctuation (Unicode P*) stripped, whitespace runs collapsed.
-
-    Repeated until stable (in practice one pass, rarely two): deleting punctuation or casefolding can leave
-    a string that NFKC would change again, and the result must be idempotent.
-    """
-    for _ in range(_FOLD_PASSES):
-        folded = _fold_once(value)
-        if folded == value:
-            break
-        value = folded
-    return value
-
-
-def _fold_once(value: str) -> str:
-    value = unicodedata.normalize("NFKC", normalized_text(value)).casefold()
-    value = "".join(ch for ch in value if not unicodedata.category(ch).startswith("P"))
-    return _WHITESPACE_RUN.sub(" ", unicodedata.normalize("NFKC", value)).strip()

@@ -1,19 +1,22 @@
 """Tests for gateway/keys/canonical.py, the edges of the canonical form: what cannot be canonicalized (a typed error,
-never a crash), the exact JSON bytes keys are hashed from, and idempotence at every level (property-based).
+never a crash), the exact JSON bytes keys are hashed from, idempotence at every level and where key order is kept
+(property-based, each key-order property with a mutation check).
 Which requests are equivalent at each level: test_canonical.py.
 """
 
 from __future__ import annotations
 
+import random
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
+from gateway.keys import canonical
 from gateway.keys.canonical import (
-    MAX_DEPTH,
     CanonicalizationError,
     Level,
     aggressive_text,
@@ -21,6 +24,7 @@ from gateway.keys.canonical import (
     canonicalize,
     normalized_text,
 )
+from gateway.keys.jsonvalue import MAX_DEPTH
 from tests.gateway.test_canonical import CHAT, TEXT_LEVELS, canon, chat
 
 # --- what cannot be canonicalized ------------------------------------------------------------------------
@@ -58,7 +62,7 @@ def test_unknown_endpoint_is_a_programming_error() -> None:
 # --- canonical_json --------------------------------------------------------------------------------------
 
 JSON_CASES = [
-    ("sorted recursively", {"b": 1, "a": {"d": 2, "c": 3}}, b'{"a":{"c":3,"d":2},"b":1}'),
+    ("top level sorted, nested order kept", {"b": 1, "a": {"d": 2, "c": 3}}, b'{"a":{"d":2,"c":3},"b":1}'),
     ("integral floats as ints", [1.0, -0.0, 2.5, 1e15], b"[1,0,2.5,1000000000000000]"),
     ("UTF-8 not escaped", {"k": "é✓"}, '{"k":"é✓"}'.encode()),
     ("tuples as arrays", (1, None, True), b"[1,null,true]"),
@@ -117,6 +121,7 @@ _chat_body = st.fixed_dictionaries(
 def test_canonicalize_is_idempotent(body: dict[str, Any], level: Level) -> None:
     once = canonicalize(CHAT, body, level)
     assert canonicalize(CHAT, once, level) == once
+    assert canonical_json(canonicalize(CHAT, once, level)) == canonical_json(once)  # member order included
     assert canonical_json(canonicalize(CHAT, orjson.loads(canonical_json(once)), level)) == canonical_json(
         once
     )
@@ -142,3 +147,118 @@ def test_prompt_and_input_canonicalization_is_idempotent(
 def test_text_normalizers_are_idempotent(text: str) -> None:
     assert normalized_text(normalized_text(text)) == normalized_text(text)
     assert aggressive_text(aggressive_text(text)) == aggressive_text(text)
+
+
+# --- key order: sorted where no upstream reads it, kept everywhere else ------------------------------------
+
+_props = st.dictionaries(
+    st.text("abcdefgh", min_size=1, max_size=3),
+    st.fixed_dictionaries({"type": st.sampled_from(["string", "integer"])}),
+    min_size=2,
+    max_size=5,
+)
+_tool = _props.map(
+    lambda p: {
+        "type": "function",
+        "function": {"name": "f", "parameters": {"type": "object", "properties": p}},
+    }
+)
+_order_body = st.fixed_dictionaries(
+    {
+        "model": _texts,
+        "messages": st.lists(
+            st.fixed_dictionaries({"role": st.just("user"), "content": _content}, optional={"name": _texts}),
+            min_size=1,
+            max_size=3,
+        ),
+        "tools": st.lists(_tool, min_size=1, max_size=2),
+    },
+    optional={
+        "logit_bias": st.dictionaries(st.integers(0, 999).map(str), st.integers(-100, 100), max_size=4),
+        "seed": st.integers(0, 9),
+        "extra": _json,
+    },
+)
+
+
+def _bytes(body: dict[str, Any]) -> bytes:
+    return canonical_json(canonicalize(CHAT, body, Level.EXACT))
+
+
+def _shuffled(obj: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    items = list(obj.items())
+    rng.shuffle(items)
+    return dict(items)
+
+
+def _message(message: Any, rng: random.Random) -> Any:
+    content = message["content"]
+    if isinstance(content, list):
+        message = {**message, "content": [_shuffled(part, rng) for part in content]}
+    return _shuffled(message, rng)
+
+
+def _reordered_where_order_is_free(body: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    out = {**body, "messages": [_message(m, rng) for m in body["messages"]]}
+    if "logit_bias" in out:
+        out["logit_bias"] = _shuffled(out["logit_bias"], rng)
+    return _shuffled(out, rng)
+
+
+def shared_order(body: dict[str, Any], rng: random.Random) -> None:
+    assert _bytes(_reordered_where_order_is_free(body, rng)) == _bytes(body)
+
+
+def kept_order(body: dict[str, Any], which: int) -> None:
+    tools = body["tools"]
+    i = which % len(tools)
+    parameters = tools[i]["function"]["parameters"]
+    flipped = {**parameters, "properties": dict(reversed(parameters["properties"].items()))}
+    other = [
+        *tools[:i],
+        {**tools[i], "function": {**tools[i]["function"], "parameters": flipped}},
+        *tools[i + 1 :],
+    ]
+    assert orjson.dumps(tools) in _bytes(body)  # the client's bytes, in its order
+    assert _bytes({**body, "tools": other}) != _bytes(body)
+
+
+SHARED = {"body": _order_body, "rng": st.randoms(use_true_random=False)}
+KEPT = {"body": _order_body, "which": st.integers(0, 1)}
+
+
+@settings(max_examples=100, deadline=None)
+@given(**SHARED)
+def test_order_no_upstream_reads_never_splits_a_key(body: dict[str, Any], rng: random.Random) -> None:
+    shared_order(body, rng)
+
+
+@settings(max_examples=100, deadline=None)
+@given(**KEPT)
+def test_order_inside_tools_is_kept_and_keeps_keys_apart(body: dict[str, Any], which: int) -> None:
+    kept_order(body, which)
+
+
+def fails(prop: Any, strategies: dict[str, Any]) -> None:
+    """The property, run under a mutation, finds a counterexample (not shrunk: any one will do)."""
+    run = settings(max_examples=200, deadline=None, database=None, phases=[Phase.generate])(
+        given(**strategies)(prop)
+    )
+    with pytest.raises(AssertionError):
+        run()
+
+
+def _sort_everything(obj: Any, option: int = 0) -> bytes:
+    return orjson.dumps(obj, option=option | orjson.OPT_SORT_KEYS)
+
+
+def test_mutation_sorting_every_depth_fails_the_kept_order_property(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        canonical, "orjson", SimpleNamespace(dumps=_sort_everything, JSONEncodeError=ValueError)
+    )
+    fails(kept_order, KEPT)
+
+
+def test_mutation_sorting_nothing_fails_the_shared_order_property(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(canonical, "_sorted", dict)  # every member kept in the client's order
+    fails(shared_order, SHARED)

@@ -118,12 +118,12 @@ def test_scope_changes_the_key_but_not_the_digest() -> None:
     assert public.digest == tenant.digest
 
 
-def test_digest_is_blake2b_256_of_the_documented_canonical_json_at_spec_version_2() -> None:
+def test_digest_is_blake2b_256_of_the_documented_canonical_json_at_spec_version_3() -> None:
     derived = derive_key(
         scope="pub", endpoint=CHAT, level=Level.EXACT, model_revision="r", canonical={"b": 1.0, "a": "é"}
     )
     material = (
-        '{"endpoint":"chat/completions","level":"exact","request":{"a":"é","b":1},"revision":"r","v":2}'
+        '{"endpoint":"chat/completions","level":"exact","request":{"a":"é","b":1},"revision":"r","v":3}'
     )
     assert derived.digest == hashlib.blake2b(material.encode(), digest_size=32).hexdigest()
     assert derived.key == f"te1:pub:{derived.digest}"
@@ -247,7 +247,7 @@ def test_key_from_bytes_equals_the_canonical_json_derivation() -> None:
     from gateway.keys.canonical import CANON_VERSION, canonical_json
     from gateway.keys.derive import derive_key_from_bytes
 
-    canonical = {"model": "m", "messages": [{"role": "user", "content": 'h\u00e9llo "q"'}], "temperature": 0}
+    canonical = {"messages": [{"content": 'h\u00e9llo "q"', "role": "user"}], "model": "m", "temperature": 0}
     material = canonical_json(
         {
             "v": CANON_VERSION,
