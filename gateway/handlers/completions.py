@@ -261,7 +261,10 @@ async def lookup_or_fill(
         return Answered(response, Result.HIT, read.hit.tier)
     if lookup.only_if_cached:
         raise NotCached("only-if-cached: no fresh cached answer for this request")
-    return await fill_miss(request, state, fill_request(request, state, prep, lookup, resolved), read.stale)
+    fill_req = fill_request(request, state, prep, lookup, resolved)
+    if read.lacking is not None:  # an entry was there but cannot answer this request: Cache-Status says why
+        fill_req = replace(fill_req, lacked=read.lacking.value)
+    return await fill_miss(request, state, fill_req, read.stale)
 
 
 async def fill_miss(
@@ -293,7 +296,7 @@ async def fill_miss(
                 assert stale is not None
                 return serve_stale(state, stale, decision)
             case Serve(result=result):
-                response = miss_response(state, outcome, collapsed=not leader, level=fill_req.level)
+                response = miss_response(state, outcome, collapsed=not leader, level=fill_req.miss_detail)
                 lap(request, "serialize")
                 return Answered(response, result, miss_reason(outcome.entry, outcome.refusal))
             case _ as unreachable:

@@ -32,7 +32,7 @@ def miss_status(*, stored: bool, collapsed: bool = False, detail: str | None = N
         parts.append("collapsed")  # RFC 9211 §2.6: the request was collapsed into another's forward
     if stored:
         parts.append("stored")
-    words = [word for word in (detail, level) if word]
+    words = list(dict.fromkeys(w for part in (detail, level) if part for w in part.split(".")))  # once each
     if words:
         parts.append(f"detail={'.'.join(words)}")
     return "; ".join(parts)

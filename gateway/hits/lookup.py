@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from gateway.hits.needs import HitState
-from gateway.hits.verdict import Verdict, judge
+from gateway.hits.verdict import Verdict, judge, unfit
 from gateway.keys.cache_control import RequestDirectives
 from gateway.keys.entry import Entry
-from gateway.keys.policy import Lookup
+from gateway.keys.policy import Lookup, Reason
 from gateway.ops.timing import lap
 from gateway.tiers.tiered import Found
 
@@ -30,6 +30,7 @@ class CacheRead:
     hit: Found | None  # a fresh, acceptable entry
     stale: Entry | None  # usable only if the upstream fails
     now: float
+    lacking: Reason | None = None  # an entry of the current revision was found but cannot answer this request
 
 
 async def read_cache(
@@ -39,7 +40,10 @@ async def read_cache(
     lookup: Lookup,
     directives: RequestDirectives,
     revision: str | None = None,
+    *,
+    stream: bool = False,
 ) -> CacheRead:
+    """The read and its verdict; `stream`: the request is streamed (a stream-only entry can answer it)."""
     if not lookup.read:
         return CacheRead(None, None, state.clock())
     read = request.pop(PRE_READ, None)
@@ -48,7 +52,13 @@ async def read_cache(
     now = state.clock()  # after the (possibly remote) read: the age is the entry's age as served
     if found is None:
         return CacheRead(None, None, now)
-    verdict = judge(found.entry, now, directives, revision, needs_usage=lookup.needs_usage)
+    entry, needs_json = found.entry, not stream
+    verdict = judge(entry, now, directives, revision, needs_usage=lookup.needs_usage, needs_json=needs_json)
     if verdict is Verdict.HIT:
         return CacheRead(found, None, now)
-    return CacheRead(None, found.entry if verdict is Verdict.STALE else None, now)
+    lacking = None
+    if verdict is Verdict.MISS and (revision is None or entry.revision == revision):
+        lacking = unfit(entry, needs_usage=lookup.needs_usage, needs_json=needs_json)
+        if lacking is not None:  # Cache-Status says why; the metric counts it
+            state.metrics.unfit_misses.labels(entry.endpoint, lacking).inc()
+    return CacheRead(None, entry if verdict is Verdict.STALE else None, now, lacking)

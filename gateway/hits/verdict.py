@@ -11,7 +11,7 @@ from enum import Enum
 
 from gateway.keys.cache_control import NO_DIRECTIVES, RequestDirectives
 from gateway.keys.entry import Entry
-from gateway.keys.policy import Freshness, freshness, lacks, satisfies
+from gateway.keys.policy import Freshness, Reason, freshness, lacks, satisfies
 
 
 class Verdict(Enum):
@@ -33,13 +33,14 @@ def judge(
     revision: str | None = None,
     *,
     needs_usage: bool = False,
+    needs_json: bool = True,
 ) -> Verdict:
     """The entry's verdict for a request with `directives`, when the model's current revision is `revision`
-    (None: not known here; the key already names the revision it was derived for) and the request's answer
-    carries usage (`needs_usage`)."""
+    (None: not known here; the key already names the revision it was derived for), the request's answer
+    carries usage (`needs_usage`) and is JSON (`needs_json`; False for a stream)."""
     if revision is not None and entry.revision != revision:
         return Verdict.MISS  # an old revision's answer is never served once the new one is known
-    if lacks(entry.usage, needs_usage=needs_usage) is not None:
+    if unfit(entry, needs_usage=needs_usage, needs_json=needs_json) is not None:
         return Verdict.MISS  # DESIGN §4: a hit is the whole answer; an entry missing what it needs is a miss
     age = entry.age_s(now)
     fresh = freshness(age_s=age, ttl_s=entry.ttl_s, stale_if_error_s=entry.stale_if_error_s)
@@ -48,6 +49,11 @@ def judge(
         # and not a stale fallback either (it is fresh: the client asked for something younger).
         return Verdict.HIT if satisfies(age_s=age, directives=directives) else Verdict.MISS
     return Verdict.STALE if fresh is Freshness.STALE else Verdict.MISS
+
+
+def unfit(entry: Entry, *, needs_usage: bool, needs_json: bool) -> Reason | None:
+    """Why the entry cannot answer a request of this form (`policy.lacks`): no usage, or no JSON form."""
+    return lacks(entry.usage, needs_usage=needs_usage, stream_only=entry.stream_only, needs_json=needs_json)
 
 
 def etag_matches(if_none_match: str, etag: str) -> bool:

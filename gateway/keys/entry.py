@@ -1,8 +1,11 @@
 """The cache entry: one versioned record per key, shared by every tier and by both response forms.
 
-An entry holds the final JSON body served on a `stream: false` hit (for a JSON miss these are the upstream's own
-bytes, so a hit is byte-identical to the first answer), the recorded stream chunks when the miss was streamed
-(so a streamed hit replays the original chunk boundaries), usage, the model revision and the tags used for purge.
+An entry holds the upstream's answer whole: the JSON body served on a `stream: false` hit (for a JSON miss the
+upstream's own bytes, so a hit is byte-identical to the first answer; for a streamed miss every field of every
+chunk merged by `gateway.misses.streaming.forms`), the recorded stream chunks when the miss was streamed (so a
+streamed hit replays the original chunks, byte for byte), usage, the model revision and the tags used for purge.
+`stream_only`: the chunks hold a field no rule turns into JSON, so there is no JSON form (empty `body`, the ETag
+hashes the chunks) and a JSON request misses (`policy.lacks`). A hit's `id` and `created` are the first answer's.
 Serialized form: `b"TE"`, a format-version byte, a 4-byte header length, an orjson header, then the body.
 An unknown format version decodes to None, which every tier treats as a miss: a format change needs no migration.
 """
@@ -19,7 +22,7 @@ import orjson
 
 from gateway.keys.sizing import compact, held, json_held
 
-ENTRY_FORMAT = 1
+ENTRY_FORMAT = 2  # 2: `stream_only`, and every field of the answer kept (1 dropped unknown ones)
 _MAGIC = b"TE"
 _PREFIX = struct.Struct(">2sBI")
 
@@ -40,6 +43,7 @@ class Entry:
     stream_chunks: tuple[bytes, ...] | None = (
         None  # the upstream's `data:` payloads, in order, without [DONE]
     )
+    stream_only: bool = False  # no JSON form: a streamed field of unknown merge rule (streaming.forms)
 
     def __post_init__(self) -> None:
         # Kept for the entry's lifetime, counted by `size_bytes`: exact-size objects only (see gateway.keys.sizing).
@@ -99,6 +103,7 @@ def encode(entry: Entry) -> bytes:
             "stream_chunks": [c.decode() for c in entry.stream_chunks]
             if entry.stream_chunks is not None
             else None,
+            "stream_only": entry.stream_only,
         }
     )
     return _PREFIX.pack(_MAGIC, ENTRY_FORMAT, len(header)) + header + entry.body
@@ -127,6 +132,7 @@ def decode(raw: bytes) -> Entry | None:
             tags=tuple(header["tags"]),
             usage=header["usage"],
             stream_chunks=tuple(c.encode() for c in chunks) if chunks is not None else None,
+            stream_only=header["stream_only"] is True,
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
         return None

@@ -51,9 +51,9 @@ class Reason(StrEnum):
     ERROR = "error"  # the upstream reported an error inside a 200 response
     TOO_LARGE = "too-large"  # over the per-entry byte cap
     REVISION = "revision-changed"  # the answer names a newer model revision than the key: learned, not stored
-    NO_USAGE = (
-        "no-usage"  # the answer carries no usage: an entry must hold everything a later request may ask
-    )
+    NO_USAGE = "no-usage"  # a JSON answer without usage is not stored; an entry without it misses (`lacks`)
+    # lacks(): an entry that cannot answer this request's form (a miss, with this detail)
+    STREAM_ONLY = "stream-only"  # the entry's stream holds a field no rule turns into JSON (streaming.forms)
     # lookup outcomes the handlers report (not returned here)
     NO_CACHE = "no-cache"  # Cache-Control: no-cache, lookup skipped, answer stored
     MAX_AGE = "max-age"  # an entry was found but is older than the request's max-age
@@ -204,12 +204,17 @@ def wants_usage(body: Mapping[str, Any]) -> bool:
     return isinstance(options, Mapping) and options.get("include_usage") is True
 
 
-def lacks(usage: Mapping[str, Any] | None, *, needs_usage: bool) -> Reason | None:
+def lacks(
+    usage: Mapping[str, Any] | None, *, needs_usage: bool, stream_only: bool = False, needs_json: bool = False
+) -> Reason | None:
     """Why an entry cannot answer a request, or None: a hit is the whole answer, never a partial one (DESIGN §4).
 
-    An entry without usage (written before the gateway asked every stream for it, or by an upstream that ignored
-    the ask) is a miss for any request whose answer carries usage; the fill then stores a whole entry.
+    An entry without usage (a plain stream from an upstream that ignores `stream_options`, or an older gateway's)
+    answers every plain stream but is a miss for any request whose answer carries usage; an entry with no JSON
+    form (`stream_only`) answers streams only. The miss says why in `Cache-Status` and in a metric.
     """
+    if needs_json and stream_only:
+        return Reason.STREAM_ONLY
     if needs_usage and usage is None:
         return Reason.NO_USAGE
     return None
@@ -240,6 +245,23 @@ def _number(value: Any, *, default: float | None) -> float | None:
     return value
 
 
+# One rule for what is an error, for every endpoint: the member each 200 answer must hold.
+PAYLOADS = {
+    "chat/completions": "choices",
+    "completions": "choices",
+    "embeddings": "data",
+    RESPONSES: "output",
+}
+
+
+def error_body(endpoint: str, doc: Mapping[str, Any]) -> bool:
+    """Whether a 200 JSON answer is an error: an `error` member that is not null (some providers report errors
+    found after processing started this way), or no list under the endpoint's payload (`PAYLOADS`). Never stored.
+    A stream chunk is judged by its `error` member alone (`gateway.misses.streaming.recorder`)."""
+    payload = PAYLOADS.get(endpoint)
+    return doc.get("error") is not None or (payload is not None and not isinstance(doc.get(payload), list))
+
+
 def store_refusal(
     *,
     status: int,
@@ -248,16 +270,21 @@ def store_refusal(
     complete: bool,
     finish_reasons: Iterable[str | None],
     has_usage: bool,
+    streamed: bool = False,
+    error: bool = False,
 ) -> Reason | None:
-    """Why a response may not be stored, or None when it may: only complete, clean HTTP 200 answers with usage.
+    """Why a response may not be stored, or None when it may: only complete, clean HTTP 200 answers.
 
-    `finish_reasons` are the choices' final finish reasons; None entries (a chunk without one) are
-    ignored, since completeness is `complete`'s job (a non-stream body, or a stream that saw [DONE]).
-    `has_usage`: a later request may ask for usage (a generation's JSON hit always carries it), so a generation
-    without it is relayed but never stored (callers pass True for endpoints outside `USAGE_ENDPOINTS`).
+    `error`: the body is an error (`error_body`). `finish_reasons` are the choices' final finish reasons; None
+    entries (a chunk without one) are ignored, since completeness is `complete`'s job (a non-stream body, or a
+    stream that saw [DONE]). `has_usage`: a JSON generation without usage is relayed but not stored (every request
+    it could answer as JSON needs usage; callers pass True outside `USAGE_ENDPOINTS`); a `streamed` one is stored,
+    since it answers every plain stream, and `lacks` turns away the requests that need usage.
     """
     if status != 200:  # never errors, 429s, redirects or partial content
         return Reason.STATUS
+    if error:
+        return Reason.ERROR
     if not complete:
         return Reason.INCOMPLETE
     reasons = {reason for reason in finish_reasons if reason is not None}
@@ -267,7 +294,7 @@ def store_refusal(
         return Reason.ERROR
     if "abort" in reasons:  # vLLM's finish reason for an aborted request
         return Reason.INCOMPLETE
-    if not has_usage:
+    if not has_usage and not streamed:
         return Reason.NO_USAGE
     if body_bytes > max_entry_bytes:
         return Reason.TOO_LARGE

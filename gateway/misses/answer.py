@@ -41,6 +41,12 @@ class FillRequest:
         None  # a per-request seam (gateway.tokens: budgets, binary transport); None: plain
     )
     level: str = ""  # the canonicalization level of the key (Cache-Status detail on misses)
+    lacked: str = ""  # why the entry found could not answer this request (`policy.lacks`), if one was found
+
+    @property
+    def miss_detail(self) -> str:
+        """The Cache-Status detail words of this miss: why the entry found did not answer it, then the level."""
+        return ".".join(word for word in (self.lacked, self.level) if word)
 
 
 class Answered(NamedTuple):
@@ -119,8 +125,11 @@ def make_entry(
     body: bytes,
     usage: Mapping[str, Any] | None,
     stream_chunks: tuple[bytes, ...] | None = None,
+    *,
+    stream_only: bool = False,
 ) -> Entry:
-    """The entry a complete answer becomes (DESIGN §3): created now, the route's TTL, tagged for purges."""
+    """The entry a complete answer becomes (DESIGN §3): created now, the route's TTL, tagged for purges. A
+    `stream_only` entry has no JSON body: its ETag hashes the chunks, which are then the representation."""
     key = req.key
     return Entry(
         key=key.key,
@@ -131,10 +140,11 @@ def make_entry(
         created_at=state.clock(),
         ttl_s=req.ttl_s,
         stale_if_error_s=state.config.cache.stale_if_error_s,
-        etag=make_etag(body),
+        etag=make_etag(b"\n".join(stream_chunks or ()) if stream_only else body),
         tags=entry_tags(model=req.model, revision=req.revision, scope=key.scope, digest=key.digest),
         usage=usage,
         stream_chunks=stream_chunks,
+        stream_only=stream_only,
     )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from gateway.keys.entry import Entry
-from gateway.keys.policy import USAGE_ENDPOINTS, Reason, store_refusal
+from gateway.keys.policy import USAGE_ENDPOINTS, Reason, error_body, store_refusal
 from gateway.misses.answer import FillRequest, make_entry, revision_moved
 from gateway.misses.needs import MissState
 from gateway.misses.streaming.responses import response_finish
@@ -35,30 +35,34 @@ class FillResult:
     collapsed: bool = False  # the entry another replica stored under its lease (gateway/misses/lease_fill.py)
 
 
-def completion_facts(body: bytes) -> tuple[list[str | None], Mapping[str, Any] | None] | None:
-    """(finish reasons, usage) of a JSON completion; None when the body is not a JSON object."""
+def completion_facts(
+    body: bytes, endpoint: str = ""
+) -> tuple[list[str | None], Mapping[str, Any] | None, bool] | None:
+    """(finish reasons, usage, whether it is an error body: `policy.error_body`) of a JSON answer; None when the
+    body is not a JSON object."""
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
     if not isinstance(doc, dict):
         return None
+    error = error_body(endpoint, doc)
     if doc.get("object") == "response":
         usage = doc.get("usage")
-        return [response_finish(doc)], usage if isinstance(usage, dict) else None
+        return [response_finish(doc)], usage if isinstance(usage, dict) else None, error
     choices = doc.get("choices")
     reasons = (
         [c.get("finish_reason") for c in choices if isinstance(c, dict)] if isinstance(choices, list) else []
     )
     usage = doc.get("usage")
-    return reasons, usage if isinstance(usage, dict) else None
+    return reasons, usage if isinstance(usage, dict) else None, error
 
 
 async def fill(state: MissState, req: FillRequest) -> FillResult:
     started = time.perf_counter()
     resp = await (req.via or state.upstream).request("POST", req.path_qs, req.headers, req.body)
     state.metrics.upstream_duration.labels(req.endpoint).observe(time.perf_counter() - started)
-    facts = completion_facts(resp.body) if resp.status == 200 else None
+    facts = completion_facts(resp.body, req.endpoint) if resp.status == 200 else None
     encoded = resp.headers.get("Content-Encoding", "identity").lower() not in ("identity", "")
     refusal = store_refusal(
         status=resp.status,
@@ -67,6 +71,7 @@ async def fill(state: MissState, req: FillRequest) -> FillResult:
         complete=facts is not None and not encoded,
         finish_reasons=facts[0] if facts else (),
         has_usage=(facts is not None and facts[1] is not None) or req.endpoint not in USAGE_ENDPOINTS,
+        error=facts is not None and facts[2],
     )
     if refusal is None and revision_moved(state, req, resp.headers):
         refusal = Reason.REVISION

@@ -21,8 +21,9 @@ from collections.abc import AsyncIterator
 from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import Counter
 
+from gateway.hits.verdict import unfit
 from gateway.keys.entry import Entry
-from gateway.keys.policy import Outcome
+from gateway.keys.policy import USAGE_ENDPOINTS, Outcome
 from gateway.misses.answer import FillRequest
 from gateway.misses.fill import FillResult, fill
 from gateway.misses.lease import Lease, Leases, LeaseSettings
@@ -82,7 +83,9 @@ async def _leased_fill(state: MissState, req: FillRequest) -> FillResult:
         return await fill(state, req)
     got = await leases.acquire_or_wait(req.key.key, _reader(state, req.key.key))
     if isinstance(got, Entry):
-        return FillResult(_shared_response(got), got, None, collapsed=True)
+        if unfit(got, needs_usage=req.endpoint in USAGE_ENDPOINTS, needs_json=True) is None:
+            return FillResult(_shared_response(got), got, None, collapsed=True)
+        got = None  # another replica's entry with no JSON form or no usage (a plain stream's): fill
     if got is None:
         return await fill(state, req)
     stored = False

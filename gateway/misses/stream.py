@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import replace
 from typing import assert_never
 
 from aiohttp import web
@@ -37,6 +38,7 @@ from gateway.misses.answer import Answered, FillRequest
 from gateway.misses.lease_fill import leased_tee
 from gateway.misses.needs import MissState
 from gateway.misses.streaming.broadcast import Head, StreamFlight
+from gateway.misses.streaming.recorder import json_object
 from gateway.misses.streaming.replay import replay_frames
 from gateway.misses.streaming.sse import HEARTBEAT_FRAME
 from gateway.ops.dashboard.hotkeys import PROMPT
@@ -56,7 +58,7 @@ async def serve_stream(
     include_usage: bool,
 ) -> Answered:
     lap(request, "parse", key=req.key.key)  # the key is known: the access log carries it, as on the JSON path
-    read = await read_cache(request, state, req.key.key, lookup, directives, req.revision)
+    read = await read_cache(request, state, req.key.key, lookup, directives, req.revision, stream=True)
     if read.hit is not None:
         entry, tier = read.hit.entry, read.hit.tier
         record.hit(state, entry, read.now, request.get(PROMPT))
@@ -68,6 +70,8 @@ async def serve_stream(
         return Answered(response, Result.HIT, tier)
     if lookup.only_if_cached:
         raise NotCached("only-if-cached: no fresh cached answer for this request")
+    if read.lacking is not None:  # an entry was there but cannot answer this stream: say why (Cache-Status)
+        req = replace(req, lacked=read.lacking.value)
     return await stream_miss(request, state, req, read.stale, include_usage=include_usage)
 
 
@@ -245,7 +249,7 @@ def miss_headers(head: Head, req: FillRequest, *, collapsed: bool, vary: str) ->
     headers.update(SSE_HEADERS)
     headers.update(
         {
-            hdr.CACHE_STATUS: hdr.miss_status(stored=False, collapsed=collapsed, level=req.level),
+            hdr.CACHE_STATUS: hdr.miss_status(stored=False, collapsed=collapsed, level=req.miss_detail),
             "Cache-Control": "no-cache",
             "CDN-Cache-Control": "no-store",  # a stream may still be cut: no edge keeps it (RFC 9213)
             "Surrogate-Control": "no-store",
@@ -258,8 +262,12 @@ def miss_headers(head: Head, req: FillRequest, *, collapsed: bool, vary: str) ->
 
 
 def passthrough_reason(head: Head) -> Reason:
-    """Why a whole (non-SSE) upstream answer to a streamed request was not stored."""
-    return Reason.STATUS if head.status != 200 else Reason.INCOMPLETE
+    """Why a whole (non-SSE) upstream answer to a streamed request was not stored: its status, an error body
+    (`policy.error_body`'s `error` member), or no stream at all."""
+    if head.status != 200:
+        return Reason.STATUS
+    doc = json_object(head.body or b"")
+    return Reason.ERROR if doc is not None and doc.get("error") is not None else Reason.INCOMPLETE
 
 
 def passthrough(head: Head, req: FillRequest, *, collapsed: bool) -> web.Response:
@@ -270,7 +278,7 @@ def passthrough(head: Head, req: FillRequest, *, collapsed: bool) -> web.Respons
         head.body or b"",
         collapsed=collapsed,
         detail=passthrough_reason(head),
-        level=req.level,
+        level=req.miss_detail,
     )
 
 

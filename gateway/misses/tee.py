@@ -140,7 +140,8 @@ def _stored_entry(
         return None, Reason.TOO_LARGE
     if recorder.error:
         return None, Reason.ERROR
-    body = recorder.body() if recorder.complete else b""
+    stream_only = not recorder.convertible  # no exact JSON form: the entry answers streams only
+    body = recorder.body() if recorder.complete and not stream_only else b""
     refusal = store_refusal(
         status=200,
         body_bytes=len(body) + recorder.recorded_bytes,
@@ -148,7 +149,9 @@ def _stored_entry(
         complete=recorder.complete,
         finish_reasons=recorder.finish_reasons,
         has_usage=recorder.usage is not None,
+        streamed=True,  # stored without usage too: it answers every plain stream (`policy.lacks`)
     )
     if refusal is not None:
         return None, refusal
-    return make_entry(state, req, body, recorder.usage, tuple(recorder.chunks)), None
+    chunks = tuple(recorder.chunks)
+    return make_entry(state, req, body, recorder.usage, chunks, stream_only=stream_only), None

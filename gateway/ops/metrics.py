@@ -143,6 +143,12 @@ class GatewayMetrics:
             ["tier", "reason"],
             registry=r,
         )
+        self.unfit_misses = Counter(
+            "tokenedge_cache_unfit_misses",
+            "Entries found that could not answer the request (no usage, no JSON form): misses, by route and reason",
+            ["route", "reason"],
+            registry=r,
+        )
         self.cache_entries = _per_tier(ENTRIES, "Entries held, by tier", r)
         self.cache_bytes = _per_tier(BYTES, "Bytes held, by tier", r)
         self.cache_evictions = _per_tier(

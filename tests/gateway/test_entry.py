@@ -61,3 +61,17 @@ def test_etag_is_strong_and_depends_on_the_body() -> None:
 
 def test_expiry_includes_the_stale_window() -> None:
     assert entry().expires_at() == 1000.5 + 60 + 30
+
+
+@pytest.mark.parametrize("usage", [None, {"total_tokens": 3}])
+def test_a_stream_only_or_usage_less_entry_round_trips(usage: dict[str, int] | None) -> None:
+    original = entry(body=b"", stream_only=True, usage=usage)
+    decoded = decode(encode(original))
+    assert decoded == original and decoded is not None and decoded.stream_only
+
+
+def test_an_entry_of_the_previous_format_is_a_miss() -> None:
+    """Format 1 kept only some fields of a streamed answer and had no `stream_only`: read as a miss, refilled."""
+    raw = bytearray(encode(entry()))
+    raw[2] = 1
+    assert ENTRY_FORMAT == 2 and decode(bytes(raw)) is None

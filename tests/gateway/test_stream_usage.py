@@ -18,6 +18,7 @@ from openai import AsyncOpenAI
 from gateway.misses.streaming.usage import asking_usage
 from tests.gateway.conftest import AUTH_A, CHAT
 from tests.gateway.test_openai_client import KINDS, MESSAGES, ask
+from tests.gateway.test_redis_tier import sample
 from tests.gateway.test_stream import STREAM, collect, post, sse, stored
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import RunningGateway
@@ -141,22 +142,50 @@ async def test_one_flight_gives_usage_only_to_the_follower_that_asked(
 # --- entries without usage -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("stream", [False, True])
-async def test_an_answer_without_usage_is_relayed_and_not_stored(
-    gw: RunningGateway, fake: FakeUpstream, stream: bool
+async def test_a_json_answer_without_usage_is_relayed_and_not_stored(
+    gw: RunningGateway, fake: FakeUpstream
 ) -> None:
-    fake.omit_usage = True  # an upstream that reports none, and ignores the ask
-    body = STREAM if stream else CHAT
-    first = await post(gw, body)
-    (await collect(first)) if stream else await first.read()
-    second = await post(gw, body)
-    (await collect(second)) if stream else await second.read()
+    """Every request a JSON entry could answer as JSON needs usage: relayed, not stored, and Cache-Status says why."""
+    fake.omit_usage = True
+    first = await post(gw, CHAT)
+    await first.read()
+    second = await post(gw, CHAT)
+    await second.read()
 
     assert fake.calls["chat"] == 2  # the second went upstream too: nothing was stored
-    if stream:
-        assert await stored(gw, first.headers["X-Cache-Key"]) is None
-    else:
-        assert first.headers["Cache-Status"] == "tokenedge; fwd=miss; detail=no-usage.exact"
+    assert first.headers["Cache-Status"] == "tokenedge; fwd=miss; detail=no-usage.exact"
+
+
+async def test_a_usage_less_plain_stream_is_stored_and_answers_every_plain_stream(
+    gw: RunningGateway, fake: FakeUpstream
+) -> None:
+    """An upstream that ignores `stream_options` (it never sends usage): the stream is stored all the same."""
+    fake.omit_usage = True
+    first = await post(gw, STREAM)
+    miss = await collect(first)
+    again = await post(gw, STREAM)
+    hit = await collect(again)
+
+    assert fake.calls["chat"] == 1 and hit == miss
+    assert again.headers["Cache-Status"].startswith("tokenedge; hit;")
+    entry = await stored(gw, first.headers["X-Cache-Key"])
+    assert entry is not None and entry.usage is None and entry.stream_chunks is not None
+
+
+@pytest.mark.parametrize("asks", ["json", "include_usage"])
+async def test_a_request_needing_usage_misses_a_usage_less_entry_and_says_why(
+    gw: RunningGateway, fake: FakeUpstream, asks: str
+) -> None:
+    fake.omit_usage = True
+    await collect(await post(gw, STREAM))  # stored without usage
+    body = CHAT if asks == "json" else {**STREAM, **WITH_USAGE}
+    resp = await post(gw, body)
+    await (resp.read() if asks == "json" else collect(resp))
+
+    assert fake.calls["chat"] == 2  # a miss: the entry cannot give what the request needs
+    assert "fwd=miss" in resp.headers["Cache-Status"]
+    assert "detail=no-usage." in resp.headers["Cache-Status"]
+    assert sample(gw, "tokenedge_cache_unfit_misses_total", route="chat/completions", reason="no-usage") == 1
 
 
 async def test_embeddings_without_usage_are_still_cached(gw: RunningGateway, fake: FakeUpstream) -> None:

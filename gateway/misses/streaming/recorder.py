@@ -1,23 +1,23 @@
-"""The stream recorder: assembles the canonical non-stream completion from a stream's `data:` payloads.
+"""The stream recorder: keeps a stream's `data:` payloads and assembles the JSON answer they make.
 
 Pure and incremental: the tee feeds each payload as it is forwarded. The recorder keeps the payloads (the chunk
-boundaries a streamed hit replays) and merges the deltas the way the OpenAI clients accumulate them: content and
-refusal concatenated, `tool_calls` assembled per index (id and type set once, name and arguments concatenated),
-the last `finish_reason` per choice, logprob lists concatenated, and `usage` from the chunk that carries it.
-Past the byte cap it drops everything it holds and only keeps the flags, since nothing will be stored.
+boundaries a streamed hit replays) and merges every field of every chunk, unknown ones included, by the rules of
+`gateway.misses.streaming.forms` (strings concatenate, calls merge by index, scalars from the chunk that carries
+them); `convertible` says whether that JSON answer is exact. Past the byte cap it drops everything it holds and only
+keeps the flags, since nothing will be stored.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
 import orjson
 
+from gateway.misses.streaming.forms import CHAT, Assembler
 from gateway.misses.streaming.sse import DONE
 
-CHAT = "chat/completions"
+__all__ = ["CHAT", "Kind", "Recorder", "StreamRecorder", "is_usage_only", "json_object"]
 
 
 class Kind(Enum):
@@ -25,16 +25,6 @@ class Kind(Enum):
     USAGE = "usage"  # a usage-only chunk (`choices: []`): only clients that asked for usage receive it
     DONE = "done"  # the `[DONE]` sentinel
     ERROR = "error"  # an error event inside the 200 stream
-
-
-@dataclass(slots=True)
-class _Choice:
-    role: str | None = None
-    content: list[str] = field(default_factory=list)
-    refusal: list[str] = field(default_factory=list)
-    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
-    logprobs: dict[str, Any] | None = None
-    finish_reason: str | None = None
 
 
 def json_object(payload: bytes) -> dict[str, Any] | None:
@@ -62,6 +52,9 @@ class StreamRecorder(Protocol):
     def complete(self) -> bool: ...
 
     @property
+    def convertible(self) -> bool: ...
+
+    @property
     def finish_reasons(self) -> list[str | None]: ...
 
     @property
@@ -86,8 +79,7 @@ class Recorder:
         self.error = False  # an error event, or a payload that is not a JSON object
         self.too_large = False
         self._bytes = 0
-        self._head: dict[str, Any] = {}
-        self._choices: dict[int, _Choice] = {}
+        self._assembler = Assembler(endpoint)
 
     def feed(self, payload: bytes) -> Kind:
         """Record one data payload; its kind tells the tee how to forward it."""
@@ -98,28 +90,36 @@ class Recorder:
         if doc is None or self.done:
             self.error = True  # not a completion chunk, or data after [DONE]: forwarded, never stored
             return Kind.CHUNK
-        if doc.get("error"):
+        if doc.get("error") is not None:  # policy.error_body's rule, for a chunk
             self.error = True
             return Kind.ERROR
         self._record(payload)
         if not self.too_large:
-            self._merge(doc)
+            if isinstance(doc.get("usage"), dict):
+                self.usage = doc["usage"]
+            self._assembler.feed(doc)
         return Kind.USAGE if is_usage_only(doc) else Kind.CHUNK
 
     @property
     def complete(self) -> bool:
         """A clean end: [DONE] seen, no error, and every choice finished (DESIGN §4)."""
+        choices = self._assembler.choices
         return (
             self.done
             and not self.error
             and not self.too_large
-            and bool(self._choices)
-            and all(c.finish_reason is not None for c in self._choices.values())
+            and bool(choices)
+            and all(c.finish_reason is not None for c in choices.values())
         )
 
     @property
+    def convertible(self) -> bool:
+        """Whether `body` is the exact JSON form of the stream (`forms`: no member of unknown merge rule twice)."""
+        return self._assembler.convertible
+
+    @property
     def finish_reasons(self) -> list[str | None]:
-        return [c.finish_reason for c in self._choices.values()]
+        return [c.finish_reason for c in self._assembler.choices.values()]
 
     @property
     def recorded_bytes(self) -> int:
@@ -128,24 +128,11 @@ class Recorder:
     def discard(self) -> None:
         """Drop the partial data (called in the tee's `finally`, whatever the outcome)."""
         self.chunks = []
-        self._choices = {}
-        self._head = {}
+        self._assembler = Assembler(self.endpoint)
 
     def body(self) -> bytes:
-        """The assembled non-stream completion (`chat.completion` or `text_completion`)."""
-        choices = [self._choice_body(i, c) for i, c in sorted(self._choices.items())]
-        doc: dict[str, Any] = {
-            "id": self._head.get("id"),
-            "object": "chat.completion" if self.endpoint == CHAT else "text_completion",
-            "created": self._head.get("created"),
-            "model": self._head.get("model"),
-        }
-        if self._head.get("system_fingerprint") is not None:
-            doc["system_fingerprint"] = self._head["system_fingerprint"]
-        doc["choices"] = choices
-        if self.usage is not None:
-            doc["usage"] = self.usage
-        return orjson.dumps(doc)
+        """The assembled non-stream completion (`chat.completion` or `text_completion`), every field kept."""
+        return orjson.dumps(self._assembler.body())
 
     def _record(self, payload: bytes) -> None:
         self._bytes += len(payload)
@@ -154,76 +141,3 @@ class Recorder:
             self.discard()
         elif not self.too_large:
             self.chunks.append(payload)
-
-    def _merge(self, doc: dict[str, Any]) -> None:
-        for name in ("id", "created", "model", "system_fingerprint"):
-            if name not in self._head and doc.get(name) is not None:
-                self._head[name] = doc[name]
-        if isinstance(doc.get("usage"), dict):
-            self.usage = doc["usage"]
-        for raw in doc.get("choices") or ():
-            if not isinstance(raw, dict):
-                continue
-            index = raw.get("index", 0)
-            choice = self._choices.setdefault(index if isinstance(index, int) else 0, _Choice())
-            if self.endpoint == CHAT:
-                _merge_delta(choice, raw.get("delta") or {})
-            elif isinstance(raw.get("text"), str):
-                choice.content.append(raw["text"])
-            if isinstance(raw.get("logprobs"), dict):
-                choice.logprobs = _merge_lists(choice.logprobs, raw["logprobs"])
-            if raw.get("finish_reason") is not None:
-                choice.finish_reason = raw["finish_reason"]
-
-    def _choice_body(self, index: int, c: _Choice) -> dict[str, Any]:
-        text = "".join(c.content)
-        if self.endpoint != CHAT:
-            return {"index": index, "text": text, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
-        message: dict[str, Any] = {
-            "role": c.role or "assistant",
-            "content": text if text or not (c.tool_calls or c.refusal) else None,
-        }
-        if c.refusal:
-            message["refusal"] = "".join(c.refusal)
-        if c.tool_calls:
-            message["tool_calls"] = [c.tool_calls[i] for i in sorted(c.tool_calls)]
-        return {"index": index, "message": message, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
-
-
-def _merge_delta(choice: _Choice, delta: dict[str, Any]) -> None:
-    if isinstance(delta.get("role"), str):
-        choice.role = delta["role"]
-    if isinstance(delta.get("content"), str):
-        choice.content.append(delta["content"])
-    if isinstance(delta.get("refusal"), str):
-        choice.refusal.append(delta["refusal"])
-    for call in delta.get("tool_calls") or ():
-        if not isinstance(call, dict):
-            continue
-        index = call.get("index", 0)
-        slot = choice.tool_calls.setdefault(
-            index if isinstance(index, int) else 0,
-            {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
-        )
-        if call.get("id") is not None:
-            slot["id"] = call["id"]
-        if call.get("type") is not None:
-            slot["type"] = call["type"]
-        function = call.get("function") or {}
-        for part in ("name", "arguments"):
-            if isinstance(function.get(part), str):
-                slot["function"][part] += function[part]
-
-
-def _merge_lists(into: dict[str, Any] | None, part: dict[str, Any]) -> dict[str, Any]:
-    """Logprobs arrive as parallel lists per chunk (`content`, or `tokens`/`token_logprobs`/...): concatenate."""
-    merged = into if into is not None else {}
-    for name, value in part.items():
-        if isinstance(value, list):
-            if isinstance(merged.get(name), list):
-                merged[name].extend(value)
-            else:
-                merged[name] = list(value)
-        elif value is not None or name not in merged:
-            merged[name] = value
-    return merged

@@ -52,6 +52,11 @@ class ResponsesRecorder:
         self._bytes = 0
         self._response: dict[str, Any] | None = None
 
+    @property
+    def convertible(self) -> bool:
+        """Always: the terminal event carries the whole response, the JSON form as the upstream answers it."""
+        return True
+
     def feed(self, payload: bytes) -> Kind:
         doc = json_object(payload)
         if doc is None or self.done:
