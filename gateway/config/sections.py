@@ -50,6 +50,9 @@ class ServerConfig:
     tenant_trusted_cidrs: tuple[str, ...] = ()  # proxies whose tenant_header is honoured
     tenant_proxy_secret: str = ""  # or: requests carrying X-Tokenedge-Proxy-Secret with this value
     credential_headers: tuple[str, ...] = ()  # extra headers that identify the caller upstream (in the scope)
+    # Headers the operator knows the upstream never answers by (an ingress's own ids): transport, not key material
+    # (gateway/keys/parts.py). Every other unclassified header splits keys.
+    transport_headers: tuple[str, ...] = ()
     refuse_anonymous: bool = (
         False  # 401 for cacheable requests with no credential instead of the shared `anon`
     )

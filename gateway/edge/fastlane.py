@@ -1,10 +1,12 @@
 """The fast lane: a known request's fresh hit answered from the connection's read, before aiohttp parses it.
 
 The one lane beside the ordinary handler path (router, middleware, handler). It keys on what matters, never on raw
-request bytes: the route, the body (the request memo knows its canonical key), the request's own credential headers
-(its scope, `hits.scope`, computed from this request), the model's current revision. Any other header (an ingress's
-`X-Request-Id`, `traceparent`, `X-Varnish`, `CF-Ray`) changes nothing; a conditional, cache-directive, debug,
-framing or `Connection: close` header sends the request the ordinary way.
+request bytes, and reuses only a key the intake pipeline derived (gateway.intake.pipeline) in this request's whole
+context: the route, the body (the request memo knows its canonical key), the request's own credential headers (its
+scope, `hits.scope`, computed from this request), its key-material headers (the request table, gateway.keys.parts),
+the model's current revision and the tokenizer identity the route keys by. Transport headers (an ingress's
+`X-Request-Id`, `traceparent`, `X-Varnish`, `CF-Ray`) change nothing; a query string, a conditional,
+cache-directive, debug, framing or `Connection: close` header sends the request the ordinary way.
 
 What it keeps of the ordinary path:
 - Order: it answers only when every request before it on the connection has been answered (the connection counts
@@ -42,6 +44,7 @@ from gateway.hits.verdict import Verdict, judge
 from gateway.keys.cache_control import NO_DIRECTIVES
 from gateway.keys.entry import Entry
 from gateway.keys.memo import MAX_MEMO_BODY_BYTES, ParsedRequest
+from gateway.keys.parts import Part, wire_material
 from gateway.keys.policy import CACHEABLE_ENDPOINTS, Lookup, decide
 from gateway.keys.validate import is_json_media
 from gateway.ops.dashboard.hotkeys import prompt_text
@@ -49,6 +52,7 @@ from gateway.ops.reqrecord import DEBUG_HEADER, handler_done
 from gateway.ops.timing import StageTimer
 from gateway.tiers.base import L2Unavailable
 from gateway.tiers.tiered import Found
+from gateway.tokens.keyform import TOKEN_LEVELS, key_tokenizer_now
 from gateway.web.errors import GatewayError
 
 log = logging.getLogger("tokenedge.fastlane")
@@ -60,7 +64,9 @@ _HEAD = re.compile(
     rb"POST /v1/(" + _ROUTES + rb") HTTP/1\.1\r\n"
     rb"((?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[^\x00-\x08\x0a-\x1f\x7f]*\r\n)*)\r\n"
 )
-SLOW, CREDENTIAL, LENGTH, CTYPE, CONNECTION, HOST = range(6)
+SLOW, CREDENTIAL, LENGTH, CTYPE, CONNECTION, HOST, KEYED, IGNORED = range(8)
+_PARTS = {Part.CREDENTIAL: CREDENTIAL, Part.KEYED: KEYED}  # anything else: transport, never read here
+MAX_KINDS = 4096  # header names classified and remembered per process (client-chosen: bounded)
 # Request headers that send a request the ordinary way: conditionals (RFC 9110 §13), cache directives (the policy
 # reads them), the admin debug header (Server-Timing), and framing a plain request does not have.
 SLOW_HEADERS = (
@@ -123,26 +129,48 @@ class Head:
     credentials: tuple[tuple[bytes, bytes], ...]  # (lower-case name, raw value), in request order
     body_at: int
     length: int
+    keyed: tuple[tuple[bytes, bytes], ...] = ()  # key-material headers (gateway.keys.parts), in request order
+
+    def wire(self) -> bytes:
+        """The key material of the headers, as the ordinary path computes it (`Tenancy.classify`)."""
+        if not self.keyed:
+            return b""
+        pairs = [(n.decode("latin-1"), v.decode("utf-8", "surrogateescape")) for n, v in self.keyed]
+        return wire_material(pairs, ())
 
 
-def plain_head(data: bytes, kinds: dict[bytes, int]) -> Head | None:
+def _kind(kinds: dict[bytes, int], lower: bytes, part: Callable[[str], Part]) -> int:
+    """A header name's kind, classified by the request table the first time it is seen."""
+    kind = kinds.get(lower)
+    if kind is None:
+        kind = _PARTS.get(part(lower.decode("latin-1")), IGNORED)
+        if len(kinds) < MAX_KINDS:
+            kinds[lower] = kind
+    return kind
+
+
+def plain_head(data: bytes, kinds: dict[bytes, int], part: Callable[[str], Part]) -> Head | None:
     """The head of the request `data` starts, when the lane may answer it; else None."""
     match = _HEAD.match(data)
     if match is None:
         return None
     length, hosts = -1, 0
     credentials: list[tuple[bytes, bytes]] = []
+    keyed: list[tuple[bytes, bytes]] = []
     for line in match.group(2).split(b"\r\n")[:-1]:
         name, _, value = line.partition(b":")
         lower = name.lower()
-        kind = kinds.get(lower)
-        if kind is None:
+        kind = _kind(kinds, lower, part)
+        if kind == IGNORED:
             continue
         if kind == SLOW:
             return None
         value = value.strip(b" \t")
         if kind == CREDENTIAL:
-            credentials.append((lower, value))
+            if value:  # a blank credential is none (Tenancy.split)
+                credentials.append((lower, value))
+        elif kind == KEYED:
+            keyed.append((lower, value))
         elif kind == LENGTH:
             if length >= 0 or not value.isdigit() or len(value) > 9:
                 return None
@@ -150,13 +178,16 @@ def plain_head(data: bytes, kinds: dict[bytes, int]) -> Head | None:
         elif kind == CTYPE:
             if not _json_type(value):
                 return None
+            keyed.append((lower, value))  # key material like any header the upstream reads
         elif kind == HOST:
             hosts += 1
         elif b"close" in value.lower() or b"upgrade" in value.lower():
             return None  # aiohttp closes (or upgrades) as the request asks
     if length <= 0 or hosts != 1:  # RFC 9112 §3.2: HTTP/1.1 without exactly one Host is the parser's 400
         return None
-    return Head(match.group(1).decode(), match.group(2), tuple(credentials), match.end(), length)
+    return Head(
+        match.group(1).decode(), match.group(2), tuple(credentials), match.end(), length, tuple(keyed)
+    )
 
 
 def _lookup(parsed: ParsedRequest, state: EdgeState, endpoint: str) -> Lookup | None:
@@ -175,18 +206,31 @@ def _lookup(parsed: ParsedRequest, state: EdgeState, endpoint: str) -> Lookup | 
     return fast if isinstance(fast, Lookup) else None
 
 
-def keyed(state: EdgeState, endpoint: str, raw: bytes, scope: Callable[[], str]) -> Known | None:
-    """The key the ordinary path last derived for these body bytes, when it was for this caller (`scope`, asked
-    only once the rest holds) and the model's current revision; else None (the ordinary path derives it)."""
+def keyed(
+    state: EdgeState, endpoint: str, raw: bytes, scope: Callable[[], str], wire: Callable[[], bytes]
+) -> Known | None:
+    """The key the ordinary path last derived for these body bytes, when it was derived in this request's whole
+    context (gateway.intake.pipeline): this caller (`scope`, asked only once the rest holds), the model's current
+    revision, the tokenizer identity the route keys by now, and these headers' key material (`wire`); else None
+    (the ordinary path derives it)."""
     parsed = state.memo.get(endpoint, raw)
     lookup = _lookup(parsed, state, endpoint) if parsed is not None else None
     if parsed is None or lookup is None:
         return None
-    revision = state.catalog.fresh_revision(parsed.body["model"])
+    model = parsed.body["model"]
+    revision = state.catalog.fresh_revision(model)
     if revision is None:
         return None
     key, context = parsed.key, parsed.key_context
-    if key is None or context is None or context[1] != revision or context[0] != scope():
+    if key is None or context is None or context[1] != revision:
+        return None
+    if state.config.routes[endpoint].level in TOKEN_LEVELS:
+        tok = key_tokenizer_now(state, endpoint, model, revision)
+        if tok is None or tok.version != context[2]:
+            return (
+                None  # not known without an await, or changed (a remote engine's template): the ordinary path
+            )
+    if context[3] != wire() or context[0] != scope():
         return None
     return Known(parsed, key.key, revision, endpoint, lookup.needs_usage)
 
@@ -208,20 +252,23 @@ class FastLane:
         self._state = state
         tenancy = state.tenancy
         assert tenancy is not None, "tenancy_ctx runs before the server starts"
-        self._kinds = header_kinds(tenancy.credential_headers)
+        self._kinds = dict(header_kinds(tenancy.credential_headers))
+        self._part = tenancy.part
         self._max_body = min(MAX_MEMO_BODY_BYTES, state.config.server.max_body_bytes)
 
     def take(self, data: bytes, conn: Connection) -> tuple[int, int]:
         """(verdict, bytes used): SERVED (the hit is written), PENDING (an L2 read; the connection holds what comes
         next and `lane_settled` follows), or NOT_SERVED (nothing used or counted: the bytes go to the parser)."""
-        head = plain_head(data, self._kinds)
+        head = plain_head(data, self._kinds, self._part)
         if head is None or head.length > self._max_body or len(data) < head.body_at + head.length:
             return NOT_SERVED, 0
         used = head.body_at + head.length
         state = self._state
         timer = StageTimer(head.endpoint)
         try:
-            known = keyed(state, head.endpoint, data[head.body_at : used], partial(self._scope, head))
+            known = keyed(
+                state, head.endpoint, data[head.body_at : used], partial(self._scope, head), head.wire
+            )
         except GatewayError:  # a refused credential: the ordinary path answers it as JSON
             return NOT_SERVED, 0
         if known is None:

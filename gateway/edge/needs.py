@@ -8,16 +8,11 @@ from typing import Protocol
 
 from aiohttp import web
 
-from gateway.hits.needs import HitState
-from gateway.keys.memo import RequestMemo
-from gateway.keys.policy import RoutePolicy
-from gateway.upstream.catalog import ModelCatalog
+from gateway.intake.needs import IntakeState
 
 
-class EdgeState(HitState, Protocol):
-    memo: RequestMemo
-    policies: dict[str, RoutePolicy]  # per cacheable endpoint
-    catalog: ModelCatalog
+class EdgeState(IntakeState, Protocol):
+    """Intake's state: the lane reuses what the intake pipeline memoized."""
 
 
 EDGE_STATE: web.AppKey[EdgeState] = web.AppKey("tokenedge_edge_state")

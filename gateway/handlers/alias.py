@@ -8,20 +8,21 @@ so key existence does not leak).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import orjson
 from aiohttp import web
 
 from gateway.config.settings import CACHEABLE_ENDPOINTS
 from gateway.hits.respond import json_answer
-from gateway.hits.scope import key_scope, scope_of
+from gateway.hits.scope import scope_of
 from gateway.hits.verdict import Verdict, judge
-from gateway.keys.cache_control import parse_request_cache_control
-from gateway.keys.canonical import CanonicalizationError
-from gateway.keys.derive import PUBLIC_SCOPE, derive_key, parse_key
-from gateway.keys.policy import USAGE_ENDPOINTS, Lookup, decide
+from gateway.intake.pipeline import admit, resolve_key
+from gateway.keys.derive import PUBLIC_SCOPE, parse_key
+from gateway.keys.memo import ParsedRequest
+from gateway.keys.policy import USAGE_ENDPOINTS, Lookup
 from gateway.keys.validate import parse_object, read_body, validate
 from gateway.state import STATE
-from gateway.tokens.keyform import NOT_TOKEN_LEVEL, TOKEN_LEVELS, key_form, key_tokenizer
 from gateway.upstream.http import forward_headers
 from gateway.web.errors import BadRequest, NotFound
 
@@ -33,19 +34,28 @@ async def get_alias(request: web.Request) -> web.StreamResponse:
         raise NotFound("no such cache entry")
     if parsed.scope != PUBLIC_SCOPE and scope_of(request, state) != parsed.scope:
         raise NotFound("no such cache entry")
-    found = await state.cache.get(parsed.key)
+    found = await state.cache.get(parsed.key)  # P3, P4: back-filled and answered only if no purge raced it
+    if found is None:
+        raise NotFound("no such cache entry")
+    revision = state.catalog.fresh_revision(found.entry.model)
+    if revision is None:  # the catalog asks the upstream first; read again after it, so no purge slips between
+        fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
+        revision = await state.catalog.revision(found.entry.model, fwd)
+        found = await state.cache.get(parsed.key)
     now = state.clock()
     if (
         found is None
-        or judge(found.entry, now, needs_usage=found.entry.endpoint in USAGE_ENDPOINTS) is not Verdict.HIT
-    ):
+        or judge(found.entry, now, revision=revision, needs_usage=found.entry.endpoint in USAGE_ENDPOINTS)
+        is not Verdict.HIT
+    ):  # P6: an old revision's entry is not served once the new revision is known
         raise NotFound("no such cache entry")
     return json_answer(request, state, found.entry, now, found.tier, None)
 
 
 async def explain(request: web.Request) -> web.Response:
-    """The canonical form, the level actually used, the key and the decision for a request, without a completion
-    call (like a lookup, it may read the upstream's `/v1/models` and, at the `tokens` level, its tokenizer)."""
+    """The route's own decision and key for a request, without a completion call: the intake pipeline the route
+    runs (gateway.intake.pipeline), with this request's headers and query string as the route would see them
+    (like a lookup, it may read the upstream's `/v1/models` and, at the `tokens` level, its tokenizer)."""
     state = request.app[STATE]
     doc = parse_object(await read_body(request, state.config.server.max_body_bytes))
     endpoint = doc.get("endpoint", "chat/completions")
@@ -55,39 +65,27 @@ async def explain(request: web.Request) -> web.Response:
     if not isinstance(body, dict):
         raise BadRequest("'request' must be the request body object to explain", param="request")
     validate(endpoint, body)
-    route = state.config.routes[endpoint]
-    directives = parse_request_cache_control(
-        request.headers.get("Cache-Control"), request.headers.get("Pragma")
-    )
-    decision = decide(endpoint, body, directives, state.policies[endpoint])
-    fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
-    revision = await state.catalog.revision(body["model"], fwd)  # `GET /v1/models` at most, as a lookup does
-    tok = NOT_TOKEN_LEVEL
-    if route.level in TOKEN_LEVELS:
-        tok = await key_tokenizer(state, endpoint, body["model"], revision, lambda: fwd)
-    try:
-        form = await key_form(state, route.level, endpoint, body, tok, lambda: fwd)
-    except CanonicalizationError as exc:
-        raise BadRequest(str(exc)) from None
-    level, canonical = form.level, form.form
-    scope = key_scope(request, state, endpoint)
-    key = derive_key(
-        scope=scope, endpoint=endpoint, level=level, model_revision=revision, canonical=canonical
-    )
+    prep = await admit(request, state, endpoint, ParsedRequest(endpoint, body), b"")
+    resolved = await resolve_key(request, state, prep)
+    form = resolved.form
+    assert form is not None, "a record outside the memo builds its form"
+    decision = prep.decision
+    if isinstance(decision, Lookup) and decision.seeded:  # admit confirmed it: the upstream promises
+        decision = replace(decision, seeded=False)
     out = {
         "endpoint": endpoint,
-        "level": level.value,
-        "route_level": route.level,
-        "scope": scope,
-        "revision": revision,
-        "canonical": canonical,
+        "level": resolved.level.value,
+        "route_level": state.config.routes[endpoint].level,
+        "scope": resolved.key.scope,
+        "revision": resolved.revision,
+        "canonical": form.form,
         "tokenizer": form.tokenizer or None,
         "fallback": (
             None
             if form.fallback is None
             else {"reason": form.fallback.reason.value, "detail": form.fallback.detail}
         ),
-        "key": key.key,
+        "key": resolved.key.key,
         "decision": (
             {"action": "lookup", "ttl_s": decision.ttl_s, "read": decision.read}
             if isinstance(decision, Lookup)

@@ -1,14 +1,14 @@
 """The cacheable routes (`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`).
 
-parse+validate -> canonicalize -> policy.decide -> Bypass: relay | Lookup: L1 -> L2 -> single-flight -> upstream.
-The upstream always receives the client's own bytes; only the key is built from the canonical form.
+intake (gateway.intake.pipeline: parse, decide, scope, key) -> Bypass: relay | Lookup: L1 -> L2 -> single-flight ->
+upstream. The upstream always receives the client's own bytes; only the key is built from the canonical form.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, replace
-from typing import Any, assert_never
+from dataclasses import replace
+from typing import assert_never
 
 from aiohttp import web
 
@@ -17,14 +17,12 @@ from gateway.hits import headers as hdr
 from gateway.hits import record
 from gateway.hits.lookup import read_cache
 from gateway.hits.respond import json_answer
-from gateway.hits.scope import key_scope, scope_of
-from gateway.keys.cache_control import NO_DIRECTIVES, RequestDirectives, parse_request_cache_control
-from gateway.keys.canonical import CanonicalizationError, Level, canonical_json
-from gateway.keys.derive import PUBLIC_SCOPE, CacheKey, derive_key_from_bytes
+from gateway.hits.scope import scope_of
+from gateway.intake.pipeline import Prepared, Resolved, admit, parsed_of, resolve_key
+from gateway.keys.derive import PUBLIC_SCOPE
 from gateway.keys.entry import Entry
-from gateway.keys.memo import ParsedRequest
-from gateway.keys.policy import Bypass, Lookup, Outcome, Result, confirm_seeded, decide, wants_usage
-from gateway.keys.validate import check_content_type, parse_object, read_body, validate
+from gateway.keys.policy import Bypass, Lookup, Outcome, Result, wants_usage
+from gateway.keys.validate import check_content_type, read_body
 from gateway.misses.answer import (
     Answered,
     AskAgain,
@@ -43,91 +41,14 @@ from gateway.ops.dashboard.hotkeys import PROMPT, prompt_text
 from gateway.ops.reqrecord import handler_done
 from gateway.ops.timing import lap, start_timer, timer_of
 from gateway.state import STATE, GatewayState
-from gateway.tokens.keyform import NOT_TOKEN_LEVEL, TOKEN_LEVELS, key_form, key_tokenizer
 from gateway.tokens.path import check_bypass, upstream_for
 from gateway.upstream.http import forward_headers
-from gateway.web.errors import BadRequest, GatewayError, NotCached, UpstreamError
-
-
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    endpoint: str
-    raw: bytes
-    body: dict[str, Any]
-    directives: RequestDirectives
-    decision: Lookup | Bypass
-    parsed: ParsedRequest
+from gateway.web.errors import GatewayError, NotCached, UpstreamError
 
 
 async def read_request(request: web.Request, state: GatewayState) -> bytes:
     check_content_type(request)
     return await read_body(request, state.config.server.max_body_bytes)
-
-
-def prepare(request: web.Request, state: GatewayState, endpoint: str, raw: bytes) -> Prepared:
-    parsed = state.memo.get(endpoint, raw)
-    if parsed is None:  # first sight of these exact bytes: parse and validate them
-        body = parse_object(raw)
-        validate(endpoint, body)
-        parsed = ParsedRequest(endpoint, body)
-        state.memo.put(endpoint, raw, parsed)
-    cache_control, pragma = request.headers.get("Cache-Control"), request.headers.get("Pragma")
-    directives = (
-        NO_DIRECTIVES
-        if cache_control is None and pragma is None
-        else parse_request_cache_control(cache_control, pragma)
-    )
-    decision = decide(endpoint, parsed.body, directives, state.policies[endpoint])
-    return Prepared(endpoint, raw, parsed.body, directives, decision, parsed)
-
-
-async def confirmed(request: web.Request, state: GatewayState, prep: Prepared) -> Prepared:
-    """A seeded sampled request stays a Lookup only where the upstream promises invariant seeded sampling
-    (`policy.confirm_seeded`); the catalog is asked for those requests only."""
-    decision = prep.decision
-    assert isinstance(decision, Lookup)
-    fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
-    promised = await state.catalog.seeded_invariant(prep.body["model"], fwd)
-    return replace(prep, decision=confirm_seeded(decision, promised=promised))
-
-
-async def cache_key(
-    request: web.Request, state: GatewayState, prep: Prepared, revision: str
-) -> tuple[CacheKey, Level]:
-    """The request's key and the level it was built at (the route's level; `auto` resolved per model).
-
-    Repeated bytes find both in the request memo: no canonicalization, no tokenization, no await once the
-    model's tokenizer is loaded.
-    """
-    route = state.config.routes[prep.endpoint]
-    scope = key_scope(request, state, prep.endpoint)
-
-    def upstream_headers() -> Any:
-        return forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
-
-    tok = NOT_TOKEN_LEVEL
-    if route.level in TOKEN_LEVELS:
-        tok = await key_tokenizer(state, prep.endpoint, prep.body.get("model"), revision, upstream_headers)
-    tokenizer = tok.version
-    parsed = prep.parsed
-    context = (scope, revision, tokenizer)
-    if parsed.key is not None and parsed.key_level is not None and parsed.key_context == context:
-        return parsed.key, parsed.key_level
-    canonical, level = parsed.canonical, parsed.canonical_level
-    if canonical is None or level is None or parsed.canonical_tokenizer != tokenizer:
-        try:  # at most one remote tokenization per new body (a remote engine's ids)
-            form = await key_form(state, route.level, prep.endpoint, prep.body, tok, upstream_headers)
-        except CanonicalizationError as exc:
-            raise BadRequest(str(exc)) from None
-        level, tokenizer = form.level, form.tokenizer  # "" after a transient failure: asked again next time
-        canonical = state.memo.set_canonical(parsed, canonical_json(form.form), level, tokenizer)
-    key = derive_key_from_bytes(
-        scope=scope, endpoint=prep.endpoint, level=level, model_revision=revision, canonical_bytes=canonical
-    )
-    state.memo.set_key(
-        parsed, key, level, (scope, revision, tokenizer)
-    )  # the last (tenant, revision, tokenizer) seen for these bytes
-    return key, level
 
 
 def make_handler(endpoint: str):
@@ -139,9 +60,7 @@ def make_handler(endpoint: str):
         reason: str = Outcome.FAILED
         try:
             raw = await read_request(request, state)
-            prep = prepare(request, state, endpoint, raw)
-            if isinstance(prep.decision, Lookup) and prep.decision.seeded:  # on the upstream's promise only
-                prep = await confirmed(request, state, prep)
+            prep = await admit(request, state, endpoint, parsed_of(state, endpoint, raw), raw)
             if (
                 state.config.dashboard.show_prompts
             ):  # the operator opted in: the hot-keys table shows the text
@@ -195,27 +114,6 @@ async def bypass(
             "Cache-Control": hdr.BYPASS_CACHE_CONTROL,
         },
     )
-
-
-@dataclass(frozen=True, slots=True)
-class Resolved:
-    model: str
-    revision: str
-    key: CacheKey
-    level: Level  # the level the key was built at (Cache-Status detail on misses)
-    forward: Any  # the upstream request headers when already built (a catalog refresh needed them), else None
-
-
-async def resolve_key(request: web.Request, state: GatewayState, prep: Prepared) -> Resolved:
-    """The model revision (no await, no header work while the catalog is fresh) and the request's key."""
-    model = prep.body["model"]
-    revision = state.catalog.fresh_revision(model)
-    fwd: Any = None
-    if revision is None:
-        fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
-        revision = await state.catalog.revision(model, fwd)
-    key, level = await cache_key(request, state, prep, revision)
-    return Resolved(model, revision, key, level, fwd)
 
 
 def fill_request(

@@ -16,7 +16,7 @@ from gateway.hits.needs import HitState
 from gateway.hits.tenancy import Tenancy
 from gateway.keys.derive import PUBLIC_SCOPE
 
-_SCOPE_MEMO: Final = web.RequestKey("tokenedge_scope", str)
+_SCOPE_MEMO: Final = web.RequestKey("tokenedge_scope", tuple[str, bytes])
 Credentials = tuple[
     tuple[bytes, bytes], ...
 ]  # (lower-case name, raw value) of each credential header, in order
@@ -31,10 +31,21 @@ def tenancy_of(state: HitState) -> Tenancy:
 def scope_of(request: web.Request, state: HitState) -> str:
     """The caller's tenant scope (its credentials, or a trusted tenant header), computed once per request; raises
     Unauthorized where the configuration refuses the request."""
-    scope = request.get(_SCOPE_MEMO)
-    if scope is None:
-        scope = request[_SCOPE_MEMO] = tenancy_of(state).scope(request.headers, request.remote)
-    return scope
+    return _classified(request, state)[0]
+
+
+def wire_of(request: web.Request, state: HitState) -> bytes:
+    """The key material of the request's headers and query string (gateway.keys.parts), b"" when none."""
+    return _classified(request, state)[1]
+
+
+def _classified(request: web.Request, state: HitState) -> tuple[str, bytes]:
+    found = request.get(_SCOPE_MEMO)
+    if found is None:
+        found = request[_SCOPE_MEMO] = tenancy_of(state).classify(
+            request.headers, request.remote, request.rel_url.raw_query_string
+        )
+    return found
 
 
 def key_scope(request: web.Request, state: HitState, endpoint: str) -> str:

@@ -1,14 +1,19 @@
 """The tenant scope of a request: who the caller is to the upstream, as a keyed hash (no I/O, no app state).
 
-Scope (DESIGN §3): a keyed BLAKE2b over every request part that identifies the caller to the upstream, so two
-callers share entries only when the upstream would see the same credentials: `Authorization` of any scheme,
-`api-key` (Azure), `x-api-key`, `OpenAI-Organization`, `OpenAI-Project`, and the operator's
-`server.credential_headers`. Every value counts, in a length-prefixed encoding (no two different sets of parts
-hash the same bytes). The key is the deployment's secret (`gateway.hits.secret`), so a scope reveals nothing about a
-credential and every replica computes the same scope. A request with none of these parts is `anon`: all such
-callers share one scope, which is right only when they are indeed the same caller to the upstream;
-`server.refuse_anonymous` makes them a 401 instead. A bounded per-process memo maps the raw credential values to
-their scope (in memory only, like the request itself; never logged or persisted) so a hit pays one dict lookup.
+Scope (design §3): a keyed BLAKE2b over every request part that identifies the caller to the upstream, so two
+callers share entries only when the upstream would see the same credentials. Which parts those are is the request
+table's (`gateway.keys.parts`): `Authorization` of any scheme, `api-key` (Azure), `x-api-key`, `Cookie`,
+`OpenAI-Organization`, `OpenAI-Project`, every credential-looking header name (`*-key`, `*api-key*`, `*token*`,
+`x-auth*`, ...), the operator's `server.credential_headers`, and the query's credential-looking parameters
+(`?key=`, `?api-key=`, `?subscription-key=`, ...). Every value counts, in a length-prefixed encoding (no two
+different sets of parts hash the same bytes), headers by name (RFC 9110 §5.3: the order of differently named
+fields carries nothing), query parameters in order. The key is the deployment's secret (`gateway.hits.secret`), so a
+scope reveals nothing about a credential and every replica computes the same scope. A request with none of these
+parts is `anon`: all such callers share one scope, which is right only when they are indeed the same caller to the
+upstream; `server.refuse_anonymous` makes them a 401 instead. The same pass collects the request's key-material
+headers and query parameters (`wire`, for the key's digest). A bounded per-process memo maps the raw credential
+values to their scope (in memory only, like the request itself; never logged or persisted) so a hit pays one dict
+lookup.
 
 Trusted tenant header: `server.tenant_header` names the tenant only on requests from a trusted proxy (a peer in
 `server.tenant_trusted_cidrs`, or a request carrying `X-Tokenedge-Proxy-Secret` equal to
@@ -26,10 +31,11 @@ from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
 from gateway.config.settings import ServerConfig
+from gateway.keys.parts import CREDENTIAL_HEADERS, Part, header_part, query_pairs, query_part, wire_material
 from gateway.web.errors import Unauthorized
 
 ANONYMOUS_SCOPE: Final = "anon"
-CREDENTIAL_HEADERS: Final = ("authorization", "api-key", "x-api-key", "openai-organization", "openai-project")
+Pairs = tuple[tuple[str, str], ...]
 PROXY_SECRET_HEADER: Final = "X-Tokenedge-Proxy-Secret"
 _PERSON: Final = b"te-scope"
 MEMO_ENTRIES: Final = 4096  # distinct credential sets remembered per process (cleared when full)
@@ -40,16 +46,21 @@ _K = TypeVar("_K", bound=Hashable)
 @dataclass(frozen=True, slots=True)
 class Tenancy:
     secret: bytes
-    credential_headers: tuple[str, ...]  # lower-case names, the built-in ones first
+    credential_headers: tuple[str, ...]  # lower-case names, the built-in ones first (more match by pattern)
     tenant_header: str
     trusted: tuple[Network, ...]
     proxy_secret: str
     refuse_anonymous: bool
-    _memo: dict[tuple[tuple[str, ...], ...], str] = field(default_factory=dict, compare=False, repr=False)
+    transport_headers: frozenset[str] = frozenset()  # the operator's `server.transport_headers`, lower-case
+    _memo: dict[tuple[Pairs, Pairs], str] = field(default_factory=dict, compare=False, repr=False)
     # The fast lane's key: each credential header's (lower-case name, raw value), in request order.
     _raw_memo: dict[tuple[tuple[bytes, bytes], ...], str] = field(
         default_factory=dict, compare=False, repr=False
     )
+    _credential_set: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_credential_set", frozenset(self.credential_headers))
 
     @classmethod
     def from_config(cls, server: ServerConfig, secret: bytes) -> Tenancy:
@@ -61,7 +72,32 @@ class Tenancy:
             trusted=tuple(ipaddress.ip_network(c, strict=False) for c in server.tenant_trusted_cidrs),
             proxy_secret=server.tenant_proxy_secret,
             refuse_anonymous=server.refuse_anonymous,
+            transport_headers=frozenset(h.lower() for h in server.transport_headers),
         )
+
+    def part(self, name: str) -> Part:
+        """What the lower-case header `name` is to the cache (gateway.keys.parts)."""
+        return header_part(name, self._credential_set, self.transport_headers)
+
+    def split(self, headers: Mapping[str, str], query: str = "") -> tuple[Pairs, Pairs, bytes]:
+        """(credential headers sorted by name, credential query pairs, the key material of the other headers and
+        query pairs): one pass over the request's parts, each classified by the request table."""
+        creds: list[tuple[str, str]] = []
+        keyed: list[tuple[str, str]] = []
+        for name, value in headers.items():
+            lower = name.lower()
+            kind = self.part(lower)
+            if kind is Part.CREDENTIAL:
+                if value.strip():
+                    creds.append((lower, value))
+            elif kind is Part.KEYED:
+                keyed.append((lower, value))
+        creds.sort(key=lambda p: p[0])  # stable: a name's values stay in request order
+        qcreds: list[tuple[str, str]] = []
+        qkeyed: list[tuple[str, str]] = []
+        for pair in query_pairs(query):
+            (qcreds if query_part(pair[0]) is Part.CREDENTIAL else qkeyed).append(pair)
+        return tuple(creds), tuple(qcreds), wire_material(keyed, qkeyed)
 
     def is_trusted(self, headers: Mapping[str, str], peer: str | None) -> bool:
         """A trusted proxy: a peer in the trusted CIDRs, or the shared proxy secret (compared in constant time)."""
@@ -77,22 +113,24 @@ class Tenancy:
             return any(address in network for network in self.trusted)
         return False
 
-    def scope(self, headers: Mapping[str, str], peer: str | None) -> str:
+    def scope(self, headers: Mapping[str, str], peer: str | None, query: str = "") -> str:
         """`t` + 16 hex digits, or `anon`; raises Unauthorized where the configuration refuses the request."""
+        return self.classify(headers, peer, query)[0]
+
+    def classify(self, headers: Mapping[str, str], peer: str | None, query: str = "") -> tuple[str, bytes]:
+        """(the scope, the key material of the request's other headers and query): see `scope`."""
+        creds, qcreds, wire = self.split(headers, query)
         if self.tenant_header and self.is_trusted(headers, peer):
             value = headers.get(self.tenant_header, "").strip()
             if not value:
                 raise Unauthorized(f"the trusted proxy sent no {self.tenant_header} header")
-            return self._hash(((b"tenant", value.encode("utf-8", "surrogateescape")),))
-        getall = getattr(headers, "getall", None)
-        if getall is not None:  # the hot path: a memo keyed by the raw values (same hash, no re-encoding)
-            raw = tuple(tuple(getall(name, ())) for name in self.credential_headers)
-            scope = _remembered(self._memo, raw, lambda: self._credential_scope(headers))
-        else:
-            scope = self._credential_scope(headers)
+            return self._hash(((b"tenant", value.encode("utf-8", "surrogateescape")),)), wire
+        scope = _remembered(self._memo, (creds, qcreds), lambda: self._credential_scope(creds, qcreds))
         if scope == ANONYMOUS_SCOPE and self.refuse_anonymous:
-            raise Unauthorized("a credential is required (Authorization, api-key or x-api-key)")
-        return scope
+            raise Unauthorized(
+                "a credential is required (Authorization, api-key, x-api-key or a key parameter)"
+            )
+        return scope, wire
 
     def scope_of_raw(self, raw: tuple[tuple[bytes, bytes], ...], compute: Callable[[], str]) -> str:
         """The scope of a request whose credential headers are `raw` ((lower-case name, value) in request order;
@@ -100,8 +138,9 @@ class Tenancy:
         the same scope. `compute` (the request's `scope`) runs on a miss and may raise; a refusal is not kept."""
         return _remembered(self._raw_memo, raw, compute)
 
-    def _credential_scope(self, headers: Mapping[str, str]) -> str:
-        parts = tuple(credential_parts(headers, self.credential_headers))
+    def _credential_scope(self, creds: Pairs, qcreds: Pairs) -> str:
+        parts = [_encoded(name, value) for name, value in creds]
+        parts += [_encoded("?" + name, value) for name, value in qcreds]  # "?" keeps the two namespaces apart
         return self._hash(parts) if parts else ANONYMOUS_SCOPE
 
     def _hash(self, parts: Iterable[tuple[bytes, bytes]]) -> str:
@@ -111,14 +150,8 @@ class Tenancy:
         return "t" + digest.hexdigest()
 
 
-def credential_parts(headers: Mapping[str, str], names: Iterable[str]) -> Iterable[tuple[bytes, bytes]]:
-    """(name, value) for every non-blank value of every credential header, in a fixed order."""
-    getall = getattr(headers, "getall", None)
-    for name in names:
-        values = getall(name, ()) if getall is not None else ([headers[name]] if name in headers else [])
-        for value in values:
-            if value.strip():
-                yield name.encode(), value.encode("utf-8", "surrogateescape")
+def _encoded(name: str, value: str) -> tuple[bytes, bytes]:
+    return name.encode("utf-8", "surrogateescape"), value.encode("utf-8", "surrogateescape")
 
 
 def _remembered(memo: dict[_K, str], key: _K, compute: Callable[[], str]) -> str:

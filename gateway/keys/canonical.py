@@ -27,6 +27,7 @@ from typing import Any, Final, assert_never
 import orjson
 
 from gateway.keys.jsonvalue import CanonicalizationError, plain_json
+from gateway.keys.parts import TRANSPORT_FIELDS
 from gateway.keys.textnorm import aggressive_text, normalized_text
 
 # Part of every key, so a change here leaves old entries unreachable (a miss, never a wrong hit; no migration).
@@ -68,21 +69,6 @@ TEXT_FIELDS: Final[Mapping[str, str]] = MappingProxyType(
 
 
 TextFn = Callable[[str], str]
-
-# Fields that never change the answer, only its transport or bookkeeping (DESIGN §2).
-NON_SEMANTIC: Final = frozenset(
-    {
-        "stream",
-        "stream_options",
-        "user",
-        "safety_identifier",
-        "prompt_cache_key",
-        "metadata",
-        "store",
-        "service_tier",
-        "request_id",
-    }
-)
 
 # Maps whose member order no upstream reads: sorted, like the request's and each message's own keys.
 ORDER_FREE_MAPS: Final = frozenset({"logit_bias", "metadata"})
@@ -154,7 +140,7 @@ def canonicalize(endpoint: str, body: Mapping[str, Any], level: Level) -> dict[s
     request = plain_json(body)  # a validated deep copy: everything below may edit it in place
     if not isinstance(request, dict):
         raise CanonicalizationError("the request body must be a JSON object")
-    for name in NON_SEMANTIC & request.keys():
+    for name in TRANSPORT_FIELDS[endpoint] & request.keys():  # the request table (gateway.keys.parts)
         del request[name]
     _elide_defaults(request, _DEFAULTS[endpoint])
     match endpoint:

@@ -59,7 +59,13 @@ def tenant_scope(credential: str | None) -> str:
 
 
 def derive_key(
-    *, scope: str, endpoint: str, level: Level, model_revision: str, canonical: Mapping[str, Any]
+    *,
+    scope: str,
+    endpoint: str,
+    level: Level,
+    model_revision: str,
+    canonical: Mapping[str, Any],
+    wire: bytes = b"",
 ) -> CacheKey:
     """The key of a canonical request (from `canonicalize`) in `scope`; BLAKE2b-256 of canonical JSON."""
     return derive_key_from_bytes(
@@ -68,16 +74,19 @@ def derive_key(
         level=level,
         model_revision=model_revision,
         canonical_bytes=canonical_json(canonical),
+        wire=wire,
     )
 
 
 def derive_key_from_bytes(
-    *, scope: str, endpoint: str, level: Level, model_revision: str, canonical_bytes: bytes
+    *, scope: str, endpoint: str, level: Level, model_revision: str, canonical_bytes: bytes, wire: bytes = b""
 ) -> CacheKey:
     """`derive_key` over an already serialized canonical request (the hot path memoizes those bytes).
 
     The material is exactly `canonical_json({"v", "endpoint", "level", "revision", "request"})`, spelled out in
-    sorted key order so the request is not walked again.
+    sorted key order so the request is not walked again, then, when the request's headers or query carry key
+    material (`gateway.keys.parts.wire_material`), a newline and those bytes (canonical JSON holds no raw newline,
+    so the two parts cannot be confused).
     """
     material = b"".join(
         (
@@ -92,6 +101,7 @@ def derive_key_from_bytes(
             b',"v":',
             str(CANON_VERSION).encode(),
             b"}",
+            b"\n" + wire if wire else b"",
         )
     )
     return CacheKey(scope=scope, digest=hashlib.blake2b(material, digest_size=32).hexdigest())

@@ -22,6 +22,9 @@ from gateway.keys.derive import CacheKey
 from gateway.keys.sizing import compact, held, json_held
 
 MAX_MEMO_BODY_BYTES = 64 * 1024
+# What a key was derived for besides the body: (scope, revision, tokenizer identity, the headers' and query's key
+# material, gateway.keys.parts.wire_material).
+KeyContext = tuple[str, str, str, bytes]
 SLOT_BYTES = 104  # an OrderedDict slot (see gateway.tiers.memory)
 
 
@@ -37,7 +40,7 @@ class ParsedRequest:
     canonical_tokenizer: str = ""
     key: CacheKey | None = None  # the last key derived, for `key_context`
     key_level: Level | None = None
-    key_context: tuple[str, str, str] | None = None  # (scope, revision, tokenizer version)
+    key_context: KeyContext | None = None
     fast: object = (
         None  # gateway.edge.fastlane's policy decision without request directives, once it has looked
     )
@@ -47,10 +50,10 @@ def _key_bytes(key: CacheKey | None) -> int:
     return 0 if key is None else held(key) + held(key.scope) + held(key.digest)
 
 
-def _context_bytes(context: tuple[str, str, str] | None) -> int:
+def _context_bytes(context: KeyContext | None) -> int:
     """The tuple (its strings are shared: the scope is the key's, the revision the catalog's, the tokenizer
-    version the registry's)."""
-    return 0 if context is None else held(context)
+    version the registry's) and the wire bytes, which are this record's own."""
+    return 0 if context is None else held(context) + held(context[3])
 
 
 class RequestMemo:
@@ -86,9 +89,7 @@ class RequestMemo:
         parsed.canonical, parsed.canonical_level, parsed.canonical_tokenizer = canonical, level, tokenizer
         return canonical
 
-    def set_key(
-        self, parsed: ParsedRequest, key: CacheKey, level: Level, context: tuple[str, str, str]
-    ) -> None:
+    def set_key(self, parsed: ParsedRequest, key: CacheKey, level: Level, context: KeyContext) -> None:
         self._charge(
             parsed,
             _key_bytes(key)

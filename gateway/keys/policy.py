@@ -22,7 +22,20 @@ RESPONSES = "responses"
 USAGE_ENDPOINTS = frozenset({"chat/completions", "completions", RESPONSES})
 # Responses tools the upstream runs itself: their results follow the world (a search, a file store), not the input.
 _CLIENT_TOOLS = frozenset({"function", "custom"})
-_DETERMINISTIC_ENDPOINTS = frozenset({"embeddings"})  # the same input always embeds to the same vector
+_DETERMINISTIC_ENDPOINTS = frozenset({"embeddings"})
+# Where each endpoint's input is (chat messages, a prompt, Responses input items).
+TEXT_FIELD = {
+    "chat/completions": "messages",
+    "completions": "prompt",
+    "embeddings": "input",
+    RESPONSES: "input",
+}
+_DRAWING_SAMPLERS = (
+    "xtc_probability",
+    "dynatemp_range",
+    "mirostat",
+    "mirostat_mode",
+)  # the same input always embeds to the same vector
 # Upstream answers about the caller, not about the request: on a public route a coalesced follower (maybe another
 # tenant) must not be handed the leader's refusal.
 CREDENTIAL_REFUSALS = frozenset({401, 403, 429})
@@ -43,7 +56,13 @@ class Reason(StrEnum):
     STATEFUL = (
         "stateful"  # a Responses request the upstream keeps or continues (store, previous_response_id, ...)
     )
-    HOSTED_TOOL = "hosted-tool"  # a Responses tool the upstream runs (web search, file search, ...)
+    HOSTED_TOOL = "hosted-tool"  # a tool the upstream runs (web search, file search, ...): live results
+    REMOTE_INPUT = (
+        "remote-input"  # an input by reference to mutable content (an http(s) URL, a file id, an item)
+    )
+    SAMPLER = (
+        "sampler"  # an engine sampler that draws even at temperature 0 (llama.cpp's XTC, dynamic temperature)
+    )
     # store_refusal(): the response is forwarded but not stored
     STATUS = "status"  # not HTTP 200
     INCOMPLETE = "incomplete"  # the stream ended without [DONE], or a choice was aborted
@@ -143,10 +162,11 @@ def decide(
     if directives.no_store:
         # RFC 9111 §5.2.1.5 only forbids storing; DESIGN §4 also skips the lookup ("neither").
         return Bypass(Reason.NO_STORE)
-    if endpoint == RESPONSES:
-        reason = _responses_reason(body)
-        if reason is not None:
-            return Bypass(reason)
+    reason = _responses_reason(body) if endpoint == RESPONSES else _live_reason(endpoint, body)
+    if reason is None and endpoint != "embeddings":
+        reason = _remote_reason(body.get(TEXT_FIELD[endpoint]))
+    if reason is not None:
+        return Bypass(reason)
     seeded = False
     if endpoint not in _DETERMINISTIC_ENDPOINTS:
         sampling = _sampling(body, route)
@@ -195,6 +215,50 @@ def _responses_reason(body: Mapping[str, Any]) -> Reason | None:
         not isinstance(t, dict) or t.get("type") not in _CLIENT_TOOLS for t in tools
     ):
         return Reason.HOSTED_TOOL
+    return None
+
+
+def _live_reason(endpoint: str, body: Mapping[str, Any]) -> Reason | None:
+    """Chat and completions inputs that make the answer follow the world or a draw, not the request."""
+    if endpoint == "chat/completions":
+        if body.get("store") is True:  # a stored completion: the upstream keeps it (retrievable, listable)
+            return Reason.STATEFUL
+        if body.get("web_search_options") is not None:  # live search results
+            return Reason.HOSTED_TOOL
+    # llama.cpp: XTC removes top tokens by a random draw and dynamic temperature rescales around the temperature
+    # step, both before a greedy pick; mirostat samples whatever the temperature.
+    for name in _DRAWING_SAMPLERS:
+        value = body.get(name)
+        if value is not None and value is not False and value != 0:
+            return Reason.SAMPLER
+    return None
+
+
+def _remote_reason(value: Any, depth: int = 0) -> Reason | None:
+    """An input part that names mutable content instead of carrying it: an http(s) `image_url`/`file_url`/
+    `audio_url`, a `file_id`, a Responses `item_reference`. The same request can then get another answer once
+    the content behind the reference changes, so it is not cached. `data:` URLs carry their content: cacheable."""
+    if depth > 8:
+        return None
+    if isinstance(value, list):
+        for item in value:
+            reason = _remote_reason(item, depth + 1)
+            if reason is not None:
+                return reason
+        return None
+    if not isinstance(value, Mapping):
+        return None
+    if value.get("type") == "item_reference" or value.get("file_id") is not None:
+        return Reason.REMOTE_INPUT
+    for name, item in value.items():
+        if name.endswith("_url"):
+            url = item.get("url") if isinstance(item, Mapping) else item
+            if isinstance(url, str) and not url.startswith("data:"):
+                return Reason.REMOTE_INPUT
+        elif isinstance(item, list | Mapping):
+            reason = _remote_reason(item, depth + 1)
+            if reason is not None:
+                return reason
     return None
 
 

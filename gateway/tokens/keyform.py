@@ -142,6 +142,27 @@ async def key_tokenizer(
     return KeyTokenizer(remote=verdict) if isinstance(verdict, Verified) else KeyTokenizer(refused=verdict)
 
 
+def key_tokenizer_now(state: TokenState, endpoint: str, model: Any, revision: str) -> KeyTokenizer | None:
+    """`key_tokenizer`'s answer when it needs no await, else None: the fast lane checks a memoized key's
+    tokenizer identity with it (a key is reused only under the identity it was derived with)."""
+    path = state.tokens
+    if path is not None and isinstance(model, str):
+        info = path.catalog.known.get(model)
+        if info is not None and info.tokenizer:
+            spec = path.registry.known(info.tokenizer)
+            if spec is None:
+                return None  # key_encoder would fetch it
+            if spec.source == "backend":
+                return KeyTokenizer(encoder=path.encoder(spec))
+    remote = path.remote if path is not None else None
+    if remote is None or not isinstance(model, str):
+        return KeyTokenizer(refused=Refused(Fallback.NO_TOKENIZER, "the token path is off for this model"))
+    verdict = remote.known_verdict(endpoint, model, revision)
+    if verdict is None:
+        return None
+    return KeyTokenizer(remote=verdict) if isinstance(verdict, Verified) else KeyTokenizer(refused=verdict)
+
+
 async def key_form(
     state: TokenState,
     route_level: str,

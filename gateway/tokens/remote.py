@@ -143,6 +143,16 @@ class RemoteTokenizers:
         self._log = RateLimitedLog(log, 10.0, clock)
         self.calls = 0  # remote tokenize asks made for requests (not probes): tests count them
 
+    def known_verdict(self, endpoint: str, model: str, revision: str) -> Verified | Refused | None:
+        """`verdict`'s answer while it needs no await (a fresh verdict, or an endpoint never keyed on remote ids);
+        None where `verdict` would probe (never probed, or its verdict expired: the engine may have changed its
+        template under the same revision)."""
+        kind = ENDPOINT_KIND.get(endpoint)
+        if kind is None:
+            return Refused(Fallback.NO_TOKENIZER, f"{endpoint}: not keyed on remote ids")
+        known = self._verdicts.get((kind, model, revision))
+        return known.result if known is not None and self._clock() < known.until else None
+
     async def verdict(
         self, endpoint: str, model: str, revision: str, headers: Mapping[str, str]
     ) -> Verified | Refused:

@@ -17,28 +17,8 @@ import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.config.settings import UpstreamConfig
+from gateway.keys.parts import CLIENT_ADDRESS, GATEWAY_ONLY, HOP_BY_HOP, REWRITTEN
 from gateway.web.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
-
-# RFC 9110 §7.6.1: connection-specific fields a proxy must not forward, plus fields the proxy recomputes.
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-    }
-)
-# Request fields the gateway consumes itself.
-GATEWAY_ONLY = frozenset(
-    {"cache-control", "pragma", "x-tokenedge-debug", "if-none-match", "x-tokenedge-proxy-secret"}
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,14 +29,19 @@ class UpstreamResponse:
 
 
 def forward_headers(incoming: Mapping[str, str], *, api_key: str, identity: bool) -> CIMultiDict[str]:
-    """The client's headers minus hop-by-hop and gateway-only fields; the configured key replaces theirs."""
+    """The client's headers minus hop-by-hop and gateway-only fields; the configured key replaces theirs.
+
+    `identity`: a cacheable request (the request table, gateway.keys.parts): the gateway asks for an unencoded
+    answer and leaves out the client address proxies add, so these parts are the same for every caller the answer
+    is shared with.
+    """
     connection_named = {t.strip().lower() for t in incoming.get("Connection", "").split(",") if t.strip()}
     out: CIMultiDict[str] = CIMultiDict()
     for name, value in incoming.items():
         lower = name.lower()
         if lower in HOP_BY_HOP or lower in GATEWAY_ONLY or lower in connection_named:
             continue
-        if identity and lower == "accept-encoding":
+        if identity and (lower in REWRITTEN or lower in CLIENT_ADDRESS):
             continue
         out.add(name, value)
     if api_key:
@@ -109,7 +94,11 @@ class Upstream:
             limit=config.max_connections, keepalive_timeout=30, ttl_dns_cache=300
         )
         return aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
+            connector=connector,
+            auto_decompress=False,
+            # Transparent: the upstream gets the client's fields, never ones aiohttp would add (`Accept: */*`,
+            # a default `Content-Type`); Accept-Encoding is set per request (forward_headers).
+            skip_auto_headers=("User-Agent", "Accept", "Content-Type"),
         )
 
     async def request(

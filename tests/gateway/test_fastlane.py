@@ -43,7 +43,13 @@ class Reply:
 def request_bytes(
     method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None, version: str = "1.1"
 ) -> bytes:
-    lines = [f"{method} {path} HTTP/{version}", "Host: gateway", *(f"{k}: {v}" for k, v in AUTH_A.items())]
+    # `Accept` as aiohttp's client sends it (the warm-up requests): key material like any header the upstream reads
+    lines = [
+        f"{method} {path} HTTP/{version}",
+        "Host: gateway",
+        "Accept: */*",
+        *(f"{k}: {v}" for k, v in AUTH_A.items()),
+    ]
     if method == "POST":
         lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
@@ -254,7 +260,7 @@ async def test_wrk_with_keep_alive_sees_only_well_formed_hits(
     script = tmp_path / "post.lua"
     script.write_text(
         f'wrk.method = "POST"\nwrk.body = [[{RAW.decode()}]]\n'
-        f'wrk.headers["Content-Type"] = "application/json"\n'
+        f'wrk.headers["Content-Type"] = "application/json"\nwrk.headers["Accept"] = "*/*"\n'
         f'wrk.headers["Authorization"] = "Bearer {TOKEN}"\n'
     )
     code, out = await run("wrk", "-t1", "-c4", "-d1s", "-s", str(script), gw.url + PATH)

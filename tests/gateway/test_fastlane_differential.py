@@ -15,11 +15,13 @@ import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import orjson
 import pytest
 
 from gateway.edge.fastlane import header_kinds, plain_head
+from gateway.keys.parts import header_part
 from tests.gateway.conftest import GatewayFactory
 from tests.support.gateway import RunningGateway
 
@@ -235,6 +237,7 @@ async def test_the_lane_answers_what_the_ordinary_path_answers(
 def test_the_lane_leaves_framing_upgrades_and_odd_hosts_to_the_parser(extra: bytes) -> None:
     good = render("POST /v1/chat/completions HTTP/1.1", BASE_FIELDS, BODY)
     head, _, body = good.partition(b"\r\n\r\n")
-    kinds = header_kinds(("authorization",))
-    assert plain_head(good, kinds) is not None
-    assert plain_head(head + b"\r\n" + extra + b"\r\n" + body, kinds) is None
+    kinds = dict(header_kinds(("authorization",)))
+    part = partial(header_part, extra_credentials=frozenset(), extra_transport=frozenset())
+    assert plain_head(good, kinds, part) is not None
+    assert plain_head(head + b"\r\n" + extra + b"\r\n" + body, kinds, part) is None

@@ -34,7 +34,7 @@ def remember(memo: RequestMemo, i: int) -> ParsedRequest:
         model_revision="rev-1",
         canonical_bytes=parsed.canonical,
     )
-    memo.set_key(parsed, key, Level.EXACT, ("t0123456789abcdef", "rev-1", ""))
+    memo.set_key(parsed, key, Level.EXACT, ("t0123456789abcdef", "rev-1", "", b"h-accept"))
     return parsed
 
 

@@ -153,14 +153,19 @@ async def test_tenant_header_from_an_untrusted_peer_is_ignored(
     gw = await make_gateway(server={**TENANT, "tenant_trusted_cidrs": ["10.0.0.0/8"]})
     first = await gw.client.post("/v1/chat/completions", json=CHAT, headers={**AUTH_A, "X-Tenant": "acme"})
     spoof = await gw.client.post("/v1/chat/completions", json=CHAT, headers={**AUTH_B, "X-Tenant": "acme"})
-    same = await gw.client.post("/v1/chat/completions", json=CHAT, headers={**AUTH_A, "X-Tenant": "other"})
+    same = await gw.client.post("/v1/chat/completions", json=CHAT, headers={**AUTH_A, "X-Tenant": "acme"})
+    other = await gw.client.post("/v1/chat/completions", json=CHAT, headers={**AUTH_A, "X-Tenant": "other"})
     bare = await gw.client.post("/v1/chat/completions", json=CHAT)
 
-    assert [first.status, spoof.status, same.status, bare.status] == [200, 200, 200, 200]
+    assert [first.status, spoof.status, same.status, other.status, bare.status] == [200] * 5
     assert "fwd=miss" in spoof.headers["Cache-Status"]  # the credential decides, not the header
     assert "hit" in same.headers["Cache-Status"]
+    # Untrusted, the header is an ordinary one the upstream receives: key material (gateway.keys.parts), so another
+    # value is another request, in the same scope.
+    assert "fwd=miss" in other.headers["Cache-Status"]
+    assert other.headers["X-Cache-Key"].split(":")[1] == same.headers["X-Cache-Key"].split(":")[1]
     assert bare.headers["X-Cache-Key"].startswith("te1:anon:")
-    assert fake.calls["chat"] == 3
+    assert fake.calls["chat"] == 4
 
 
 async def test_trusted_request_without_the_tenant_header_is_refused(

@@ -102,3 +102,31 @@ def _dechunk(data: bytes) -> tuple[bytes, bytes]:
             return bytes(body), data
         body += data[:size]
         data = data[size + 2 :]
+
+
+async def ask_kept_alive(url: str, target: str, headers: list[tuple[str, str]], body: bytes) -> RawResponse:
+    """One POST as raw bytes in one write on a keep-alive connection (what the gateway's fast lane takes), its
+    response read whole (h11 frames it), then the connection closed by us."""
+    import h11  # test-only dependency, as the lane tests use it
+
+    lines = [f"POST {target} HTTP/1.1", "Host: gateway.test", *(f"{k}: {v}" for k, v in headers)]
+    head = "\r\n".join([*lines, f"Content-Length: {len(body)}"]) + "\r\n\r\n"
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(head.encode("latin-1") + body)
+    conn = h11.Connection(h11.CLIENT)
+    out = RawResponse(0)
+    try:
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                conn.receive_data(await asyncio.wait_for(reader.read(65536), 30))
+            elif isinstance(event, h11.Response):
+                out.status = event.status_code
+                out.headers = {k.decode().lower(): v.decode() for k, v in event.headers}
+            elif isinstance(event, h11.Data):
+                out.body += bytes(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                return out
+    finally:
+        writer.close()
