@@ -17,7 +17,7 @@ kept, known or not; the rule follows where the field sits and what it holds:
   `reasoning_content`, `reasoning`, `refusal`, `function_call.name`/`.arguments`,
   `tool_calls[].function.name`/`.arguments`, `audio.data`/`.transcript`, unknown strings); identifiers (`id`,
   `type`, `role`, `index`), numbers and booleans follow the scalar rule; lists of objects that all carry an
-  `index` (`tool_calls`) merge item by index (the JSON drops the index), other lists (`annotations`) concatenate;
+  `index` (`tool_calls`) merge item by index (a JSON tool call has none), other lists (`annotations`) concatenate;
   the objects named above (`function_call`, `audio`, a tool call's `function`) merge member by member.
   JSON -> stream: the role delta first (with `content: ""` and every null or empty member, as OpenAI's first
   chunk), then reasoning, content and every other string in pieces, tool calls one per delta with their index,
@@ -181,12 +181,12 @@ def _concat_lists(into: dict[str, Any] | None, part: Mapping[str, Any]) -> dict[
 
 
 def _message(merged: Mapping[str, Any]) -> dict[str, Any]:
-    """The assembled message: role and content first, indexed lists without their index."""
+    """The assembled message: role and content first, tool calls in index order without their index."""
     message: dict[str, Any] = {"role": merged.get("role") or "assistant", "content": merged.get("content")}
     for name, value in merged.items():
         if name in ("role", "content"):
             continue
-        if isinstance(value, list) and value and _indexed(value):
+        if name == "tool_calls" and isinstance(value, list) and value and _indexed(value):
             value = [{k: v for k, v in item.items() if k != "index"} for item in sorted(value, key=_index_of)]
         message[name] = value
     if message["content"] == "" and any(message.get(name) for name in _CALLS):
@@ -250,7 +250,7 @@ def _chat_deltas(message: Mapping[str, Any], chunk_chars: int) -> list[dict[str,
             continue
         if value is None or value == [] or value == "" or value == {}:
             first[name] = value
-        elif isinstance(value, str):
+        elif isinstance(value, str) and name not in _IDENTIFIERS:
             rest += [{name: piece} for piece in split(value, chunk_chars)]
         elif name == "tool_calls" and isinstance(value, list) and all(isinstance(c, dict) for c in value):
             rest += [{name: [{"index": i, **call}]} for i, call in enumerate(value)]
