@@ -13,6 +13,7 @@ import functools
 import time
 from email.utils import formatdate
 from time import perf_counter
+from typing import Any
 
 from aiohttp import HttpVersion11, web
 from aiohttp.abc import AbstractStreamWriter
@@ -110,18 +111,27 @@ def credential_vary(state: HitState) -> str:
     return _vary_cache[1]  # type: ignore[return-value]
 
 
+# (the cache section and tenancy it was made for, their EdgeSettings): one tuple per process, reused by every hit.
+_edge_cache: list[Any] = [None, None, None]
+
+
+def edge_settings(state: HitState) -> EdgeSettings:
+    """The block's settings for this state's config and tenancy, built once: a hit pays two identity checks."""
+    cache, tenancy, memo = state.config.cache, state.tenancy, _edge_cache
+    if memo[2] is None or memo[0] is not cache or memo[1] is not tenancy:
+        memo[:] = (
+            cache,
+            tenancy,
+            (cache.cdn_tag_headers, credential_vary(state), cache.cdn_credential_keyed_edge),
+        )
+    settings: EdgeSettings = memo[2]
+    return settings
+
+
 def entry_block(state: HitState, entry: Entry) -> Block:
     """A fresh copy of the entry's block for the configured CDN tag headers; dropped tags are counted."""
-    cache = state.config.cache
     headers, truncated = _shared_block(
-        entry.key,
-        entry.etag,
-        entry.ttl_s,
-        entry.stale_if_error_s,
-        entry.tags,
-        cache.cdn_tag_headers,
-        credential_vary(state),
-        cache.cdn_credential_keyed_edge,
+        entry.key, entry.etag, entry.ttl_s, entry.stale_if_error_s, entry.tags, *edge_settings(state)
     )
     if truncated:
         state.metrics.tag_truncations.inc(truncated)
@@ -240,8 +250,8 @@ def hit_bytes(
     state: HitState, entry: Entry, now: float, tier: str, *, head_only: bool = False, close: bool = False
 ) -> bytes | None:
     """The whole hit response as bytes, dropped tags counted; None when a header cannot travel as is."""
-    cache = state.config.cache
-    edge = (cache.cdn_tag_headers, credential_vary(state), cache.cdn_credential_keyed_edge)
+    memo = _edge_cache  # edge_settings, inlined while it holds: the fast lane's hit pays no extra call
+    edge = memo[2] if memo[0] is state.config.cache and memo[1] is state.tenancy else edge_settings(state)
     built = _wire(entry, now, tier, edge, head_only=head_only, close=close)
     if built is None:
         return None
