@@ -9,9 +9,10 @@ A `CompiledGrammar` holds a pristine matcher; each sequence gets a deep copy (`n
 its own sampled tokens, so a row's mask depends on that row alone and batching cannot change it. Compiled
 grammars are kept in an LRU bounded by the bytes of their canonical keys and grammar text.
 
-A schema is read as JSON, whose object members are unordered (RFC 8259 §4): it is compiled from its canonical
-form (keys sorted at every level), so the properties of an object are generated in sorted order and two
-spellings of one schema give one grammar and one answer, which is what lets the gateway key them together.
+An object's properties are generated in the order the schema declares them, as OpenAI documents for structured
+outputs (and xgrammar, llguidance and outlines do): `{"name", "country"}` is answered `{"name":...,"country":...}`.
+So two schemas that differ only in member order are two grammars with two answers, and the gateway keys them apart
+(gateway.keys.canonical keeps key order inside schemas). A grammar is cached under the schema's JSON as given.
 """
 
 from __future__ import annotations
@@ -92,15 +93,15 @@ class GrammarCompiler:
     def json_schema(self, schema: dict[str, Any], strict: bool) -> CompiledGrammar:
         """A grammar for JSON text matching `schema`. Strict: keywords llguidance cannot enforce are an error;
         not strict: they are ignored (`lenient`). Whitespace is compact, so the output's length is the data's."""
-        key = orjson.dumps({"schema": schema, "strict": strict}, option=orjson.OPT_SORT_KEYS)
+        # Member order kept: it is the answer's order.
+        key = orjson.dumps({"schema": schema, "strict": strict})
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)
             return cached
         options: Any = {"whitespace_flexible": False, "lenient": not strict}
-        canonical = orjson.loads(key)["schema"]  # RFC 8259 §4: member order carries no meaning
         try:
-            text = llguidance.LLMatcher.grammar_from_json_schema(canonical, defaults=options)
+            text = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options)
         except ValueError as exc:
             raise GrammarError(str(exc)) from None
         matcher = llguidance.LLMatcher(self._ll_tokenizer(), text, log_level=0)

@@ -8,8 +8,10 @@ it, so a call always names a declared function with arguments matching its param
 - `auto`: the model chooses, by its own logits, between the two objects;
 - `required`: at least one call; a named function: exactly that one.
 `parallel_tool_calls: false` allows one call. Earlier assistant tool calls are rendered back in the same JSON, so
-the model sees its own convention in the history. Everything rendered is canonical JSON (sorted keys): member
-order carries no meaning (RFC 8259 §4), and the gateway keys such spellings together. Pure: no I/O.
+the model sees its own convention in the history. Everything is rendered in the order declared (a function's
+parameters as the client wrote them, a call as `name` then `arguments`, the grammar's order), so the prompt shows the
+model the order the grammar makes it answer in; two tool lists that differ only in member order are two prompts,
+and the gateway keys them apart. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -152,7 +154,7 @@ def render_messages(messages: Sequence[Mapping[str, Any]], spec: ToolSpec | None
         {"name": t.name, "description": t.description, "parameters": t.parameters} for t in spec.tools
     ]
     tail = ', or {"response": <text>} to answer in words' if spec.mode == "auto" else ""
-    system = f"{PREAMBLE}{tail}.\nFunctions: {json.dumps(declared, sort_keys=True)}"
+    system = f"{PREAMBLE}{tail}.\nFunctions: {json.dumps(declared)}"
     if out and out[0].get("role") == "system":
         return [{**out[0], "content": f"{out[0]['content']}\n\n{system}"}, *out[1:]]
     return [{"role": "system", "content": system}, *out]
@@ -171,7 +173,7 @@ def _with_calls(message: Mapping[str, Any]) -> dict[str, Any]:
         raise bad_request(
             "an assistant message's tool_calls must carry function names and JSON arguments", "messages"
         ) from None
-    return {**message, "content": json.dumps({"tool_calls": rendered}, sort_keys=True)}
+    return {**message, "content": json.dumps({"tool_calls": rendered})}
 
 
 @dataclass(frozen=True, slots=True)

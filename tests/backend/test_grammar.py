@@ -1,6 +1,9 @@
-"""backend/engine/grammar.py: canonical cache keys, the byte-bounded LRU, independent per-sequence matchers."""
+"""backend/engine/grammar.py: properties in the declared order, cache keys, the byte-bounded LRU, independent
+per-sequence matchers."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
@@ -20,13 +23,12 @@ def walk(matcher: GrammarMatcher, text: bytes) -> None:
         assert matcher.accept(byte)
 
 
-def test_reordered_schema_keys_share_one_compiled_grammar() -> None:
+def test_a_schema_is_compiled_once_and_a_reordered_one_apart() -> None:
     c = compiler()
     first = c.json_schema(FLAG, strict=True)
-    again = c.json_schema(
-        {"required": ["ok"], "properties": {"ok": {"type": "boolean"}}, "type": "object"}, True
-    )
-    assert again is first and c.compiled_total == 1
+    assert c.json_schema(dict(FLAG), True) is first and c.compiled_total == 1
+    reordered = {"required": ["ok"], "properties": {"ok": {"type": "boolean"}}, "type": "object"}
+    assert c.json_schema(reordered, True) is not first  # member order may be the answer's order: its own key
     assert c.json_schema(FLAG, strict=False) is not first  # strictness is part of the key
 
 
@@ -61,19 +63,41 @@ def test_a_bad_schema_is_a_grammar_error() -> None:
         compiler().json_schema({"type": "object", "properties": {"x": {"type": "nonsense"}}}, True)
 
 
-def test_properties_are_generated_in_sorted_order_whatever_the_spelling() -> None:
-    both = {"b": {"type": "boolean"}, "a": {"type": "boolean"}}
-    for properties in (both, dict(reversed(both.items()))):
-        schema = {
-            "type": "object",
-            "properties": properties,
-            "required": ["a", "b"],
-            "additionalProperties": False,
-        }
-        matcher = compiler().json_schema(schema, strict=True).new_matcher()  # a fresh compiler: no cache hit
-        walk(matcher, b'{"')
-        allowed = matcher.allowed(256)
-        assert allowed[ord("a")] and not allowed[ord("b")]
+def person(properties: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": ["country", "name"],
+        "additionalProperties": False,
+    }
+
+
+NAME_FIRST = person({"name": {"type": "string"}, "country": {"enum": ["FR", "NO"]}})
+
+
+def test_properties_are_generated_in_the_declared_order() -> None:
+    """OpenAI: structured outputs are produced in the order of the schema's keys (`name` before `country`)."""
+    matcher = compiler().json_schema(NAME_FIRST, strict=True).new_matcher()
+    walk(matcher, b'{"')
+    allowed = matcher.allowed(256)
+    assert allowed[ord("n")] and not allowed[ord("c")]
+    walk(matcher, b'name":"Ada","country":"NO"}')
+    done = matcher.allowed(256)
+    assert done[0] and int(done.sum()) == 1  # complete: EOS only
+
+
+def test_the_other_declared_order_is_generated_the_other_way() -> None:
+    country_first = person(dict(reversed(NAME_FIRST["properties"].items())))
+    c = compiler()  # one compiler: the two orders are two grammars, not one cached
+    name_first, other = (
+        c.json_schema(NAME_FIRST, True).new_matcher(),
+        c.json_schema(country_first, True).new_matcher(),
+    )
+    walk(name_first, b'{"')
+    walk(other, b'{"')
+    assert not other.allowed(256)[ord("n")] and other.allowed(256)[ord("c")]
+    walk(other, b'country":"FR","name":"Ada"}')
+    assert c.compiled_total == 2
 
 
 def test_model_rows_past_the_tokenizer_vocabulary_are_never_allowed() -> None:
