@@ -3,7 +3,8 @@
 The upstream here stamps every answer with what real providers send per request and per account
 (`x-ratelimit-remaining-requests`, `openai-organization`, `x-request-id`), derived from the caller's credential.
 Two callers with different credentials ask the same thing on a public route; the leader's upstream call is held by a
-gate until the second has joined its flight (JSON) or its stream (SSE), so the second is a follower.
+gate until the second has joined its flight (JSON), its stream (SSE) or, on another replica, waits on its
+lease, so the second is a follower.
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ from aiohttp import web
 from gateway.hits import headers as hdr
 from gateway.upstream.http import relay_headers
 from tests.gateway.conftest import AUTH_A, AUTH_B, CHAT, GatewayFactory
+from tests.gateway.test_lease import env as lease_env
+from tests.gateway.test_lease import until_waiting
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import RunningGateway
+from tests.support.replicas import replicas
 
 PUBLIC = {"chat/completions": {"scope": "public"}}
 LEADER_ONLY = ("x-ratelimit-remaining-requests", "openai-organization", "x-request-id")
@@ -142,3 +146,31 @@ async def test_mutation_a_follower_given_the_leaders_fields_fails_the_check(
     _, followed = await leader_and_follower(gw, fake, CHAT)
     assert "collapsed" in followed.headers["Cache-Status"]
     assert followed.headers["openai-organization"] == "org-of-tenant-a-key"
+
+
+async def test_a_follower_on_another_replica_gets_the_entrys_headers(
+    fake: FakeUpstream, upstream_url: str, redis_url: str
+) -> None:
+    """Coalesced across replicas by the lease: B's replica answers from A's stored entry, with its headers only."""
+    fake.gate = asyncio.Event()
+    settings = {**lease_env(redis_url), "TOKENEDGE_ROUTES_CHAT_COMPLETIONS_SCOPE": "public"}
+    async with replicas(upstream_url, 2, settings) as (a, b), aiohttp.ClientSession() as session:
+        body = {**CHAT, "messages": [{"role": "user", "content": "across replicas"}]}
+
+        async def ask(url: str, auth: Mapping[str, str]) -> aiohttp.ClientResponse:
+            async with session.post(url + "/v1/chat/completions", json=body, headers=dict(auth)) as resp:
+                await resp.read()
+                return resp
+
+        led = asyncio.ensure_future(ask(a.url, AUTH_A))
+        await fake.entered.wait()
+        followed = asyncio.ensure_future(ask(b.url, AUTH_B))
+        await until_waiting(session, [b.url])  # B's replica is parked on A's lease
+        fake.gate.set()
+        led_resp, followed_resp = await led, await followed
+    assert fake.calls["chat"] == 1
+    assert led_resp.headers["openai-organization"] == "org-of-tenant-a-key"
+    assert "collapsed" in followed_resp.headers["Cache-Status"]
+    for name in LEADER_ONLY:
+        assert name not in followed_resp.headers, name
+    assert followed_resp.headers["ETag"] == led_resp.headers["ETag"]
