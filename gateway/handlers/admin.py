@@ -17,6 +17,7 @@ from gateway.handlers.tenancy import require_admin
 from gateway.keys.derive import parse_key
 from gateway.keys.validate import parse_object, read_body
 from gateway.state import STATE
+from gateway.tiers.coherence.coherence import purge_everywhere
 from gateway.web.errors import BadRequest
 
 MAX_PURGE_ITEMS = 10_000
@@ -42,11 +43,16 @@ async def purge(request: web.Request) -> web.Response:
     if bad:
         raise BadRequest(f"not a tokenedge cache key: {bad[0][:100]!r}", param="keys")
     tags = purge_tag_forms(tags)
-    result: dict[str, Any] = dict(await state.cache.purge(keys, tags))  # L2, then this process's L1
-    if state.coherence is not None and state.coherence.bus is not None:
-        result["bus"] = await state.coherence.publish_purge(  # every other L1; waits for their confirmations
-            tuple(keys), tuple(tags), ack_timeout_s=state.config.cache.redis_timeout_s * 4
+    # P5 (docs/coherence.md): L2, this L1, then every other L1, confirmed over the bus before we answer.
+    result: dict[str, Any] = dict(
+        await purge_everywhere(
+            state.cache,
+            state.coherence,
+            tuple(keys),
+            tuple(tags),
+            ack_timeout_s=state.config.cache.redis_timeout_s * 4,
         )
+    )
     if state.cdn_purge is not None:
         # Each CDN client turns a key into its `key:{digest}` tag itself; one CDN's failure is reported, not fatal.
         result["cdn"] = await state.cdn_purge(keys, tags)

@@ -1,6 +1,9 @@
 """Cache fill for JSON responses: one upstream call, the store decision (DESIGN §4), and the store itself.
 
 Runs inside a single-flight task, so the entry is in the cache before any coalesced follower is released.
+P2 (docs/coherence.md): a fill takes its store ticket (`store_ticket`, the purge generation and epoch) before the
+upstream call and stores under it, so a purge that lands while the upstream answers is never undone by the store;
+the stream tee (`gateway.misses.tee`) does the same.
 """
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ from typing import Any
 
 import orjson
 
+from gateway.keys.derive import entry_tags
 from gateway.keys.entry import Entry
 from gateway.keys.policy import USAGE_ENDPOINTS, Reason, error_body, store_refusal
 from gateway.misses.answer import FillRequest, make_entry, revision_moved
 from gateway.misses.needs import MissState
 from gateway.misses.streaming.responses import response_finish
+from gateway.tiers.tiered import Ticket
 from gateway.upstream.http import UpstreamResponse
 
 __all__ = [
@@ -24,6 +29,7 @@ __all__ = [
     "FillResult",
     "completion_facts",
     "fill",
+    "store_ticket",
 ]  # FillRequest lives in gateway.misses.answer
 
 
@@ -58,7 +64,15 @@ def completion_facts(
     return reasons, usage if isinstance(usage, dict) else None, error
 
 
+async def store_ticket(state: MissState, req: FillRequest) -> Ticket:
+    """P2: what the entry of `req` will be stored under, taken before its upstream call."""
+    key = req.key
+    tags = entry_tags(model=req.model, revision=req.revision, scope=key.scope, digest=key.digest)
+    return await state.cache.ticket(key.key, tags)
+
+
 async def fill(state: MissState, req: FillRequest) -> FillResult:
+    ticket = await store_ticket(state, req)
     started = time.perf_counter()
     resp = await (req.via or state.upstream).request("POST", req.path_qs, req.headers, req.body)
     state.metrics.upstream_duration.labels(req.endpoint).observe(time.perf_counter() - started)
@@ -78,5 +92,5 @@ async def fill(state: MissState, req: FillRequest) -> FillResult:
     if refusal is not None or facts is None:
         return FillResult(resp, None, refusal or Reason.INCOMPLETE)
     entry = make_entry(state, req, resp.body, facts[1])
-    await state.cache.put(entry)
+    await state.cache.put(entry, ticket)  # P2: dropped by each tier a purge reached since the ticket
     return FillResult(resp, entry, None)

@@ -32,7 +32,6 @@ from gateway.misses.streaming.broadcast import Frame, Head, StreamFlight
 from gateway.misses.streaming.replay import replay_frames
 from gateway.misses.tee import tee
 from gateway.misses.warm import count_store
-from gateway.tiers.base import L2Unavailable
 from gateway.tiers.redis_cluster import command_client, subscriber_clients
 from gateway.upstream.http import UpstreamResponse
 
@@ -48,18 +47,9 @@ def _leases(state: MissState) -> Leases | None:
 
 def _reader(state: MissState, key: str):
     async def read() -> Entry | None:
-        """L2 only (the lookup already missed L1), uncounted in cache_lookups: lease reads are not lookups."""
-        l2 = state.cache.l2
-        if l2 is None:
-            return None
-        try:
-            entry = await l2.get(key)
-        except L2Unavailable:
-            return None
-        if entry is None or entry.key != key:
-            return None
-        state.cache.l1.set(entry)
-        return entry
+        """L2 only (the lookup already missed L1), uncounted in cache_lookups: lease reads are not lookups. P3, P4:
+        back-filled under L1's generation, and a read a purge raced is None (the waiter reads or fills again)."""
+        return await state.cache.fetch(key)
 
     return read
 

@@ -23,6 +23,7 @@ import orjson
 from gateway.keys.entry import Entry
 from gateway.keys.policy import RESPONSES, Outcome, Reason, store_refusal
 from gateway.misses.answer import FillRequest, make_entry, revision_moved
+from gateway.misses.fill import store_ticket
 from gateway.misses.needs import MissState
 from gateway.misses.streaming.broadcast import Frame, Head, StreamFlight
 from gateway.misses.streaming.recorder import Kind, Recorder, StreamRecorder
@@ -49,6 +50,7 @@ async def tee(state: MissState, flight: StreamFlight, req: FillRequest) -> None:
     )
     outcome: Reason | Outcome = Reason.INCOMPLETE
     try:
+        ticket = await store_ticket(state, req)  # P2: before the upstream call (docs/coherence.md)
         async with (req.via or state.upstream).open_stream(
             "POST", req.path_qs, req.headers, req.body
         ) as resp:
@@ -73,7 +75,7 @@ async def tee(state: MissState, flight: StreamFlight, req: FillRequest) -> None:
             return
         entry, refusal = (None, Reason.REVISION) if moved else _stored_entry(state, req, recorder)
         if entry is not None:
-            await state.cache.put(entry)
+            await state.cache.put(entry, ticket)
         last, outcome = closing, (refusal or Outcome.STORED)
     except (TimeoutError, aiohttp.ClientError, UpstreamError) as exc:
         error = exc if isinstance(exc, UpstreamError) else translate(exc)

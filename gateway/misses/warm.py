@@ -62,31 +62,37 @@ def count_store(state: MissState, req: FillRequest) -> None:
 async def fill_l1(state: MissState, record: HotRecord, top: int, warmup: Warmup) -> None:
     """Read the `top` hottest keys' entries from L2 into L1, coldest first; counts what it put in `warmup`.
 
-    Then the filled keys are read once more and any entry gone or changed in L2 is dropped from L1: a purge that
-    came between our read and our L1 write (here, or on another replica whose invalidation reached this L1 before
-    the entry did) is seen by the second read, since a purge deletes from L2 before it announces anything; a purge
-    after the second read finds the entry already in L1.
+    Each batch is back-filled under the L1 generation taken before its read (P3, docs/coherence.md): a purge that
+    reached this L1 meanwhile refuses it. Then the filled keys are read once more and any entry gone or changed in
+    L2 is dropped from L1: that also catches a purge whose invalidation never reached this L1 (published nowhere,
+    or before this replica subscribed), since a purge deletes from L2 before it announces anything.
     """
-    l2 = state.cache.l2
-    if l2 is None or not state.cache.l1.enabled:
+    cache = state.cache
+    l2 = cache.l2
+    if l2 is None or not cache.l1.enabled:
         return
     keys = await record.top(top)
-    entries = await read_batched(l2, keys)
     now = state.clock()
     filled: dict[str, str] = {}
-    for key, entry in reversed(list(zip(keys, entries, strict=True))):
-        if (
-            entry is not None
-            and entry.key == key
-            and entry.age_s(now) <= entry.ttl_s
-            and state.cache.l1.set(entry)
-        ):
-            filled[key] = entry.etag
+    for end in range(len(keys), 0, -FILL_BATCH):  # coldest batch first, so the hottest are set last
+        batch = keys[max(0, end - FILL_BATCH) : end]
+        generation = cache.l1.generation
+        entries = await l2.get_many(batch)
+        for key, entry in reversed(list(zip(batch, entries, strict=True))):
+            if (
+                entry is not None
+                and entry.key == key
+                and entry.age_s(now) <= entry.ttl_s
+                and cache.backfill(entry, generation)
+                and cache.l1.get(key) is entry
+            ):
+                filled[key] = entry.etag
     again = await read_batched(l2, list(filled))
     gone = [
         key for key, entry in zip(filled, again, strict=True) if entry is None or entry.etag != filled[key]
     ]
-    state.cache.l1.delete(gone)
+    if gone:
+        cache.l1.delete(gone)
     warmup.filled = len(filled) - len(gone)
 
 

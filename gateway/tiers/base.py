@@ -2,6 +2,8 @@
 
 Two protocols, not one: L1 is read synchronously on the hottest path (an L1 hit must not pay for a coroutine),
 while a shared tier is remote and async. Both speak `Entry` and the same purge vocabulary (keys and tags).
+Both carry the purge discipline of docs/coherence.md: L1 a purge `generation` (P3, P4), a shared tier a purge
+`epoch` that a store started under and that the tier checks atomically with the write (P1, P2).
 A shared tier never raises anything but `L2Unavailable` out of an operation: every failure goes through one
 `Breaker`, which counts it (`cache_errors_total{tier="l2"}`), logs at a bounded rate and skips the tier for
 `retry_after_s`, so an outage costs one timeout per window instead of one per request.
@@ -18,6 +20,9 @@ from gateway.keys.entry import Entry
 from gateway.ops.ratelog import RateLimitedLog
 
 _T = TypeVar("_T")
+# A shared tier's purge epoch as its `epoch` took it (opaque outside the tier: Redis' epoch value, Memcached's tag
+# versions); only that tier's `set` reads it.
+Epoch = object
 
 
 class L2Unavailable(Exception):
@@ -77,8 +82,13 @@ class Tier(Protocol):
 
     async def get_many(self, keys: Sequence[str]) -> list[Entry | None]: ...
 
-    async def set(self, entry: Entry) -> bool:
-        """True when stored; False when the tier refused the entry (counted by the tier, e.g. too large)."""
+    async def epoch(self, key: str, tags: Sequence[str]) -> Epoch:
+        """P2: the purge epoch a store of `key` (tagged `tags`) starts under, taken before the upstream call."""
+        ...
+
+    async def set(self, entry: Entry, epoch: Epoch) -> bool:
+        """True when stored; False when the tier refused the entry (counted by the tier: too large, or `purged`
+        when a purge moved the epoch since `epoch` was taken, P2: then it is never written)."""
         ...
 
     async def delete(self, keys: Iterable[str]) -> int: ...

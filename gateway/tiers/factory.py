@@ -27,6 +27,10 @@ def build_l1(config: CacheConfig, clock: Callable[[], float]) -> MemoryTier:
 
 def build_l2(config: CacheConfig, metrics: GatewayMetrics, clock: Callable[[], float]) -> Tier | None:
     errors = metrics.cache_errors.labels("l2")
+
+    def refused(reason: str) -> None:
+        metrics.cache_refusals.labels("l2", reason).inc()
+
     kind = config.l2_kind
     if kind == "redis":
         redis_tier = RedisClusterTier if is_cluster_url(config.redis_url) else RedisTier
@@ -36,6 +40,7 @@ def build_l2(config: CacheConfig, metrics: GatewayMetrics, clock: Callable[[], f
             retry_after_s=config.redis_retry_after_s,
             clock=clock,
             on_error=errors.inc,
+            on_refusal=refused,
         )
     if kind == "memcached":
         return MemcachedTier(
@@ -45,6 +50,6 @@ def build_l2(config: CacheConfig, metrics: GatewayMetrics, clock: Callable[[], f
             max_item_bytes=config.memcached_max_item_bytes,
             clock=clock,
             on_error=errors.inc,
-            on_refusal=lambda reason: metrics.cache_refusals.labels("l2", reason).inc(),
+            on_refusal=refused,
         )
     return None

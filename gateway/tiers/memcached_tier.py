@@ -10,8 +10,12 @@ A hit is one round trip: the read batch (lookups that arrive while a read is in 
 needs a second read, once per worker and model/revision. Versions are always read fresh, so a purge is seen by
 the next read: there is no staleness window in L2 (L1's cross-worker bound is in the README).
 
-Purge by tag is one `incr` per tag and server; purge by key deletes the key. A record too big for a memcached item
-is refused and counted (never truncated). Every failure goes through the per-server `Breaker`: it degrades to a
+The purge discipline (docs/coherence.md): purge by tag is one `incr` per tag and server, atomic on each counter and
+with no index to lose a member (P1); purge by key bumps the key's `key:` counter the same way, then deletes the
+item. A store records the versions its tags had when the fill began, read by `epoch` before the upstream call,
+not when it writes (P2): a purge in between leaves it recorded under an old version, a miss for every read. So the
+per-tag counters are this tier's purge epoch, and only the tags purged refuse a store. A record too big for a
+memcached item is refused and counted (never truncated). Every failure goes through the per-server `Breaker`: it degrades to a
 miss, counted in `cache_errors_total{tier="l2"}`.
 """
 
@@ -30,7 +34,7 @@ from aiocache import MemcachedCache
 from aiomcache.exceptions import ClientException
 
 from gateway.keys.entry import Entry, encode
-from gateway.tiers.base import Breaker, L2Unavailable, settle_batch
+from gateway.tiers.base import Breaker, Epoch, L2Unavailable, settle_batch
 from gateway.tiers.mc_record import (
     RecordSerializer,
     Stored,
@@ -208,14 +212,23 @@ class MemcachedTier:
         ):
             self._known.popitem(last=False)
 
-    async def set(self, entry: Entry) -> bool:
-        """Store with the current tag versions (creating absent counters); False when refused as too large."""
+    async def epoch(self, key: str, tags: Sequence[str]) -> Epoch:
+        """P2: the versions of the tags now (counters created where absent), before the upstream call."""
+        tags = list(dict.fromkeys(tags))
+        return dict(zip(tags, await self._versions_for_store(self._shard(key), tags), strict=True))
+
+    async def set(self, entry: Entry, epoch: Epoch) -> bool:
+        """Store under the tag versions `epoch` took (P2); False when refused as too large."""
+        taken = epoch if isinstance(epoch, dict) else {}
+        if any(tag not in taken for tag in entry.tags):
+            self._on_refusal("untagged")  # a ticket for other tags: it cannot say what was purged since
+            return False
         payload_bytes = len(encode(entry))
         if record_size(entry, payload_bytes) > self._max_item_bytes:
             self._on_refusal("too_large")
             return False
         shard = self._shard(entry.key)
-        versions = await self._versions_for_store(shard, list(entry.tags))
+        versions = tuple(int(taken[tag]) for tag in entry.tags)
         expire_s = max(1, min(MAX_RELATIVE_EXPIRY_S, int(entry.expires_at() - self._clock()) + 1))
         stored = await shard.breaker.call(
             "set", lambda: _set_or_refuse(shard, entry.key, Stored(entry, versions), expire_s)
@@ -242,6 +255,7 @@ class MemcachedTier:
         return tuple(int(current[t] or 0) for t in tags)
 
     async def delete(self, keys: Iterable[str]) -> int:
+        """P1: the key's `key:` counter first (a store begun before cannot validate after it), then the item."""
         by_shard: dict[int, list[str]] = {}
         for key in keys:
             by_shard.setdefault(id(self._shard(key)), []).append(key)
@@ -249,6 +263,8 @@ class MemcachedTier:
         for shard in self._shards:
             mine = by_shard.get(id(shard), [])
             if mine:
+                digests = [t for key in mine for t in key_tags(key) if t.startswith("key:")]
+                await shard.breaker.call("delete", functools.partial(_incr_all, shard, digests))
                 deleted += await shard.breaker.call("delete", functools.partial(_delete_all, shard, mine))
         return deleted
 

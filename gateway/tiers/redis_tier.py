@@ -1,7 +1,13 @@
 """L2: the Redis tier shared by every worker and gateway instance (redis.asyncio + hiredis).
 
-Layout: the entry under its key (`te1:{scope}:{digest}`), expiring at the end of its stale-if-error window, and one
-set per tag (`te1:tag:{tag}`) listing keys, for purge. Writes are one pipelined round trip.
+Layout: the entry under its key (`te1:{scope}:{digest}`), expiring at the end of its stale-if-error window, one set
+per tag (`te1:tag:{tag}`) listing keys, for purge, and one purge epoch (`te1:epoch`), a counter every purge bumps.
+The purge discipline (docs/coherence.md): a purge is one Lua script that bumps the epoch and deletes what it names,
+members of its tag sets included, in one step (P1); a store is one Lua script that writes the entry and indexes it
+under its tags only while the epoch still holds the value taken before the upstream call (P2). One global epoch:
+any purge refuses every store in flight when it lands (each still answers its own request; the next miss stores);
+per-tag epochs would spare unrelated fills but need an epoch read per tag on every store.
+`RedisClusterTier` (gateway/tiers/redis_cluster.py) overrides the names: the same scripts run per bucket of keys.
 
 A Redis failure never fails a request: every operation goes through the shared `Breaker` (tiers/base.py), which
 counts the error, logs at a bounded rate and opens a short breaker so an outage costs one timeout per
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
 
@@ -21,11 +28,38 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from gateway.keys.entry import Entry, decode, encode
-from gateway.tiers.base import Breaker, L2Unavailable, settle_batch
+from gateway.tiers.base import Breaker, Epoch, L2Unavailable, settle_batch
 from gateway.tiers.redis_reads import batch_reads_for
 
 log = logging.getLogger("tokenedge.l2")
 TAG_PREFIX = "te1:tag:"
+EPOCH_KEY = "te1:epoch"
+# P2. KEYS: entry, epoch, tag sets; ARGV: the epoch as taken ('' when absent), payload, px, the entry's name.
+STORE_SCRIPT = """
+if (redis.call('get', KEYS[2]) or '') ~= ARGV[1] then return 0 end
+redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3])
+for i = 3, #KEYS do
+  redis.call('sadd', KEYS[i], ARGV[4])
+  redis.call('pexpire', KEYS[i], ARGV[3], 'GT')
+  redis.call('pexpire', KEYS[i], ARGV[3], 'NX')
+end
+return 1
+"""
+# P1. KEYS: epoch, then entries (by key) or tag sets (by tag); ARGV: 'keys' | 'tags', a random start for an absent
+# epoch (an evicted epoch never comes back to a value a store took). Returns {deleted, names}; DEL goes 1,000
+# names at a time (Lua's unpack has a stack limit).
+PURGE_SCRIPT = """
+if redis.call('exists', KEYS[1]) == 0 then redis.call('set', KEYS[1], ARGV[2]) end
+redis.call('incr', KEYS[1])
+local names = {}
+if ARGV[1] == 'tags' then names = redis.call('sunion', unpack(KEYS, 2)) else names = {unpack(KEYS, 2)} end
+local deleted = 0
+for i = 1, #names, 1000 do
+  deleted = deleted + redis.call('del', unpack(names, i, math.min(i + 999, #names)))
+end
+if ARGV[1] == 'tags' then redis.call('del', unpack(KEYS, 2)) end
+return {deleted, names}
+"""
 # Recently read values, decoded once: a hot entry read from Redis again and again comes back as the same bytes, so
 # the decoded Entry (immutable) is kept by those exact bytes (a dict compares them whole: no aliasing). Bounded by
 # the bytes of the values it keys; cleared when full (a hot set re-fills it at once).
@@ -46,6 +80,7 @@ class RedisTier:
         clock: Callable[[], float],
         on_error: Callable[[], None],
         client: aioredis.Redis | None = None,
+        on_refusal: Callable[[str], None] = lambda reason: None,
     ) -> None:
         self._client = (
             client
@@ -74,6 +109,22 @@ class RedisTier:
         self._decoded: dict[bytes, Entry] = {}
         self._decoded_bytes = 0
         self._reader: asyncio.Task[None] | None = None
+        self._on_refusal = on_refusal
+        self._store = self._client.register_script(STORE_SCRIPT)
+        self._purge = self._client.register_script(PURGE_SCRIPT)
+
+    # The layout: where a key's entry, its purge epoch and its tag sets live (one bucket on a single node).
+    def stored_name(self, key: str) -> str:
+        return key
+
+    def key_of(self, name: str) -> str:
+        return name
+
+    def epoch_key(self, key: str) -> str:
+        return EPOCH_KEY
+
+    def tag_key(self, key: str, tag: str) -> str:
+        return TAG_PREFIX + tag
 
     async def close(self) -> None:
         if self._reads is not None:
@@ -143,46 +194,64 @@ class RedisTier:
             return list(await self._reads.mget(keys))
         return list(await self._client.mget(keys))
 
-    async def set(self, entry: Entry) -> bool:
+    async def epoch(self, key: str, tags: Sequence[str]) -> Epoch:
+        """P2: the purge epoch of `key`'s bucket now ('' while no purge ever ran), before the upstream call."""
+        value = await self._call("epoch", lambda: self._client.get(self.epoch_key(key)))
+        return value.decode() if isinstance(value, bytes) else str(value or "")
+
+    async def set(self, entry: Entry, epoch: Epoch) -> bool:
+        """P2: written with its tag index in one script, only while the epoch is still `epoch`."""
         expire_ms = max(1, int((entry.expires_at() - self._clock()) * 1000))
-        payload = encode(entry)
-
-        async def write() -> None:
-            pipe = self._client.pipeline(transaction=False)
-            pipe.set(entry.key, payload, px=expire_ms)
-            for tag in entry.tags:
-                pipe.sadd(TAG_PREFIX + tag, entry.key)
-                # A tag set lives as long as its longest-lived member; stale members are harmless on purge.
-                pipe.pexpire(TAG_PREFIX + tag, expire_ms, gt=True)
-                pipe.pexpire(TAG_PREFIX + tag, expire_ms, nx=True)
-            await pipe.execute()
-
-        await self._call("set", write)
-        return True
+        keys = [self.stored_name(entry.key), self.epoch_key(entry.key)]
+        keys += [self.tag_key(entry.key, tag) for tag in entry.tags]
+        args: list[str | bytes | int] = [str(epoch), encode(entry), expire_ms, self.stored_name(entry.key)]
+        stored = int(await self._call("set", lambda: self._store(keys=keys, args=args)))
+        if not stored:
+            self._on_refusal("purged")
+        return bool(stored)
 
     async def delete(self, keys: Iterable[str]) -> int:
-        keys = list(keys)
-        if not keys:
-            return 0
-        return int(await self._call("delete", lambda: self._client.delete(*keys)))
+        """P1: bump the epoch and delete, in one script (per bucket)."""
+        count, _ = await self._purged(
+            "delete", "keys", self._by_bucket(keys, lambda key: [self.stored_name(key)])
+        )
+        return count
 
     async def purge_tags(self, tags: Iterable[str]) -> tuple[int, list[str]]:
-        """Delete every entry carrying any of the tags; returns (entries deleted, their keys)."""
-        tag_keys = [TAG_PREFIX + t for t in tags]
-        if not tag_keys:
+        """P1: every entry carrying any of the tags, its tag sets and an epoch bump, in one script (per bucket);
+        returns (entries deleted, their keys)."""
+        tags = list(tags)
+        if not tags:
             return 0, []
+        return await self._purged("purge", "tags", self._every_bucket(tags))
 
-        async def purge() -> tuple[int, list[str]]:
-            members = await self._client.sunion(tag_keys)
-            keys = sorted(m.decode() if isinstance(m, bytes) else m for m in members)
-            pipe = self._client.pipeline(transaction=False)
-            if keys:
-                pipe.delete(*keys)
-            pipe.delete(*tag_keys)
-            results = await pipe.execute()
-            return (int(results[0]) if keys else 0), keys
+    def _by_bucket(self, keys: Iterable[str], names: Callable[[str], list[str]]) -> dict[str, list[str]]:
+        """epoch key -> the names to purge under it, for the keys given."""
+        buckets: dict[str, list[str]] = {}
+        for key in keys:
+            buckets.setdefault(self.epoch_key(key), []).extend(names(key))
+        return buckets
 
-        return await self._call("purge", purge)
+    def _every_bucket(self, tags: list[str]) -> dict[str, list[str]]:
+        return {EPOCH_KEY: [TAG_PREFIX + tag for tag in tags]}
+
+    async def _purged(self, op: str, kind: str, buckets: dict[str, list[str]]) -> tuple[int, list[str]]:
+        if not buckets:
+            return 0, []
+        start = str(secrets.randbits(48) + 1)
+
+        async def purge() -> list[list[object]]:
+            return [
+                await self._purge(keys=[epoch, *names], args=[kind, start])
+                for epoch, names in buckets.items()
+            ]
+
+        return self._counted(await self._call(op, purge))
+
+    def _counted(self, replies: list[list[object]]) -> tuple[int, list[str]]:
+        deleted = sum(int(reply[0]) for reply in replies)  # type: ignore[call-overload]
+        names = [n.decode() if isinstance(n, bytes) else str(n) for r in replies for n in r[1]]  # type: ignore[attr-defined]
+        return deleted, sorted(self.key_of(name) for name in names)
 
     async def ping(self) -> bool:
         try:

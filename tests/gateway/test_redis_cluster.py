@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from gateway.misses.warm import hot_record_of
-from gateway.tiers.redis_cluster import RedisClusterTier
+from gateway.tiers.redis_cluster import RedisClusterTier, stored_name
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.cluster import LocalCluster
 from tests.support.fake_upstream import FakeUpstream
@@ -63,7 +63,7 @@ def masters_holding(cluster: LocalCluster, keys: list[str]) -> int:
 
 def _held_here(client: redis.Redis, key: str) -> bool:
     try:
-        return bool(client.exists(key))
+        return bool(client.exists(stored_name(key)))
     except redis.ResponseError:  # MOVED: another master owns the slot
         return False
 

@@ -1,13 +1,16 @@
-"""L2 against a real redis-server: sharing across gateways, purge by tag, and degrading through an outage."""
+"""L2 against a real redis-server: sharing across gateways, purge by tag, the purge discipline's scripts (P1, P2 of
+docs/coherence.md) and degrading through an outage."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import replace
 
+import redis.asyncio as aioredis
 from prometheus_client.samples import Sample
 
-from gateway.tiers.redis_tier import RedisTier
+from gateway.keys.entry import Entry
+from gateway.tiers.redis_tier import EPOCH_KEY, TAG_PREFIX, RedisTier
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.gateway.test_entry import entry
 from tests.support.fake_upstream import FakeUpstream
@@ -122,14 +125,77 @@ async def test_a_value_read_again_is_decoded_once_and_a_changed_or_deleted_one_n
     tier = RedisTier(redis_url, timeout_s=1.0, retry_after_s=1.0, clock=time.time, on_error=lambda: None)
     try:
         first = entry(created_at=time.time())
-        await tier.set(first)
+        await tier.set(first, await tier.epoch(first.key, first.tags))
         read = await tier.get(first.key)
         assert read == first
         assert await tier.get(first.key) is read  # the same bytes again: the decoded entry, not a new decode
         second = replace(first, body=b'{"id":"y","choices":[]}', created_at=first.created_at + 1)
-        await tier.set(second)  # re-stored under the same key: other bytes, decoded anew
+        await tier.set(
+            second, await tier.epoch(first.key, first.tags)
+        )  # re-stored under the same key: other bytes, decoded anew
         assert await tier.get(first.key) == second
         await tier.delete([first.key])
         assert await tier.get(first.key) is None
     finally:
+        await tier.close()
+
+
+def tagged(i: int, *tags: str) -> Entry:
+    base = entry(created_at=time.time())
+    return replace(base, key=f"{base.key[:-4]}{i:04d}", tags=tags)
+
+
+async def test_a_store_whose_epoch_moved_is_neither_written_nor_indexed(redis_url: str) -> None:
+    refused: list[str] = []
+    tier = RedisTier(
+        redis_url,
+        timeout_s=1.0,
+        retry_after_s=1.0,
+        clock=time.time,
+        on_error=lambda: None,
+        on_refusal=refused.append,
+    )
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        late, fresh = tagged(1, "model:m"), tagged(2, "model:m")
+        before = await tier.epoch(late.key, late.tags)  # '' : no purge ever ran
+        await tier.purge_tags(["model:other"])  # any purge moves the one epoch
+        assert not await tier.set(late, before)
+        assert refused == ["purged"]
+        assert await client.exists(late.key) == 0 and await client.smembers(TAG_PREFIX + "model:m") == set()
+        assert await tier.set(fresh, await tier.epoch(fresh.key, fresh.tags))
+        await client.delete(
+            EPOCH_KEY
+        )  # evicted: a purge recreates it at a random value, never back at `taken`
+        taken = await tier.epoch(fresh.key, fresh.tags)
+        await tier.delete(["te1:pub:nothing"])
+        assert await tier.epoch(fresh.key, fresh.tags) not in ("", taken)
+        assert not await tier.set(fresh, taken)
+    finally:
+        await client.aclose()
+        await tier.close()
+
+
+async def test_a_tag_purge_deletes_every_member_and_the_tag_sets_in_one_script(redis_url: str) -> None:
+    tier = RedisTier(redis_url, timeout_s=5.0, retry_after_s=1.0, clock=time.time, on_error=lambda: None)
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        entries = [tagged(i, "tenant:a" if i % 2 else "tenant:b", "model:m") for i in range(2500)]
+        epoch = await tier.epoch(entries[0].key, ())
+        for e in entries:
+            assert await tier.set(e, epoch)
+        await client.config_resetstat()
+        count, keys = await tier.purge_tags(["tenant:a", "model:nothing"])
+        calls = {name: stat["calls"] for name, stat in (await client.info("commandstats")).items()}
+        assert calls["cmdstat_evalsha"] == 1  # one script did it all: its DELs ran inside, in one step
+        assert calls["cmdstat_sunion"] == 1 and calls["cmdstat_del"] == 3 and calls["cmdstat_incr"] == 1
+        assert count == 1250 and keys == sorted(e.key for e in entries if e.tags[0] == "tenant:a")
+        assert await client.exists(TAG_PREFIX + "tenant:a") == 0
+        left = await client.exists(*(e.key for e in entries))  # 1,250 deleted: more than one Lua unpack holds
+        assert left == 1250
+        count, _ = await tier.purge_tags(["model:m"])
+        assert count == 1250
+        assert sorted(await client.keys()) == [EPOCH_KEY.encode(), (TAG_PREFIX + "tenant:b").encode()]
+    finally:
+        await client.aclose()
         await tier.close()

@@ -1,10 +1,12 @@
-"""Tests for gateway/tiers/tiered.py: tiers plug in through the `Tier`/`LocalTier` protocols, and every lookup and
-store is counted exactly once per tier."""
+"""Tests for gateway/tiers/tiered.py: tiers plug in through the `Tier`/`LocalTier` protocols, every lookup and
+store is counted exactly once per tier, and the purge discipline (docs/coherence.md) holds for one process: a store
+started before a purge is dropped (P2), a read raced by a purge is neither back-filled nor answered (P3, P4).
+The property over real tiers, two workers and every interleaving is tests/gateway/test_coherence_property.py."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import pytest
 
@@ -26,6 +28,8 @@ class DictTier:
     def __init__(self) -> None:
         self.data: dict[str, Entry] = {}
         self.down = False
+        self.purges = 0  # the purge epoch
+        self.during_get: list[Callable[[], Awaitable[object]]] = []  # run while a read is in flight
 
     @property
     def available(self) -> bool:
@@ -36,7 +40,10 @@ class DictTier:
             raise L2Unavailable("down")
 
     async def get(self, key: str) -> Entry | None:
-        return self.entry_of(await self.read(key))
+        value = await self.read(key)
+        if self.during_get:
+            await self.during_get.pop(0)()
+        return self.entry_of(value)
 
     def read(self, key: str) -> asyncio.Future[Entry | None]:
         self._check()
@@ -51,13 +58,20 @@ class DictTier:
     async def get_many(self, keys: Sequence[str]) -> list[Entry | None]:
         return [await self.get(k) for k in keys]
 
-    async def set(self, entry: Entry) -> bool:
+    async def epoch(self, key: str, tags: Sequence[str]) -> object:
         self._check()
+        return self.purges
+
+    async def set(self, entry: Entry, epoch: object) -> bool:
+        self._check()
+        if epoch != self.purges:
+            return False
         self.data[entry.key] = entry
         return True
 
     async def delete(self, keys: Iterable[str]) -> int:
         self._check()
+        self.purges += 1
         return sum(self.data.pop(k, None) is not None for k in keys)
 
     async def purge_tags(self, tags: Iterable[str]) -> tuple[int, list[str]]:
@@ -97,7 +111,7 @@ async def test_every_lookup_and_store_counts_once_per_tier(
 ) -> None:
     cache, l2, metrics = tiers
     assert await cache.get("k") is None  # l1 miss, l2 miss
-    await cache.put(entry("k"))  # stored in both
+    await cache.put(entry("k"), await cache.ticket("k", ()))  # stored in both
     found = await cache.get("k")  # l1 hit: l2 not asked
     assert found is not None and found.tier == "l1"
     cache.l1.clear()
@@ -120,10 +134,50 @@ async def test_an_unavailable_l2_is_one_error_lookup_and_no_store(
     cache, l2, metrics = tiers
     l2.down = True
     assert await cache.get("k") is None
-    await cache.put(entry("k"))
+    await cache.put(entry("k"), await cache.ticket("k", ()))  # the ticket has no epoch: L2 is not written
     assert await cache.purge(["k"], []) == {"l1": 1, "l2": "error"}
     assert counts(metrics) == {
         ("lookups", "l1", "miss"): 1,
         ("lookups", "l2", "error"): 1,
         ("stores", "l1"): 1,
     }
+
+
+async def test_a_store_started_before_a_purge_is_dropped_by_both_tiers(
+    tiers: tuple[TieredCache, DictTier, GatewayMetrics],
+) -> None:
+    cache, l2, metrics = tiers
+    ticket = await cache.ticket("k", ())  # taken before the upstream call
+    await cache.purge(["other"], [])  # lands while the upstream answers
+    await cache.put(entry("k"), ticket)
+    assert cache.l1.get("k") is None and "k" not in l2.data
+    assert metrics.cache_refusals.labels("l1", "purged")._value.get() == 1
+    await cache.put(entry("k"), await cache.ticket("k", ()))  # a fill begun after the purge stores
+    assert cache.l1.get("k") is not None and "k" in l2.data
+
+
+async def test_a_read_raced_by_a_purge_is_read_again_and_never_back_filled(
+    tiers: tuple[TieredCache, DictTier, GatewayMetrics],
+) -> None:
+    cache, l2, metrics = tiers
+    l2.data["k"] = entry("k")
+    l2.during_get.append(lambda: cache.purge(["k"], []))  # the purge lands while L2 answers
+    assert await cache.get("k") is None  # read again: the purge deleted it
+    assert cache.l1.get("k") is None
+    assert counts(metrics)[("lookups", "l2", "raced")] == 1
+    l2.data["k"] = entry("k")
+    l2.during_get.append(lambda: cache.purge(["other"], []))
+    found = await cache.get("k")  # raced by an unrelated purge: the second read answers
+    assert found is not None and found.tier == "l2" and cache.l1.get("k") is found.entry
+
+
+async def test_the_lease_reader_drops_a_read_raced_by_a_purge(
+    tiers: tuple[TieredCache, DictTier, GatewayMetrics],
+) -> None:
+    cache, l2, _ = tiers
+    l2.data["k"] = entry("k")
+    l2.during_get.append(lambda: cache.purge([], ["model:m"]))
+    assert await cache.fetch("k") is None  # the waiter reads or fills again
+    assert cache.l1.get("k") is None
+    found = await cache.fetch("k")
+    assert found is not None and cache.l1.get("k") is found

@@ -4,9 +4,10 @@ Invariant: this process never serves from its L1 an entry that a purge, applied 
 model revision it knows to be replaced. Purges reach it over the bus; while the bus is down (or has been down
 since its last confirmed subscription) L1 is emptied and off (`MemoryTier.suspend`). A message it cannot read
 also empties L1: dropping everything is the only safe reading of an unknown invalidation.
-Order on the publishing side (see `gateway.handlers.admin`): L2 first, then this L1, then the bus, so a process
-that drops an entry on the message cannot re-read it from L2; `MemoryTier.generation` stops a read that was
-already in flight from back-filling it.
+Order on the publishing side (`purge_everywhere`, which `gateway.handlers.admin` calls): L2 first, then this L1, then
+the bus, answering once every subscribed process confirmed (P5 of docs/coherence.md), so a process that drops an
+entry on the message cannot re-read it from L2; `MemoryTier.generation` stops a read that was already in flight
+from back-filling or answering it (P3, P4).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from gateway.tiers.coherence.message import (
     encode_ack,
     process_origin,
 )
+from gateway.tiers.tiered import TieredCache
 from gateway.upstream.catalog import ModelCatalog
 
 log = logging.getLogger("tokenedge.coherence")
@@ -172,3 +174,19 @@ class Coherence:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+async def purge_everywhere(
+    cache: TieredCache,
+    coherence: Coherence | None,
+    keys: tuple[str, ...],
+    tags: tuple[str, ...],
+    *,
+    ack_timeout_s: float,
+) -> dict[str, int | str]:
+    """P5: the shared tier (P1: atomic, its epoch moved), this L1, then every other L1 over the bus (`bus`: how
+    many confirmed, awaited, bounded). When this returns, no process answers an entry stored before it began."""
+    result = await cache.purge(keys, tags)
+    if coherence is not None and coherence.bus is not None:
+        result["bus"] = await coherence.publish_purge(keys, tags, ack_timeout_s=ack_timeout_s)
+    return result
