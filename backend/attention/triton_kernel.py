@@ -59,7 +59,8 @@ def _walk_keys(
     for tile in range(0, tl.cdiv(last, BLOCK_N)):
         pos = tile * BLOCK_N + keys  # [BLOCK_N]
         pos_ok = pos < kv_len  # slots past the sequence are never read
-        block = tl.load(table + pos // BLOCK_SIZE, mask=pos_ok, other=0)  # [BLOCK_N]
+        block = tl.load(table + pos // BLOCK_SIZE, mask=pos_ok, other=0)  # [BLOCK_N] int32
+        block = block.to(tl.int64)  # block x its stride passes 2^31 elements in a large pool
         slot = pos % BLOCK_SIZE
         kv_ok = pos_ok[:, None] & d_ok[None, :]  # [BLOCK_N, BLOCK_D]
         k_off = block[:, None] * stride_kb + slot[:, None] * stride_ks + d[None, :] * stride_kd
