@@ -8,6 +8,7 @@ import sys
 SCENARIOS = {
     "gateway_hit": "bench.gateway_hit",
     "gateway": "bench.gateway_suite",
+    "gateway_miss": "bench.miss_ttft",  # what a streamed miss pays for the gateway, against the engine direct
     "gateway_ab": "bench.gateway_ab",  # before/after of one change (needs --before DIR): not in `all`
     "e2e": "bench.e2e",
     "backend": "bench.llamacpp_peer",  # against native llama.cpp: llama-server over HTTP, our engine vs llama-bench

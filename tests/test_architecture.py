@@ -97,7 +97,7 @@ def _gateway_table() -> list[str]:
 # (handlers, app, __main__) is the top; `gateway.state` is the shell's, and the layers below take the part they read.
 LAYERS: tuple[str, ...] = tuple(_gateway_table())
 SHELL = ("gateway.app", "gateway.handlers", "gateway.__main__")
-MAX_ROOMS = 14
+MAX_ROOMS = 15  # 15: intake, the one pipeline from a request to its decision and key (issue 34)
 MAX_STATE_IMPORTERS = 6
 
 
@@ -107,8 +107,9 @@ def _room(module: str) -> str | None:
     return parts[1] if parts[0] == "gateway" and len(parts) > 1 else None
 
 
-def test_the_gateway_has_at_most_14_rooms_and_every_one_is_in_the_layer_order() -> None:
+def test_the_gateway_has_at_most_15_rooms_and_every_one_is_in_the_layer_order() -> None:
     assert len(LAYERS) > 10 and LAYERS[0] == "web" and LAYERS[-1] == "__main__", LAYERS
+    assert LAYERS.index("hits") < LAYERS.index("intake") < LAYERS.index("edge"), LAYERS
     rooms = {p.stem if p.suffix == ".py" else p.name for p in (ROOT / "gateway").iterdir() if _is_room(p)}
     assert len(rooms) <= MAX_ROOMS, sorted(rooms)
     assert rooms == set(LAYERS), (
@@ -281,3 +282,36 @@ def test_every_function_is_at_most_60_lines() -> None:
     assert not too_long, "split into named steps (shared/STYLE.md):\n" + "\n".join(too_long)
     stale = sorted(where for where in PENDING if sizes.get(where, 0) <= MAX_FUNCTION_LINES)
     assert not stale, f"now within the limit or gone: remove from PENDING: {stale}"
+
+
+# The steps from a request to its decision and key, each named where it is defined; written once, in the intake room.
+KEY_PIPELINE = {
+    "decide": "gateway/keys/policy.py",
+    "confirm_seeded": "gateway/keys/policy.py",
+    "derive_key_from_bytes": "gateway/keys/derive.py",
+    "key_form": "gateway/tokens/keyform.py",
+    "key_tokenizer": "gateway/tokens/keyform.py",
+}
+
+
+def test_the_key_pipeline_is_written_once() -> None:
+    """Only gateway/intake/pipeline.py calls the steps from a request to its decision and key: the routes, explain
+    and the fast lane take them from there, so no lane can key or decide a request another way (issue 34)."""
+    callers: dict[str, set[str]] = {name: set() for name in KEY_PIPELINE}
+    for path in (ROOT / "gateway").rglob("*.py"):
+        where = str(path.relative_to(ROOT))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = (
+                    func.id
+                    if isinstance(func, ast.Name)
+                    else func.attr
+                    if isinstance(func, ast.Attribute)
+                    else ""
+                )
+                if name in callers and where != KEY_PIPELINE[name]:
+                    callers[name].add(where)
+    routing_policy = "gateway/upstream/routing/"  # its own `decide`: which engine, not whether to cache
+    strays = {n: sorted(w for w in c if not w.startswith(routing_policy)) for n, c in callers.items()}
+    assert all(c == ["gateway/intake/pipeline.py"] for c in strays.values()), strays

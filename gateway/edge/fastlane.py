@@ -41,11 +41,12 @@ from gateway.edge.needs import EdgeState
 from gateway.hits import record, render
 from gateway.hits.scope import key_scope_of_fields
 from gateway.hits.verdict import Verdict, judge
+from gateway.intake.pipeline import lane_lookup
 from gateway.keys.cache_control import NO_DIRECTIVES
 from gateway.keys.entry import Entry
 from gateway.keys.memo import MAX_MEMO_BODY_BYTES, ParsedRequest
 from gateway.keys.parts import Part, wire_material
-from gateway.keys.policy import CACHEABLE_ENDPOINTS, Lookup, decide
+from gateway.keys.policy import CACHEABLE_ENDPOINTS
 from gateway.keys.validate import is_json_media
 from gateway.ops.dashboard.hotkeys import prompt_text
 from gateway.ops.reqrecord import DEBUG_HEADER, handler_done
@@ -190,22 +191,6 @@ def plain_head(data: bytes, kinds: dict[bytes, int], part: Callable[[str], Part]
     )
 
 
-def _lookup(parsed: ParsedRequest, state: EdgeState, endpoint: str) -> Lookup | None:
-    """The policy's decision for these bytes without request directives, decided once per memoized request."""
-    fast = parsed.fast
-    if fast is None:
-        decision = decide(endpoint, parsed.body, NO_DIRECTIVES, state.policies[endpoint])
-        # A seeded lookup is the ordinary path's: it asks the upstream's promise each time (policy.confirm_seeded).
-        usable = (
-            isinstance(decision, Lookup)
-            and decision.read
-            and not decision.seeded
-            and parsed.body.get("stream") is not True
-        )
-        fast = parsed.fast = decision if usable else False
-    return fast if isinstance(fast, Lookup) else None
-
-
 def keyed(
     state: EdgeState, endpoint: str, raw: bytes, scope: Callable[[], str], wire: Callable[[], bytes]
 ) -> Known | None:
@@ -214,7 +199,7 @@ def keyed(
     revision, the tokenizer identity the route keys by now, and these headers' key material (`wire`); else None
     (the ordinary path derives it)."""
     parsed = state.memo.get(endpoint, raw)
-    lookup = _lookup(parsed, state, endpoint) if parsed is not None else None
+    lookup = lane_lookup(state, endpoint, parsed) if parsed is not None else None
     if parsed is None or lookup is None:
         return None
     model = parsed.body["model"]

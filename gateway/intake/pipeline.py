@@ -22,6 +22,7 @@ from gateway.keys.cache_control import NO_DIRECTIVES, RequestDirectives, parse_r
 from gateway.keys.canonical import CanonicalizationError, Level, canonical_json
 from gateway.keys.derive import CacheKey, derive_key_from_bytes
 from gateway.keys.memo import KeyContext, ParsedRequest
+from gateway.keys.parts import wire_parts
 from gateway.keys.policy import Bypass, Lookup, confirm_seeded, decide
 from gateway.keys.validate import parse_object, validate
 from gateway.tokens.keyform import NOT_TOKEN_LEVEL, TOKEN_LEVELS, KeyForm, key_form, key_tokenizer
@@ -73,6 +74,23 @@ def prepare(
     directives = directives_of(request)
     decision = decide(endpoint, parsed.body, directives, state.policies[endpoint])
     return Prepared(endpoint, raw, parsed.body, directives, decision, parsed)
+
+
+def lane_lookup(state: IntakeState, endpoint: str, parsed: ParsedRequest) -> Lookup | None:
+    """The fast lane's decision for memoized bytes (no request directives: a request carrying any goes the ordinary
+    way), decided once per memo record; None where the lane may not answer."""
+    fast = parsed.fast
+    if fast is None:
+        decision = decide(endpoint, parsed.body, NO_DIRECTIVES, state.policies[endpoint])
+        # A seeded lookup is the ordinary path's: it asks the upstream's promise each time (policy.confirm_seeded).
+        usable = (
+            isinstance(decision, Lookup)
+            and decision.read
+            and not decision.seeded
+            and parsed.body.get("stream") is not True
+        )
+        fast = parsed.fast = decision if usable else False
+    return fast if isinstance(fast, Lookup) else None
 
 
 def upstream_headers(request: web.Request, state: IntakeState) -> Any:
@@ -143,4 +161,8 @@ async def _cache_key(
     )
     # the last (tenant, revision, tokenizer, wire) seen for these bytes
     state.memo.set_key(parsed, key, level, (scope, revision, tokenizer, wire))
+    if (
+        wire
+    ):  # counted per key derivation (a repeat of these bytes in this context reuses it), not per request
+        state.metrics.count_key_parts(wire_parts(wire))
     return key, level, form

@@ -168,6 +168,20 @@ def wire_material(keyed_headers: Iterable[tuple[str, str]], keyed_query: Iterabl
     return bytes(out)
 
 
+def wire_parts(wire: bytes) -> list[str]:
+    """The parts `wire_material` wrote, as metric labels: `header:NAME` and `query:NAME` (values left out)."""
+    out: list[str] = []
+    at = 0
+    while at < len(wire):
+        tag = "header" if wire[at : at + 1] == b"h" else "query"
+        size = int.from_bytes(wire[at + 1 : at + 5], "big")
+        name = wire[at + 5 : at + 5 + size].decode("utf-8", "replace")
+        at += 5 + size
+        at += 4 + int.from_bytes(wire[at : at + 4], "big")
+        out.append(f"{tag}:{name}")
+    return out
+
+
 # Body fields per endpoint that never reach the answer (design §2): the response's form, the request's bookkeeping.
 # A field an endpoint echoes back in its answer is key material there (the Responses object returns `metadata`,
 # `user`, `safety_identifier`, `prompt_cache_key` and `service_tier`; chat returns `service_tier`).

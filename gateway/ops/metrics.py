@@ -88,6 +88,9 @@ def _per_tier(name: str, doc: str, registry: CollectorRegistry) -> Gauge:
     return Gauge(name, doc, ["tier"], multiprocess_mode="livesum", registry=registry)
 
 
+KEY_PART_LABELS = 64  # distinct `part` labels of tokenedge_key_parts_total, then `other`
+
+
 class GatewayMetrics:
     """Every family the gateway exports, built in groups: one `_..._families` method per group, listed once in
     `__init__`, so a new group is one method and one line there."""
@@ -210,6 +213,25 @@ class GatewayMetrics:
             ["tier"],
             registry=r,
         )
+        self.key_parts = Counter(
+            "tokenedge_key_parts",
+            "Keys derived with a header or query parameter as key material (design §2.1), by part: each one splits "
+            "entries; declare a header the upstream never answers by in server.transport_headers",
+            ["part"],
+            registry=r,
+        )
+        self._key_part_labels: set[str] = set()
+
+    def count_key_parts(self, parts: Iterable[str]) -> None:
+        """One derived key's key-material parts (`header:accept`, `query:api-version`); client-chosen names, so
+        the first KEY_PART_LABELS get a label each and the rest count as `other`."""
+        for part in parts:
+            if part not in self._key_part_labels:
+                if len(self._key_part_labels) >= KEY_PART_LABELS:
+                    part = "other"
+                else:
+                    self._key_part_labels.add(part)
+            self.tally.inc(self.key_parts, (part,))
 
     def _zero_known_series(self) -> None:
         for why in Fallback:

@@ -30,6 +30,9 @@ from gateway.upstream.catalog import ModelCatalog, ModelInfo
 from gateway.upstream.transport import UpstreamTransport
 from gateway.web.errors import ContextTooLong, RateLimited
 
+_UNSEEN: Any = object()
+MAX_OPENAI_MODELS = 1024  # model names remembered (client-chosen: bounded)
+
 
 @dataclass(frozen=True, slots=True)
 class Plan:
@@ -69,6 +72,7 @@ class TokenPath:
             else None
         )
         self._encoders: dict[str, ModelEncoder] = {}
+        self._openai_specs: dict[str, Any] = {}  # model name -> its OpenAI encoding's spec, or None
         self.remote = (
             RemoteTokenizers(config, upstream, metrics, clock) if config.remote_tokenize else None
         )  # token-exact keys from a third-party engine's own tokenize routes, once verified
@@ -84,8 +88,15 @@ class TokenPath:
     ) -> ModelEncoder | None:
         if info is not None and info.tokenizer:
             spec = self.registry.known(info.tokenizer) or await self.registry.backend(info.tokenizer, headers)
-        elif self.config.openai_models:  # the first use loads cl100k (~1 s): off the event loop
-            spec = await asyncio.to_thread(self.registry.for_openai_model, model)
+        elif self.config.openai_models:
+            # The first use loads cl100k (~1 s): off the event loop, once per model name. A thread hop on every
+            # request cost a streamed miss milliseconds of time to first token on a busy machine.
+            spec = self._openai_specs.get(model, _UNSEEN)
+            if spec is _UNSEEN:
+                spec = await asyncio.to_thread(self.registry.for_openai_model, model)
+                if len(self._openai_specs) >= MAX_OPENAI_MODELS:
+                    self._openai_specs.clear()
+                self._openai_specs[model] = spec
         else:
             spec = None
         return None if spec is None else self.encoder(spec)

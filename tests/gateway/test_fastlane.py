@@ -43,15 +43,9 @@ class Reply:
 def request_bytes(
     method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None, version: str = "1.1"
 ) -> bytes:
-    # `Accept` as aiohttp's client sends it (the warm-up requests): key material like any header the upstream reads
-    lines = [
-        f"{method} {path} HTTP/{version}",
-        "Host: gateway",
-        "Accept: */*",
-        *(f"{k}: {v}" for k, v in AUTH_A.items()),
-    ]
-    if method == "POST":
-        lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+    auth = [f"{k}: {v}" for k, v in AUTH_A.items()]  # `Accept` as aiohttp's client sends it: key material
+    lines = [f"{method} {path} HTTP/{version}", "Host: gateway", "Accept: */*", *auth]
+    lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"] if method == "POST" else []
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 

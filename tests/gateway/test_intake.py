@@ -13,7 +13,15 @@ import orjson
 import pytest
 
 from gateway.keys.cache_control import RequestDirectives
-from gateway.keys.parts import Part, credential_looking, header_part, query_pairs, query_part, wire_material
+from gateway.keys.parts import (
+    Part,
+    credential_looking,
+    header_part,
+    query_pairs,
+    query_part,
+    wire_material,
+    wire_parts,
+)
 from gateway.keys.policy import Bypass, Reason, RoutePolicy, decide
 from tests.gateway.conftest import CHAT, GatewayFactory
 from tests.support.engines import Engine
@@ -261,3 +269,19 @@ async def test_chat_drops_what_it_does_not_echo_and_keys_service_tier(gw: Runnin
 
     assert await key(user="u1") == await key(user="u2") == await key(metadata={"a": "b"})
     assert await key(service_tier="flex") != await key(service_tier="auto")
+
+
+def test_wire_parts_name_what_wire_material_wrote() -> None:
+    wire = wire_material([("accept", "*/*"), ("x-team", "red")], [("api-version", "1")])
+    assert wire_parts(wire) == ["header:accept", "header:x-team", "query:api-version"]
+
+
+async def test_the_split_a_header_costs_is_counted_per_part(gw: RunningGateway) -> None:
+    for team in ("red", "red", "blue"):
+        await gw.client.post(
+            "/v1/chat/completions?api-version=1", json=CHAT, headers={**AUTH, "X-Team": team}
+        )
+    metrics = gw.state.metrics
+    metrics.tally.flush()
+    assert metrics.key_parts.labels("header:x-team")._value.get() == 2  # derived twice; the repeat reused it
+    assert metrics.key_parts.labels("query:api-version")._value.get() == 2
