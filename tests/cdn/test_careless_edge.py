@@ -59,18 +59,21 @@ def careless_nginx(conf: str) -> str:
 async def make_careless(
     fake: FakeUpstream, upstream_url: str, clock: FakeClock
 ) -> AsyncIterator[CarelessFactory]:
-    """`factory(edge, honour_vary=False, **sections)`: gateway behind a careless varnish or nginx."""
+    """`factory(edge, honour_vary=False, cache_streams=False, **sections)`: gateway behind a careless varnish
+    (`cache_streams`: streamed requests looked up too) or nginx."""
     started: list[tuple[RunningGateway, EdgeProcess]] = []
     async with aiohttp.ClientSession(auto_decompress=False) as http:
 
-        async def factory(edge: str, *, honour_vary: bool = False, **sections: dict[str, Any]) -> EdgeStack:
+        async def factory(
+            edge: str, *, honour_vary: bool = False, cache_streams: bool = False, **sections: dict[str, Any]
+        ) -> EdgeStack:
             server = {"admin_token": ADMIN_TOKEN, **sections.pop("server", {})}
             gw = await start_gateway(gateway_config(upstream_url, server=server, **sections), clock)
             port = gw.server.port
             assert port is not None
             proc: EdgeProcess
             if edge == "varnish":
-                varnish = VarnishServer(VarnishEdgeConfig(backend_port=port))
+                varnish = VarnishServer(VarnishEdgeConfig(backend_port=port, cache_streams=cache_streams))
                 varnish.vcl.write_text(careless_vcl(varnish.vcl.read_text(), honour_vary=honour_vary))
                 proc = varnish
             else:
@@ -131,6 +134,28 @@ async def test_mutation_a_careless_edge_told_it_is_credential_keyed_leaks(
     fetched, fetched_body = await stack.get(alias, AUTH_B)
     assert fetched.status == 200 and fetched_body == answer
     assert stack.fake.calls["chat"] == 1
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+async def test_a_careless_edge_that_caches_streams_never_serves_a_tenant_stream_to_another_credential(
+    make_careless: CarelessFactory, keyed: bool
+) -> None:
+    """Streamed requests looked up at the careless edge: A's streamed miss and A's streamed hit; B's identical
+    stream reaches the gateway. With the setting's false claim (`keyed`), the edge serves A's stream to B."""
+    stack = await make_careless("varnish", cache_streams=True, cache={"cdn_credential_keyed_edge": keyed})
+    body = chat("stream it", stream=True)
+    _, first = await stack.post(CHAT, body, AUTH_A)
+    hit, answer = await stack.post(CHAT, body, AUTH_A)
+    assert answer == first and hit.headers["Cache-Status"].startswith("tokenedge; hit")  # the gateway's hit
+
+    other, other_body = await stack.post(CHAT, body, AUTH_B)
+    if keyed:
+        assert other_body == answer and "varnish; hit" in other.headers["Cache-Status"]
+        assert stack.fake.calls["chat"] == 1
+    else:
+        assert other_body != answer and "varnish; hit" not in other.headers["Cache-Status"]
+        assert other.headers["Cache-Status"].startswith("tokenedge; fwd=miss")
+        assert stack.fake.calls["chat"] == 2
 
 
 TEAM_A = {**AUTH_A, "X-Team": "red"}
