@@ -116,6 +116,14 @@ async def bypass(
     )
 
 
+def upstream_target(request: web.Request, endpoint: str) -> str:
+    """The target a miss asks the upstream: the route's own path (the key names the endpoint, so every spelling the
+    router takes for it, `%63ompletions` or an absolute-form target, is sent one way), then the raw query string as
+    the client sent it (key or scope material, gateway.keys.parts)."""
+    query = request.rel_url.raw_query_string
+    return f"/v1/{endpoint}?{query}" if query else f"/v1/{endpoint}"
+
+
 def fill_request(
     request: web.Request, state: GatewayState, prep: Prepared, lookup: Lookup, resolved: Resolved
 ) -> FillRequest:
@@ -129,7 +137,7 @@ def fill_request(
         resolved.model,
         resolved.revision,
         lookup.ttl_s,
-        request.path_qs,
+        upstream_target(request, prep.endpoint),
         fwd,
         prep.raw,
         upstream_for(state, prep.endpoint, prep.body, scope_of(request, state)),
