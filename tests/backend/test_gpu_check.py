@@ -85,3 +85,16 @@ def test_the_script_passes_over_a_python_whose_torch_sees_no_gpu() -> None:
         text=True,
     )
     assert dry.returncode == 0 and dry.stdout.strip() == sys.executable
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_kernel_and_engine_checks_pass(tmp_path: Path) -> None:
+    """The compiled kernel (not the interpreter: a process without TRITON_INTERPRET) against the reference and the
+    engine on it; the speed steps are left to bench/gpu_check.sh (`--budget-s 0` skips them)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "gpu_check.json"
+    command = [sys.executable, "-m", "bench.gpu_check", "--no-smollm2", "--budget-s", "0", "--out", str(out)]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert json.loads(out.read_text())["failures"] == []
