@@ -127,3 +127,18 @@ async def test_worker_relay_delivers_to_every_other_worker() -> None:
     finally:
         for bus in buses:
             await bus.close()
+
+
+async def test_the_alias_serves_no_entry_of_a_revision_known_to_be_replaced(
+    make_gateway: GatewayFactory, fake: FakeUpstream, redis_url: str
+) -> None:
+    """P6 (docs/coherence.md): `GET /v1/cache/{key}` judges with the model's current revision, as a lookup does; the
+    old revision's entry is still in L2 (keys carry the revision, nothing purged it) but is no answer."""
+    a, b = await two_replicas(make_gateway, redis_url)
+    first = await a.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A)
+    key = first.headers["X-Cache-Key"]  # stored by a, under rev-1
+    assert (await b.client.get(f"/v1/cache/{key}", headers=AUTH_A)).status == 200  # from L2, then b's L1
+    fake.revision = "rev-2"
+    b.state.catalog.learn("test-model", "rev-2")  # as from a new revision's answer; dropped from b's L1 too
+    assert await b.state.cache.l2.get(key) is not None  # type: ignore[union-attr]
+    assert (await b.client.get(f"/v1/cache/{key}", headers=AUTH_A)).status == 404

@@ -1,5 +1,5 @@
-"""L2 against a real memcached: sharing across gateways, purge by key and by tag (namespace versioning),
-oversize refusal, the L1 lifetime cap that bounds cross-worker staleness, and a crash under load."""
+"""L2 against a real memcached: sharing across gateways, purge by key and by tag (namespace versioning), stores
+under the tag versions of their start (P2 of docs/coherence.md), oversize refusal, the L1 lifetime cap that bounds cross-worker staleness, and a crash under load."""
 
 from __future__ import annotations
 
@@ -277,3 +277,39 @@ async def test_a_server_closing_mid_command_degrades_instead_of_hanging() -> Non
     finally:
         await tier.close()
         server.close()
+
+
+async def test_a_store_records_the_tag_versions_of_its_start_so_a_purge_since_is_never_undone(
+    memcached: MemcachedServer,
+) -> None:
+    """P2 (docs/coherence.md): the versions come from `epoch`, taken before the upstream call, not from the store."""
+    import time
+    from dataclasses import replace
+
+    from gateway.tiers.memcached_tier import MemcachedTier
+    from tests.gateway.test_entry import entry
+
+    refused: list[str] = []
+    tier = MemcachedTier(
+        [memcached.server],
+        timeout_s=5.0,
+        retry_after_s=1.0,
+        max_item_bytes=1 << 20,
+        clock=time.time,
+        on_error=lambda: None,
+        on_refusal=refused.append,
+    )
+    try:
+        one = entry(created_at=time.time())
+        one = replace(one, tags=("model:m", "tenant:pub", "key:" + one.key.rsplit(":", 1)[1]))
+        for purge in (tier.purge_tags(["model:m"]), tier.delete([one.key])):
+            taken = await tier.epoch(one.key, one.tags)
+            await purge  # lands while the upstream answers
+            assert await tier.set(one, taken)  # written, under the versions of before the purge
+            assert await tier.get(one.key) is None  # so no read ever validates it
+        assert await tier.set(one, await tier.epoch(one.key, one.tags))  # a fill begun after the purge
+        assert await tier.get(one.key) == one
+        assert not await tier.set(replace(one, tags=("model:other",)), await tier.epoch(one.key, one.tags))
+        assert refused == ["untagged"]  # a ticket for other tags says nothing about those: refused
+    finally:
+        await tier.close()

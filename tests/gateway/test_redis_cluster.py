@@ -227,3 +227,37 @@ def l2_errors(gw: RunningGateway) -> float:
         for s in m.samples
         if s.name == "tokenedge_cache_errors_total" and s.labels.get("tier") == "l2"
     )
+
+
+async def test_a_key_its_tag_sets_and_its_epoch_share_a_slot_and_purges_run_per_bucket(
+    cluster_url: str,
+) -> None:
+    """P1, P2 (docs/coherence.md) on a cluster: one bucket is one slot, so the single-node scripts run per bucket."""
+    import time
+    from dataclasses import replace
+
+    from gateway.tiers.redis_cluster import BUCKETS, cluster_client
+    from tests.gateway.test_entry import entry
+
+    tier = RedisClusterTier(
+        cluster_url, timeout_s=5.0, retry_after_s=1.0, clock=time.time, on_error=lambda: None
+    )
+    client = cluster_client(cluster_url, timeout_s=5.0)
+    try:
+        base = entry(created_at=time.time())
+        one, two = (replace(base, key=f"te1:pub:{i:064x}", tags=("model:m", f"key:{i}")) for i in (1, 2))
+        assert tier.epoch_key(one.key) != tier.epoch_key(two.key)  # these two keys fall in different buckets
+        names = [tier.stored_name(one.key), tier.epoch_key(one.key), tier.tag_key(one.key, "model:m")]
+        assert len({await client.cluster_keyslot(name) for name in names}) == 1
+        taken = {e.key: await tier.epoch(e.key, e.tags) for e in (one, two)}
+        await tier.delete([one.key])  # moves one's bucket only
+        assert not await tier.set(one, taken[one.key])
+        assert await tier.set(two, taken[two.key])
+        count, keys = await tier.purge_tags(["model:m"])  # every bucket: one script each
+        assert (count, keys) == (1, [two.key])
+        assert await tier.get(two.key) is None and not await tier.set(two, taken[two.key])
+        epochs = await client.mget_nonatomic([f"te1:epoch:{{b{b}}}" for b in range(BUCKETS)])
+        assert all(value is not None for value in epochs)  # a tag purge moved every bucket's epoch
+    finally:
+        await client.aclose()
+        await tier.close()
