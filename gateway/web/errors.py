@@ -141,9 +141,14 @@ def error_response(
     param: str | None = None,
     headers: dict[str, str] | None = None,
 ) -> web.Response:
+    # RFC 9111 §5.2.2.5 / RFC 9213: the gateway's own error answers are about this request and this caller (a 404
+    # for another tenant's alias, a 401, a 429): no cache in front may keep one and answer others with it.
     return web.Response(
         status=status,
         body=error_body(message, type_=type_, code=code, param=param),
         content_type="application/json",
-        headers=headers,
+        headers={**_NOT_STORED, **(headers or {})},
     )
+
+
+_NOT_STORED = {"Cache-Control": "no-store", "CDN-Cache-Control": "no-store", "Surrogate-Control": "no-store"}

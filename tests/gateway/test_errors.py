@@ -223,12 +223,12 @@ async def test_unknown_route_and_method_are_json_errors(make_gateway: GatewayFac
 async def test_a_gateway_bug_is_a_json_500_not_a_bare_page(
     make_gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gateway.handlers import completions
+    from gateway.intake import pipeline
 
     def boom(*_args: object, **_kwargs: object) -> None:
         raise RuntimeError("simulated bug")
 
-    monkeypatch.setattr(completions, "decide", boom)
+    monkeypatch.setattr(pipeline, "decide", boom)
     gw = await make_gateway()
     resp = await gw.client.post("/v1/chat/completions", data=GOOD, headers=JSON)
     assert resp.status == 500
@@ -250,3 +250,17 @@ async def test_chunked_body_over_the_limit_is_a_json_413(
     assert resp.status == 413
     assert (await resp.json())["error"]["code"] == "payload_too_large"
     assert fake.calls["chat"] == 0
+
+
+async def test_the_gateways_own_errors_are_never_stored_by_an_edge(make_gateway: GatewayFactory) -> None:
+    """A 404 for another tenant's alias, a 400, a 404 route: about this request and caller, so no-store for every
+    cache in front (RFC 9111 §5.2.2.5; RFC 9213 for the CDN-specific field)."""
+    gw = await make_gateway()
+    alias = await gw.client.get("/v1/cache/te1:t0123456789abcdef:" + "0" * 64, headers=AUTH_A)
+    bad = await gw.client.post(
+        "/v1/chat/completions", data=b"{", headers={**AUTH_A, "Content-Type": "application/json"}
+    )
+    for resp in (alias, bad):
+        assert resp.status in (400, 404)
+        assert resp.headers["Cache-Control"] == "no-store"
+        assert resp.headers["CDN-Cache-Control"] == resp.headers["Surrogate-Control"] == "no-store"
