@@ -11,8 +11,8 @@ unchanged per bucket (a Lua script may only touch one slot):
   pipelined per node): each bumps the bucket's epoch and deletes that bucket's members and tag sets in one step
   (P1). Not one step over the whole cluster, but every entry lives in exactly one bucket, and a store in a bucket
   the purge already passed finds the epoch moved, so nothing stored before the purge survives it. The trade-off:
-  `BUCKETS` slots spread entries over the masters less evenly than one slot per key (256 buckets over 3 masters:
-  within about 6% of even), and a tag purge costs `BUCKETS` small scripts;
+  `BUCKETS` slots spread entries over the masters less evenly than one slot per key (256 buckets over 3 masters
+  with the default slot ranges: 80 / 83 / 93), and a tag purge costs `BUCKETS` small scripts;
 - /metrics' L2 size sums DBSIZE and used_memory over the masters.
 Failover: a dead master's slots fail fast (one short timeout) into the shared `Breaker`, so requests degrade to
 L1 + upstream exactly as with a single Redis; the client re-reads the slot map on the next attempt and follows the
