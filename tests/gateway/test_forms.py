@@ -227,3 +227,10 @@ def test_per_choice_scalars_come_from_the_chunk_that_carries_them() -> None:
     choice = assembler.body()["choices"][0]
     assert (choice["text"], choice["stop_reason"], choice["finish_reason"]) == ("ab", 42, "stop")
     assert assembler.body()["timings"] == {"n": 2}
+
+
+def test_a_chunk_carrying_a_whole_message_makes_the_stream_stream_only() -> None:
+    assembler = forms.Assembler("chat/completions")
+    assembler.feed({"choices": [{"index": 0, "delta": {"content": "a"}}]})
+    assembler.feed({"choices": [{"index": 0, "message": {"content": "a"}, "finish_reason": "stop"}]})
+    assert not assembler.convertible

@@ -24,7 +24,8 @@ kept, known or not; the rule follows where the field sits and what it holds:
   every other member whole in a delta of its own. A chat message's `content` of "" is null beside a refusal, a
   tool call or a function call (OpenAI's JSON shape).
 - **An object in a delta of unknown rule** (none of the above) is exact when one chunk carries it: the JSON gets
-  that value. When two chunks do, no rule says how they combine: `Assembler.convertible` turns False and the entry
+  that value. When two chunks do (or a chunk carries a whole `message`), no rule says how they combine:
+  `Assembler.convertible` turns False and the entry
   serves its own form only (a JSON request misses with `Cache-Status: ...; detail=stream-only`).
 
 A member that is null or empty in one form may be absent in the other: a stream carries only what its chunks
@@ -95,9 +96,11 @@ class _Choice:
         return self.members.get("finish_reason")
 
     def feed(self, raw: Mapping[str, Any], *, chat: bool) -> bool:
-        exact = True
+        exact = (
+            "message" not in raw
+        )  # a chunk carrying a whole message: how it adds to the deltas is not known
         if chat and isinstance(raw.get("delta"), dict):
-            exact = merge_delta(self.message, raw["delta"])
+            exact &= merge_delta(self.message, raw["delta"])
         elif not chat and isinstance(raw.get("text"), str):
             self.text.append(raw["text"])
         if isinstance(raw.get("logprobs"), dict):
