@@ -25,8 +25,8 @@ kept, known or not; the rule follows where the field sits and what it holds:
   tool call or a function call (OpenAI's JSON shape).
 - **An object in a delta of unknown rule** (none of the above) is exact when one chunk carries it: the JSON gets
   that value. When two chunks do (or a chunk carries a whole `message`), no rule says how they combine:
-  `Assembler.convertible` turns False and the entry
-  serves its own form only (a JSON request misses with `Cache-Status: ...; detail=stream-only`).
+  `Assembler.convertible` turns False and the entry serves its own form only (a JSON request misses with
+  `Cache-Status: ...; detail=stream-only`).
 
 A member that is null or empty in one form may be absent in the other: a stream carries only what its chunks
 carry (OpenAI's JSON shows `annotations: []`, its stream nothing). The identity of a hit is that of the answer
