@@ -156,6 +156,18 @@ def time_kernels(report: Report, device: str, batch: int = 32, context: int = 10
         report.check("triton within 1.3x of flash-attn", ratio <= 1.3, ratio=round(ratio, 3))
 
 
+def engine_cases(device: str, dry: bool) -> list[tuple[torch.dtype, str, int, bool]]:
+    """(dtype, attention, block size, batch_invariant) of each engine checked end to end: Triton in fp32 (equal to
+    the reference) and bf16 (close), and flash-attn where it can run (256-token blocks, invariance off)."""
+    from backend.attention.flash import flash_attn_available
+
+    # dry: no invariance calibration (seconds of CPU for what is checked on the GPU)
+    cases = [(torch.float32, "triton", 16, not dry), (torch.bfloat16, "triton", 16, not dry)]
+    if device == "cuda" and flash_attn_available():
+        cases.append((torch.bfloat16, "flash", 256, False))
+    return cases
+
+
 def check_engine(report: Report, device: str, dry: bool) -> None:
     from backend.engine.config import EngineConfig
     from backend.engine.llm_engine import LLMEngine
@@ -164,23 +176,17 @@ def check_engine(report: Report, device: str, dry: bool) -> None:
     from tests.backend.test_paged_equivalence import LogitsSpy, assert_matches_reference
 
     params = SamplingParams(temperature=0, max_tokens=4 if dry else 24, ignore_eos=True)
-    lengths = (3, 20) if dry else (3, 40, 300, 90)
-    prompts = [torch.randint(0, 256, (n,)).tolist() for n in lengths]
-    for dtype in (torch.float32, torch.bfloat16):
+    prompts = [torch.randint(0, 256, (n,)).tolist() for n in ((3, 20) if dry else (3, 40, 300, 90))]
+    for dtype, attention, block_size, invariant in engine_cases(device, dry):
         model = tiny_model(dtype, device)
-        # dry: no invariance calibration (seconds of CPU for what is checked on the GPU)
         config = EngineConfig(
-            speculative_tokens=0,
-            num_blocks=64,
-            max_model_len=512,
-            device=device,
-            attention="triton",
-            batch_invariant=not dry,
-        )
+            speculative_tokens=0, block_size=block_size, num_blocks=8192 // block_size, max_model_len=512,
+            device=device, attention=attention, batch_invariant=invariant,  # type: ignore[arg-type]
+        )  # fmt: skip
         engine = LLMEngine(model, config, frozenset())
         spy = LogitsSpy(engine)
         engine.generate(prompts, params)
-        name = f"engine {dtype} {engine.attention.name} == reference_logits"
+        name = f"engine {dtype} {engine.attention.name} block {block_size} == reference_logits"
         if dtype == torch.float32:
             try:
                 assert_matches_reference(model, spy)
@@ -199,11 +205,8 @@ def check_engine(report: Report, device: str, dry: bool) -> None:
             EngineConfig(device=device, num_blocks=64, max_model_len=512),
             frozenset(),
         )
-        report.check(
-            "auto picks triton on CUDA (batch-invariant)",
-            auto.attention.name == "triton",
-            picked=auto.attention.name,
-        )
+        picked = auto.attention.name
+        report.check("auto picks triton on CUDA (batch-invariant)", picked == "triton", picked=picked)
 
 
 def facts(device: str, dry: bool) -> dict[str, Any]:

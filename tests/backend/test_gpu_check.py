@@ -29,7 +29,7 @@ def test_the_dry_run_checks_kernels_and_engine_and_writes_one_json(tmp_path: Pat
     assert report["dry"] is True and report["failures"] == []
     names = [check["name"] for check in report["checks"]]
     assert sum(name.startswith("triton == reference") for name in names) == len(gpu_check.DRY_CASES)
-    assert any(name.startswith("engine torch.float32 triton == reference_logits") for name in names)
+    assert any(name.startswith("engine torch.float32 triton block 16 == reference_logits") for name in names)
     assert all(check["ok"] for check in report["checks"])
     (row,) = report["speed"]
     assert row["model"] == "tiny" and row["engine_tok_s"] > 0
