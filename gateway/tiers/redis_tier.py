@@ -52,7 +52,11 @@ PURGE_SCRIPT = """
 if redis.call('exists', KEYS[1]) == 0 then redis.call('set', KEYS[1], ARGV[2]) end
 redis.call('incr', KEYS[1])
 local names = {}
-if ARGV[1] == 'tags' then names = redis.call('sunion', unpack(KEYS, 2)) else names = {unpack(KEYS, 2)} end
+if ARGV[1] == 'tags' then
+  names = redis.call('sunion', unpack(KEYS, 2))
+else
+  for i = 2, #KEYS do names[i - 1] = KEYS[i] end
+end
 local deleted = 0
 for i = 1, #names, 1000 do
   deleted = deleted + redis.call('del', unpack(names, i, math.min(i + 999, #names)))
