@@ -30,7 +30,8 @@ kept, known or not; the rule follows where the field sits and what it holds:
 
 A member that is null or empty in one form may be absent in the other: a stream carries only what its chunks
 carry (OpenAI's JSON shows `annotations: []`, its stream nothing). The identity of a hit is that of the answer
-that filled the entry, in both forms: its `id`, `created`, `system_fingerprint` (and llama.cpp's `timings`).
+that filled the entry, in both forms: its `id`, `created` (llama.cpp stamps each chunk: the last one's),
+`system_fingerprint`, and what measured that run (llama.cpp's `timings`, `usage`'s `cached_tokens`).
 """
 
 from __future__ import annotations
