@@ -216,9 +216,7 @@ class RedisTier:
 
     async def delete(self, keys: Iterable[str]) -> int:
         """P1: bump the epoch and delete, in one script (per bucket)."""
-        count, _ = await self._purged(
-            "delete", "keys", self._by_bucket(keys, lambda key: [self.stored_name(key)])
-        )
+        count, _ = await self._purged("delete", "keys", self._by_bucket(keys))
         return count
 
     async def purge_tags(self, tags: Iterable[str]) -> tuple[int, list[str]]:
@@ -229,11 +227,11 @@ class RedisTier:
             return 0, []
         return await self._purged("purge", "tags", self._every_bucket(tags))
 
-    def _by_bucket(self, keys: Iterable[str], names: Callable[[str], list[str]]) -> dict[str, list[str]]:
-        """epoch key -> the names to purge under it, for the keys given."""
+    def _by_bucket(self, keys: Iterable[str]) -> dict[str, list[str]]:
+        """epoch key -> the stored names of the keys in its bucket."""
         buckets: dict[str, list[str]] = {}
         for key in keys:
-            buckets.setdefault(self.epoch_key(key), []).extend(names(key))
+            buckets.setdefault(self.epoch_key(key), []).append(self.stored_name(key))
         return buckets
 
     def _every_bucket(self, tags: list[str]) -> dict[str, list[str]]:
