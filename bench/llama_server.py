@@ -57,9 +57,10 @@ def llama_server(
     ctx_per_slot: int = 2048,
     metrics: bool = False,
     ready_timeout_s: float = 180.0,
+    extra_args: tuple[str, ...] = (),
 ) -> Iterator[LlamaServer]:
     """`llama-server` serving `model` as `alias` with `slots` parallel sequences (and its Prometheus `/metrics` where
-    `metrics`); raises RuntimeError with its log
+    `metrics`, and `extra_args` after the rest, e.g. `--chat-template-file`); raises RuntimeError with its log
     when it exits or stays silent instead of listening."""
     port = free_port()
     argv = [
@@ -67,6 +68,7 @@ def llama_server(
         *("-m", str(model), "--alias", alias, "--host", "127.0.0.1", "--port", str(port)),
         *("-np", str(slots), "-c", str(ctx_per_slot * slots), "-t", str(threads), "-tb", str(threads)),
         *(["--metrics"] if metrics else []),
+        *extra_args,
     ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     running = LlamaServer(f"http://127.0.0.1:{port}", build, argv)

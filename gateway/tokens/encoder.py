@@ -31,6 +31,10 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
     for message in messages:
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
             raise Unrenderable("a message without a role")
+        if message.get("tool_calls") or message.get("function_call"):
+            # the backend writes an assistant's calls into its content (backend/server/tools.py): ids from the
+            # template alone would miss them, and two different calls would share a key
+            raise Unrenderable("tool calls in the history")
         content = message.get("content")
         if content is None:
             content = ""
