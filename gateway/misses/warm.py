@@ -52,7 +52,9 @@ async def warming(state: MissState, wait_s: float = READY_WAIT_S) -> bool:
 
 def count_store(state: MissState, req: FillRequest) -> None:
     record = hot_record_of(state)
-    if record is not None:
+    # A query string is never written to the shared tier: it may carry a credential (`?key=`), and a request
+    # re-asked without it would be another request (gateway.keys.parts).
+    if record is not None and "?" not in req.path_qs:
         record.stored(
             Replayable(req.key.key, req.endpoint, req.path_qs, req.model, req.revision, req.body),
             req.key.scope,
