@@ -149,3 +149,28 @@ async def test_an_entry_purged_while_the_fill_runs_is_not_left_in_l1(
     assert second.state.cache.l1.get(keys[0]) is not None
     assert second.state.cache.l1.get(keys[1]) is None
     assert "fwd=miss" in await ask(second, bodies[1])
+
+
+async def test_a_request_with_a_query_string_is_never_written_to_the_shared_record(
+    make_gateway: GatewayFactory, fake: FakeUpstream, redis_url: str
+) -> None:
+    """`?key=` may carry the caller's credential (scope material): the shared tier never holds it (design §2.1)."""
+    import redis.asyncio as aioredis
+
+    from gateway.tiers.hotrecord import REQUESTS
+
+    gw = await make_gateway(cache={"redis_url": redis_url})
+    for target in ("/v1/chat/completions?key=secret-one", "/v1/chat/completions?api-version=1"):
+        resp = await gw.client.post(target, data=chat("with a query"), headers=JSON)
+        assert resp.status == 200 and "stored" in resp.headers["Cache-Status"]
+    await ask(gw, chat("without one"))  # the record does keep a plain anonymous request
+    record = hot_record_of(gw.state)
+    assert isinstance(record, HotRecord)
+    await record.flush()
+    client = aioredis.from_url(redis_url)
+    try:
+        kept = list((await client.hgetall(REQUESTS)).values())
+    finally:
+        await client.aclose()
+    assert len(kept) == 1 and b"without one" in kept[0]
+    assert not any(b"secret-one" in value for value in kept)
