@@ -40,7 +40,7 @@ def judge(
     carries usage (`needs_usage`) and is JSON (`needs_json`; False for a stream)."""
     if revision is not None and entry.revision != revision:
         return Verdict.MISS  # an old revision's answer is never served once the new one is known
-    if unfit(entry, needs_usage=needs_usage, needs_json=needs_json) is not None:
+    if lacks(entry.usage, needs_usage=needs_usage, stream_only=entry.stream_only, needs_json=needs_json):
         return Verdict.MISS  # DESIGN §4: a hit is the whole answer; an entry missing what it needs is a miss
     age = entry.age_s(now)
     fresh = freshness(age_s=age, ttl_s=entry.ttl_s, stale_if_error_s=entry.stale_if_error_s)
