@@ -34,10 +34,10 @@ from gateway.config.sections import (
     ServerConfig,
     StreamConfig,
     TokensConfig,
-    UpstreamConfig,
     did_you_mean,
     require,
 )
+from gateway.config.upstream import UpstreamConfig
 
 ENV_PREFIX = "TOKENEDGE_"
 # Read by other components, not by this config: the config file path, the CDN purge clients, and the backend

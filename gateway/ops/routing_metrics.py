@@ -43,6 +43,40 @@ class RoutingMetrics:
             multiprocess_mode="liveall",
             registry=registry,
         )
+        self._add_decisions(registry)
+
+    def _add_decisions(self, registry: CollectorRegistry) -> None:
+        """The families that explain choices and refusals (added with the cost policy)."""
+        self.decisions = Counter(
+            "tokenedge_routing_decisions",
+            "Routing decisions by chosen backend, policy and reason (cost: prefix, spill, balance; affinity: hit,"
+            " guarded, miss; least_loaded, round_robin, random)",
+            ["backend", "policy", "reason"],
+            registry=registry,
+        )
+        self.matched_tokens = Counter(
+            "tokenedge_routing_matched_prompt_tokens",
+            "Prompt tokens the chosen backend was expected to hold already (the router's prefix record)",
+            ["backend"],
+            registry=registry,
+        )
+        self.first_byte_timeouts = Counter(
+            "tokenedge_backend_first_byte_timeouts",
+            "Streams whose first byte missed upstream.first_byte_timeout_s (retried elsewhere; count to ejection)",
+            ["backend"],
+            registry=registry,
+        )
+        self.health_failures = Counter(
+            "tokenedge_backend_health_failures",
+            "Failed health checks, by kind (timeout, error, status)",
+            ["backend", "kind"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "tokenedge_routing_rejected",
+            "Misses answered 503 (Retry-After) because every backend stayed at max_outstanding for admission_wait_s",
+            registry=registry,
+        )
 
 
 def register(registry: CollectorRegistry) -> RoutingMetrics:

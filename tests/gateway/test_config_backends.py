@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gateway.__main__ import main
-from gateway.config.sections import BackendConfig
 from gateway.config.settings import ConfigError, GatewayConfig, load_config
+from gateway.config.upstream import BackendConfig
 
 
 def test_one_url_is_one_target() -> None:
@@ -67,4 +67,11 @@ def test_print_config_shows_backends_as_loadable_toml(
     out = capsys.readouterr().out
     assert "pw" not in out
     backends = tomllib.loads(out)["upstream"]["backends"]
-    assert backends == [{"url": "http://u:***@a:1", "weight": 3.0, "models": ["m"]}]
+    assert backends == [
+        {
+            "url": "http://u:***@a:1",
+            "weight": 3.0,
+            "models": ["m"],
+            **{"name": "", "slots": 0, "prefill_tokens_per_s": 2000.0, "max_outstanding": 0},
+        }
+    ]

@@ -16,7 +16,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
-from gateway.config.sections import BackendConfig, UpstreamConfig
+from gateway.config.upstream import BackendConfig, UpstreamConfig
 from gateway.ops.routing_metrics import RoutingMetrics
 from gateway.upstream.catalog import REVISION_HEADER, ModelCatalog
 from gateway.upstream.http import Upstream

@@ -6,6 +6,11 @@ the previous one, so block i's hash names the whole prefix up to it. The table r
 sent each chain hash; the longest match names the backend most likely to hold the request's prefix (the anchor:
 the SGLang router's per-worker prefix tree, here flattened to a hash table). Only whole blocks are hashed, as an
 engine caches only whole blocks. Hashes use Python's per-process `hash`: the table lives in one process only.
+A tenant's engine salt (`cache_salt`, gateway/upstream/routing/salt.py) seeds the chain, so one tenant's prefix
+never matches another's, as in the engine.
+
+Each entry also keeps every backend that was sent the prefix (a bit mask): the cost policy weighs each
+candidate's own matched depth, and an ejected backend is forgotten (`forget`), since it may come back empty.
 """
 
 from __future__ import annotations
@@ -19,20 +24,20 @@ _TEXT_SEED = 0x7465787400  # text chains and token chains never share a hash by 
 _IDS_SEED = 0x69647300
 
 
-def text_chain(text: str, block_chars: int) -> list[int]:
-    """Chained hashes of every whole `block_chars` block of `text`."""
+def text_chain(text: str, block_chars: int, salt: str = "") -> list[int]:
+    """Chained hashes of every whole `block_chars` block of `text` (seeded by the tenant's engine salt)."""
     out: list[int] = []
-    h = _TEXT_SEED
+    h = hash((_TEXT_SEED, salt)) if salt else _TEXT_SEED
     for start in range(0, len(text) - block_chars + 1, block_chars):
         h = hash((h, text[start : start + block_chars]))
         out.append(h)
     return out
 
 
-def ids_chain(ids: Sequence[int], block_tokens: int) -> list[int]:
+def ids_chain(ids: Sequence[int], block_tokens: int, salt: str = "") -> list[int]:
     """Chained hashes of every whole `block_tokens` block of token ids (the binary token path)."""
     out: list[int] = []
-    h = _IDS_SEED
+    h = hash((_IDS_SEED, salt)) if salt else _IDS_SEED
     for start in range(0, len(ids) - block_tokens + 1, block_tokens):
         h = hash((h, tuple(ids[start : start + block_tokens])))
         out.append(h)
@@ -69,8 +74,8 @@ NO_MATCH = Match()
 
 
 class AffinityTable:
-    """Chain hash -> (the backend last sent that prefix, whether a prompt ended there); least recently used
-    entries are dropped past `max_blocks`.
+    """Chain hash -> (the backend last sent that prefix, whether a prompt ended there, every backend sent it as a
+    bit mask); least recently used entries are dropped past `max_blocks`.
 
     The end mark tells a continuation (the next turn of a conversation: its prompt extends the last one whole)
     from a branch (a new prompt that shares only a prefix, such as a common system prompt): the router holds on
@@ -78,7 +83,7 @@ class AffinityTable:
 
     def __init__(self, max_blocks: int) -> None:
         self._max = max_blocks
-        self._owner: OrderedDict[int, tuple[int, bool]] = OrderedDict()
+        self._owner: OrderedDict[int, tuple[int, bool, int]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._owner)
@@ -93,11 +98,41 @@ class AffinityTable:
                 return Match(found[0], depth, found[1])
         return NO_MATCH
 
+    def depths(self, chain: Sequence[int], allowed: Iterable[int]) -> dict[int, int]:
+        """Each of `allowed` -> the most blocks of `chain` it was sent (0: none)."""
+        left = {b: 1 << b for b in allowed}
+        out = dict.fromkeys(left, 0)
+        owner = self._owner
+        for depth in range(len(chain), 0, -1):
+            if not left:
+                break
+            found = owner.get(chain[depth - 1])
+            if found is None:
+                continue
+            for b in [b for b, bit in left.items() if found[2] & bit]:
+                out[b] = depth
+                del left[b]
+        return out
+
     def record(self, chain: Sequence[int], backend: int) -> None:
         owner = self._owner
-        last = len(chain) - 1
+        last, bit = len(chain) - 1, 1 << backend
         for i, h in enumerate(chain):
-            owner[h] = (backend, i == last)
+            before = owner.get(h)
+            owner[h] = (backend, i == last, (before[2] if before else 0) | bit)
             owner.move_to_end(h)
         while len(owner) > self._max:
             owner.popitem(last=False)
+
+    def forget(self, backend: int) -> None:
+        """`backend` holds none of its prefixes any more (ejected: it may come back empty). O(table) once per
+        ejection; an entry it owned passes to another holder, or goes."""
+        bit, owner = 1 << backend, self._owner
+        for h, (last, ends, mask) in list(owner.items()):
+            if not mask & bit:
+                continue
+            rest = mask & ~bit
+            if not rest:
+                del owner[h]
+            else:
+                owner[h] = (last if last != backend else (rest & -rest).bit_length() - 1, ends, rest)

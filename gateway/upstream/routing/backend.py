@@ -1,16 +1,27 @@
-"""One backend behind the router: its HTTP upstream, in-flight count, circuit breaker and metric series."""
+"""One backend behind the router: its HTTP upstream, in-flight count, circuit breaker, metric series, and what the
+cost policy learns of it (service time, what the engine reports of its own slots).
+
+An ejection resolves the backend's `ejection` future: attempts still waiting on it stop (and are retried elsewhere
+when nothing reached the client), streams it is sending are cut with a clean error, and the affinity table forgets
+what it was sent (`on_eject`), since it may come back empty.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
-from gateway.config.sections import BackendConfig, UpstreamConfig
+from gateway.config.upstream import BackendConfig, UpstreamConfig
 from gateway.ops.routing_metrics import RoutingMetrics
 from gateway.upstream.http import Upstream
 from gateway.upstream.routing.breaker import Breaker, BreakerState
 
 log = logging.getLogger("tokenedge.routing")
+
+SERVICE_SEED_S = 0.5  # the service time assumed before a backend has answered anything
+SERVICE_ALPHA = 0.2  # the weight of each new answer in the moving average
 
 
 class Backend:
@@ -26,13 +37,22 @@ class Backend:
         self.index = index
         self.target = target
         self.upstream = upstream
+        self.name = target.name or urlsplit(target.url).netloc or target.url
         self.outstanding = 0
+        self.service_s = SERVICE_SEED_S
+        self.foreign_busy = (
+            0  # busy slots the engine reported beyond our own requests (other replicas, clients)
+        )
+        self.reported_slots = 0  # 0: it never said
+        self.has_slots = True  # False once it answered /slots with something else (not llama-server)
+        self.on_eject: Callable[[int], None] | None = None
         self.breaker = Breaker(
             threshold=config.eject_after_failures,
             base_s=config.eject_base_s,
             max_s=config.eject_max_s,
             clock=clock,
         )
+        self._ejection: asyncio.Future[None] | None = None
         self._metrics = metrics
         self._outstanding_gauge = metrics.outstanding.labels(target.url)
         self._up_gauge = metrics.up.labels(target.url)
@@ -42,6 +62,26 @@ class Backend:
     def url(self) -> str:
         return self.target.url
 
+    @property
+    def slots(self) -> int:
+        return self.target.slots or self.reported_slots or 1
+
+    @property
+    def load(self) -> int:
+        """Requests it is running or queueing: ours, plus the others it reported at its last check."""
+        return self.outstanding + self.foreign_busy
+
+    @property
+    def saturated(self) -> bool:
+        cap = self.target.max_outstanding
+        return cap > 0 and self.outstanding >= cap
+
+    def ejection(self) -> asyncio.Future[None]:
+        """Resolved when this backend is next ejected."""
+        if self._ejection is None or self._ejection.done():
+            self._ejection = asyncio.get_running_loop().create_future()
+        return self._ejection
+
     def begin(self) -> None:
         self.outstanding += 1
         self._outstanding_gauge.inc()
@@ -50,6 +90,10 @@ class Backend:
     def end(self) -> None:
         self.outstanding -= 1
         self._outstanding_gauge.dec()
+
+    def served(self, seconds: float) -> None:
+        """One answer took `seconds` from send to its end: the service time the cost policy expects."""
+        self.service_s += SERVICE_ALPHA * (seconds - self.service_s)
 
     def succeeded(self) -> None:
         self._metrics.requests.labels(self.url, "ok").inc()
@@ -69,7 +113,16 @@ class Backend:
 
     def failed(self, why: str, *, retried: bool) -> None:
         self._metrics.requests.labels(self.url, "retried" if retried else "error").inc()
+        self.fault(why)
+
+    def fault(self, why: str) -> None:
+        """A failure that counts towards ejection (a request's, a health check's, a missed first-byte deadline)."""
         if self.breaker.failure():
             log.warning("backend %s ejected (%s)", self.url, why)
             self._metrics.ejections.labels(self.url).inc()
             self._up_gauge.set(0)
+            self.foreign_busy = 0
+            if self._ejection is not None and not self._ejection.done():
+                self._ejection.set_result(None)
+            if self.on_eject is not None:
+                self.on_eject(self.index)

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 
-from gateway.config.sections import UpstreamConfig
+from gateway.config.upstream import UpstreamConfig
 from gateway.ops.routing_metrics import RoutingMetrics
 from gateway.upstream.catalog import ModelCatalog
 from gateway.upstream.http import Upstream

@@ -5,6 +5,10 @@ per miss, nothing on hits). The binary token path's body carries the exact token
 hashed instead of text (in blocks of `affinity_block_tokens`), which is what the backend's own prefix cache keys
 on. Text chains and id chains live in different hash spaces, so a conversation that switches transport loses its
 affinity once, never its correctness. Other paths (embeddings, relayed routes) carry a model at most.
+
+The cost policy also reads the prompt's size in tokens (exact on the token path, characters / CHARS_PER_TOKEN on
+text) and whether the answer streams (the first-byte deadline is a stream's); a `cache_salt` (which the gateway
+sets from the tenant scope, `salt`) seeds the chain, so tenants never share a routed prefix.
 """
 
 from __future__ import annotations
@@ -20,10 +24,16 @@ PROMPT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/tokens
 MODEL_PATHS = PROMPT_PATHS | {"/v1/embeddings"}
 
 
+CHARS_PER_TOKEN = 4  # a text prompt's size in tokens, as estimated for the cost policy
+
+
 @dataclass(frozen=True, slots=True)
 class Facts:
     model: str | None = None
     chain: tuple[int, ...] = ()
+    prompt_tokens: int = 0
+    block_tokens: float = 0.0  # prompt tokens per chain block
+    stream: bool = False
 
 
 NO_FACTS = Facts()
@@ -44,10 +54,13 @@ def facts_of(
     if not isinstance(doc, dict):
         return NO_FACTS
     model = doc.get("model") if isinstance(doc.get("model"), str) else None
-    if not affinity or path not in PROMPT_PATHS:
-        return Facts(model)
-    text = prompt_text(doc)
-    return Facts(model, tuple(text_chain(text, block_chars)) if text else ())
+    stream = doc.get("stream") is True
+    if path not in PROMPT_PATHS:
+        return Facts(model, stream=stream)
+    text = prompt_text(doc) or ""
+    salt = doc["cache_salt"] if isinstance(doc.get("cache_salt"), str) else ""
+    chain = tuple(text_chain(text, block_chars, salt)) if affinity and text else ()
+    return Facts(model, chain, len(text) // CHARS_PER_TOKEN, block_chars / CHARS_PER_TOKEN, stream)
 
 
 def _binary_facts(body: bytes, block_tokens: int, affinity: bool) -> Facts:
@@ -56,6 +69,8 @@ def _binary_facts(body: bytes, block_tokens: int, affinity: bool) -> Facts:
     except WireError:
         return NO_FACTS
     params = header.get("params")
-    model = params.get("model") if isinstance(params, dict) else None
-    model = model if isinstance(model, str) else None
-    return Facts(model, tuple(ids_chain(ids, block_tokens)) if affinity else ())
+    params = params if isinstance(params, dict) else {}
+    model = params.get("model") if isinstance(params.get("model"), str) else None
+    salt = params["cache_salt"] if isinstance(params.get("cache_salt"), str) else ""
+    chain = tuple(ids_chain(ids, block_tokens, salt)) if affinity else ()
+    return Facts(model, chain, len(ids), float(block_tokens), params.get("stream") is True)

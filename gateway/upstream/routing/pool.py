@@ -1,8 +1,10 @@
 """`UpstreamPool`: many HTTP backends behind the one `UpstreamTransport` seam (fills, tees, relays, the catalog).
 
 Per request: read the model and prompt chain (`facts`), narrow the backends to those serving the model at its
-current revision (`book`) and not ejected (`breaker`), pick one (`choose`: prefix affinity, load-guarded, else
-least outstanding per weight), and send. Retry rule: a failure before any byte can have reached the client (a
+current revision (`book`) and not ejected (`breaker`), pick one by the configured policy (`policy`; by default
+`cost`: the least expected time to first token), and send. Admission: when every candidate is at its
+`max_outstanding`, the miss waits up to `admission_wait_s` for one, then is refused (503, Retry-After).
+Each attempt is bounded (`attempt`): a stream by its first-byte deadline, every attempt by its backend's ejection. Retry rule: a failure before any byte can have reached the client (a
 connect error, the backend dying before its response head, or, for `request`, before the whole body was read;
 or a 502/503/504 head) is retried once on another backend. `open_stream` hands the head to the caller, which
 relays the body as it arrives, so nothing after the head is ever retried. Every 5xx and transport failure counts
@@ -13,31 +15,49 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
+import random
+import time
 from collections.abc import AsyncIterator, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from typing import Any
 
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.config.sections import UpstreamConfig
+from gateway.config.upstream import UpstreamConfig
 from gateway.ops.routing_metrics import RoutingMetrics
 from gateway.upstream.catalog import REVISION_HEADER
-from gateway.upstream.http import UpstreamResponse
+from gateway.upstream.http import UpstreamResponse, translate
 from gateway.upstream.routing.affinity import NO_MATCH, AffinityTable
+from gateway.upstream.routing.attempt import Ejected, FirstByteTimeout, Routed, bounded, route_headers
 from gateway.upstream.routing.backend import Backend
 from gateway.upstream.routing.book import RevisionBook, merge, only, served_models
-from gateway.upstream.routing.choose import Candidate, choose
+from gateway.upstream.routing.cost import EngineView
 from gateway.upstream.routing.facts import Facts, facts_of
+from gateway.upstream.routing.policy import Decision, Policy, decide
 from gateway.web.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
 
 RETRY_STATUSES = frozenset({502, 503, 504})  # the backend could not answer: nothing was generated
 MODELS_PATH = "/v1/models"
 
 
+Route = tuple[Backend, Decision]
+
+
+class Saturated(UpstreamError):
+    """Every backend stayed at its `max_outstanding` for `admission_wait_s`: ask again later."""
+
+    status = 503
+    code = "upstream_saturated"
+
+
 def retriable(exc: UpstreamError) -> bool:
-    """Worth another backend: it could not be reached, or it died before answering whole. Not a read timeout:
-    that backend may still be generating, and a second one would double the wait."""
+    """Worth another backend: it could not be reached, or it died before answering whole, or it was ejected or
+    missed the first-byte deadline. Not a read timeout: that backend may still be generating, and a second one
+    would double the wait."""
+    if isinstance(exc, Ejected | FirstByteTimeout):
+        return True
     return not isinstance(exc, UpstreamTimeout) or isinstance(exc.__cause__, aiohttp.ConnectionTimeoutError)
 
 
@@ -52,10 +72,14 @@ class UpstreamPool:
         self.backends = backends
         self.book = RevisionBook(len(backends))
         self.affinity = AffinityTable(config.affinity_table_blocks)
-        self._metrics = metrics
-        self._credit = [0.0] * len(
-            backends
-        )  # tie-breaks between equally loaded backends (`choose.least_loaded`)
+        self.metrics = metrics
+        self._credit = [0.0] * len(backends)  # tie-breaks between equally loaded backends (smooth WRR)
+        self.policy = Policy(config.routing_policy)
+        self.rng = random.Random().random  # the `random` policy's draw (a test injects its own)
+        self._turn = 0  # the `round_robin` policy's counter
+        self._freed: asyncio.Event | None = None  # set when a request ends (admission waiters)
+        for b in backends:
+            b.on_eject = self.affinity.forget
 
     def facts(self, method: str, path_qs: str, body: bytes | None) -> Facts:
         c = self.config
@@ -87,31 +111,86 @@ class UpstreamPool:
             up = at_current or up
         return up or sorted(pool, key=lambda b: b.breaker.open_until)[:1]
 
-    def pick(self, facts: Facts, exclude: set[int]) -> Backend | None:
+    def _views(self, facts: Facts, candidates: list[Backend]) -> list[EngineView]:
+        indices = [b.index for b in candidates]
+        depths = self.affinity.depths(facts.chain, indices) if facts.chain else dict.fromkeys(indices, 0)
+        return [
+            EngineView(
+                b.index,
+                b.load,
+                b.slots,
+                b.service_s,
+                b.target.prefill_tokens_per_s,
+                min(int(depths[b.index] * facts.block_tokens), facts.prompt_tokens),
+                b.target.weight,
+                self._credit[b.index],
+            )
+            for b in candidates
+        ]
+
+    def pick(self, facts: Facts, exclude: set[int], *, admit: bool = False) -> Route | Saturated | None:
+        """The backend for an attempt and why; Saturated when `admit` and every candidate is at its cap."""
         candidates = self.candidates(facts.model, exclude)
+        if admit and candidates:
+            candidates = [b for b in candidates if not b.saturated]
+            if not candidates:
+                return Saturated("upstream saturated: every backend is at its limit", headers={})
         if not candidates:
             return None
-        match = self.affinity.match(facts.chain, [b.index for b in candidates]) if facts.chain else NO_MATCH
-        chosen, how = choose(
-            [Candidate(b.index, b.outstanding, b.target.weight, self._credit[b.index]) for b in candidates],
-            match.backend,
-            self.config.affinity_load_factor,
-            extends=match.extends,
+        legacy = self.affinity.match(facts.chain, [b.index for b in candidates]) if facts.chain else NO_MATCH
+        decision = decide(
+            self.policy,
+            self._views(facts, candidates),
+            prompt_tokens=facts.prompt_tokens,
+            legacy=legacy,
+            load_factor=self.config.affinity_load_factor,
+            turn=self._turn,
+            rng=self.rng,
         )
+        self._turn += 1
         # Smooth weighted round-robin: every candidate earns its weight, the chosen one pays the total.
         for b in candidates:
             self._credit[b.index] += b.target.weight
-        self._credit[chosen.index] -= sum(b.target.weight for b in candidates)
+        self._credit[decision.index] -= sum(b.target.weight for b in candidates)
+        chosen = self.backends[decision.index]
         if facts.chain:
             self.affinity.record(facts.chain, chosen.index)
-            self._metrics.affinity.labels(how.value).inc()
-        return self.backends[chosen.index]
+            if self.policy is Policy.AFFINITY:
+                self.metrics.affinity.labels(decision.reason).inc()
+        self.metrics.decisions.labels(chosen.url, self.policy.value, decision.reason).inc()
+        self.metrics.matched_tokens.labels(chosen.url).inc(decision.matched_tokens)
+        return chosen, decision
 
-    def _second(self, facts: Facts, tried: set[int]) -> Backend | None:
-        """The backend for the one retry, or None (retries off, already retried, or nowhere else to go)."""
+    async def _first(self, facts: Facts) -> Route | None:
+        """The first attempt's route, after waiting (bounded) for a backend below its cap."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self.config.admission_wait_s
+        while True:
+            route = self.pick(facts, set(), admit=True)
+            if not isinstance(route, Saturated):
+                return route
+            left = until - loop.time()
+            if left <= 0:
+                self.metrics.rejected.inc()
+                route.headers["Retry-After"] = str(max(1, math.ceil(self.config.admission_wait_s)))
+                raise route
+            if self._freed is None:
+                self._freed = asyncio.Event()
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._freed.wait(), left)
+
+    def _release(self, backend: Backend) -> None:
+        backend.end()
+        freed, self._freed = self._freed, None
+        if freed is not None:
+            freed.set()
+
+    def _second(self, facts: Facts, tried: set[int]) -> Route | None:
+        """The route for the one retry, or None (retries off, already retried, or nowhere else to go)."""
         if not self.config.retry_other_backend or len(tried) != 1:
             return None
-        return self.pick(facts, tried)
+        route = self.pick(facts, tried)
+        return None if isinstance(route, Saturated) else route
 
     def _settle(self, backend: Backend, status: int, headers: Mapping[str, str], model: str | None) -> None:
         if status >= 500:
@@ -122,8 +201,10 @@ class UpstreamPool:
         if revision and model is not None:
             self.book.saw(backend.index, model, revision)
 
-    def _after_error(self, current: Backend, exc: UpstreamError, facts: Facts, tried: set[int]) -> Backend:
-        """The backend for the retry after `exc`; re-raises `exc` when it is not retried."""
+    def _after_error(self, current: Backend, exc: UpstreamError, facts: Facts, tried: set[int]) -> Route:
+        """The route for the retry after `exc`; re-raises `exc` when it is not retried."""
+        if isinstance(exc, FirstByteTimeout):
+            self.metrics.first_byte_timeouts.labels(current.url).inc()
         again = self._second(facts, tried) if retriable(exc) else None
         current.failed(exc.message, retried=again is not None)
         if again is None:
@@ -132,8 +213,8 @@ class UpstreamPool:
 
     def _after_head(
         self, current: Backend, status: int, headers: Mapping[str, str], facts: Facts, tried: set[int]
-    ) -> Backend | None:
-        """None: this answer stands (settled on `current`); else the backend for the retry of a 502/503/504."""
+    ) -> Route | None:
+        """None: this answer stands (settled on `current`); else the route for the retry of a 502/503/504."""
         again = self._second(facts, tried) if status in RETRY_STATUSES else None
         if again is None:
             self._settle(current, status, headers, facts.model)
@@ -141,55 +222,91 @@ class UpstreamPool:
             current.failed(f"HTTP {status}", retried=True)
         return again
 
+    def _headers(self, upstream: CIMultiDictProxy[str], route: Route) -> CIMultiDictProxy[str]:
+        if not self.config.route_headers:
+            return upstream
+        return route_headers(upstream, route[0], route[1], self.policy)
+
     async def request(
         self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None = None
     ) -> UpstreamResponse:
         if method == "GET" and path_qs == MODELS_PATH:
             return await self.models(headers)
         facts = self.facts(method, path_qs, body)
-        backend, tried = self.pick(facts, set()), set[int]()
-        while backend is not None:
-            current = backend  # `backend` moves on to the retry's; `current` is the one this attempt holds
+        route, tried = await self._first(facts), set[int]()
+        while route is not None:
+            current = route[0]  # `route` moves on to the retry's; `current` is the one this attempt holds
             tried.add(current.index)
             current.begin()
-            try:
-                resp = await current.upstream.request(method, path_qs, headers, body)
+            started = time.monotonic()
+            try:  # a whole answer: only the ejection bounds it (a long generation is not cut)
+                resp = await bounded(current.upstream.request(method, path_qs, headers, body), current, 0)
             except UpstreamError as exc:
-                backend = self._after_error(current, exc, facts, tried)
+                route = self._after_error(current, exc, facts, tried)
                 continue
             finally:
-                current.end()
-            backend = self._after_head(current, resp.status, resp.headers, facts, tried)
-            if backend is None:
-                return resp
+                self._release(current)
+            again = self._after_head(current, resp.status, resp.headers, facts, tried)
+            if again is None:
+                current.served(time.monotonic() - started)
+                return dataclasses.replace(resp, headers=self._headers(resp.headers, route))
+            route = again
         raise UpstreamUnavailable("upstream unavailable: no backend")
+
+    @staticmethod
+    async def _prime(resp: Any, backend: Backend, deadline_s: float, started: float) -> bytes:
+        """An event stream's first body chunk, within what is left of its first-byte deadline (an engine may send
+        its head at once and its first token much later); nothing is read without a deadline."""
+        if not deadline_s or not resp.headers.get("Content-Type", "").startswith("text/event-stream"):
+            return b""
+        left_s = max(deadline_s - (time.monotonic() - started), 1e-3)
+        return await bounded(resp.content.readany(), backend, left_s)
 
     @asynccontextmanager
     async def open_stream(
         self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None = None
     ) -> AsyncIterator[Any]:
         facts = self.facts(method, path_qs, body)
-        backend, tried = self.pick(facts, set()), set[int]()
-        while backend is not None:
-            current = backend  # `backend` moves on to the retry's; `current` is the one this attempt holds
+        deadline_s = self.config.first_byte_timeout_s if facts.stream else 0.0
+        route, tried = await self._first(facts), set[int]()
+        while route is not None:
+            current = route[0]  # `route` moves on to the retry's; `current` is the one this attempt holds
             tried.add(current.index)
             current.begin()
+            started = time.monotonic()
             try:
                 async with AsyncExitStack() as stack:
                     try:
-                        resp = await stack.enter_async_context(
-                            current.upstream.open_stream(method, path_qs, headers, body)
+                        resp = await bounded(
+                            stack.enter_async_context(
+                                current.upstream.open_stream(method, path_qs, headers, body)
+                            ),
+                            current,
+                            deadline_s,
                         )
+                        first = await self._prime(resp, current, deadline_s, started)
                     except UpstreamError as exc:
-                        backend = self._after_error(current, exc, facts, tried)
+                        route = self._after_error(current, exc, facts, tried)
                         continue
-                    backend = self._after_head(current, resp.status, resp.headers, facts, tried)
-                    if backend is not None:
+                    except (TimeoutError, aiohttp.ClientError) as exc:
+                        route = self._after_error(current, translate(exc), facts, tried)
                         continue
-                    yield resp  # from here on bytes may reach the client: never retried
+                    again = self._after_head(current, resp.status, resp.headers, facts, tried)
+                    if again is not None:
+                        route = again
+                        continue
+                    routed = Routed(resp, first, self._headers(resp.headers, route))
+                    # From here on bytes may reach the client: never retried, but cut if its backend is ejected.
+                    cut = current.ejection()
+                    cut.add_done_callback(routed.close)
+                    try:
+                        yield routed
+                    finally:
+                        cut.remove_done_callback(routed.close)
+                    current.served(time.monotonic() - started)
                     return
             finally:
-                current.end()
+                self._release(current)
         raise UpstreamUnavailable("upstream unavailable: no backend")
 
     async def _models_of(self, backend: Backend, headers: Mapping[str, str]) -> UpstreamResponse | None:
