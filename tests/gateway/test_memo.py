@@ -34,7 +34,8 @@ def remember(memo: RequestMemo, i: int) -> ParsedRequest:
         model_revision="rev-1",
         canonical_bytes=parsed.canonical,
     )
-    memo.set_key(parsed, key, Level.EXACT, ("t0123456789abcdef", "rev-1", "", b"h-accept"))
+    wire = f"h-accept-{i}".encode()  # each request's own key-material bytes
+    memo.set_key(parsed, key, Level.EXACT, ("t0123456789abcdef", "rev-1", "", wire))
     return parsed
 
 
