@@ -1,1 +1,1 @@
-"""tokenedge backend: the co-deployed OpenAI-compatible model server (DESIGN §8)."""
+"""tokenedge backend: the co-deployed OpenAI-compatible model server (design §8)."""

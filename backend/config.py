@@ -48,7 +48,7 @@ class BackendConfig:
     stay fp32 whatever it is. `threads=0` leaves torch's own default. `weights`: `quantized` (CPU only: the
     file's 4-bit blocks on the int4 kernel, other layers int8 per channel, a greedy-exact int8 LM head) or
     `dequantized` (the reference: every weight dequantized to `dtype`; other devices always use it).
-    `engine`: device, pool, batching, `batch_invariant` (DESIGN.md §8) and `speculative_tokens`."""
+    `engine`: device, pool, batching, `batch_invariant` (docs/design.md §8) and `speculative_tokens`."""
 
     model: str | None = None
     served_model_name: str | None = None

@@ -1,4 +1,4 @@
-"""Prometheus metrics for the backend (DESIGN §7), in a registry owned by one app, never the global one.
+"""Prometheus metrics for the backend (design §7), in a registry owned by one app, never the global one.
 
 Engine gauges and counters are read from `engine.stats()` at scrape time by a collector, so the engine
 thread never touches prometheus objects; only the time-to-first-token histogram is observed by the server.

@@ -2,7 +2,7 @@
 $TOKENEDGE_LLAMACPP_VENV), never a tokenedge dependency, driven through `llamacpp_worker.py` in a subprocess.
 
 The build takes minutes on 2 cores. On CPUs with AMX the native build died with `Illegal instruction` at
-load (DESIGN §8), so there it is built for AVX2/FMA/F16C, which is what the table then reports.
+load (design §8), so there it is built for AVX2/FMA/F16C, which is what the table then reports.
 """
 
 from __future__ import annotations

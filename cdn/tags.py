@@ -37,7 +37,7 @@ __all__ = [
     "tag_headers",
 ]
 
-# DESIGN §3: te1:{scope}:{digest}, digest = hex BLAKE2b-256. Any future key version maps the same way.
+# design §3: te1:{scope}:{digest}, digest = hex BLAKE2b-256. Any future key version maps the same way.
 _KEY_RE = re.compile(r"^te\d+:[^:\s]+:([0-9a-f]{64})$")
 _PRIORITY = ("key:", "tenant:", "model:", "rev:")
 
@@ -93,7 +93,7 @@ TAG_TARGETS: Mapping[str, TagHeaderSpec] = MappingProxyType(
 
 
 def key_tag(key: str) -> str:
-    """The tag that names one gateway entry: `te1:{scope}:{digest}` -> `key:{digest}` (DESIGN §3)."""
+    """The tag that names one gateway entry: `te1:{scope}:{digest}` -> `key:{digest}` (design §3)."""
     match = _KEY_RE.match(key)
     if match is None:
         raise ValueError("not a tokenedge cache key (expected te1:{scope}:{64 hex digest})")

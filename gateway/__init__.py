@@ -1,1 +1,1 @@
-"""tokenedge gateway: an OpenAI-compatible caching reverse proxy (see shared DESIGN §1-§7)."""
+"""tokenedge gateway: an OpenAI-compatible caching reverse proxy (see shared design §1-§7)."""

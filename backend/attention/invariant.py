@@ -1,6 +1,6 @@
 """Batch-invariant paged attention: every query token, prefill or decode, goes through one decode-shaped call.
 
-The contract (DESIGN.md §8): a token's attention output has the same bits whether it is a decode, a row of a
+The contract (docs/design.md §8): a token's attention output has the same bits whether it is a decode, a row of a
 prefill chunk of any size, the one-token remainder after a prefix-cache hit, or a recompute after
 preemption, and whatever else shares the step. Kernels choose their blocking from the shapes they see, so each
 token is given one shape that depends on its own position only:

@@ -1,7 +1,7 @@
 """Choose and build the attention backend. The choice is a pure function of the machine's facts (`Machine`) and
 the request, so every rule is tested on a CPU; `machine()` gathers the facts once.
 
-`auto` on CUDA: in batch-invariant mode (the default, DESIGN.md §8) the Triton kernel (triton_paged.py), invariant
+`auto` on CUDA: in batch-invariant mode (the default, docs/design.md §8) the Triton kernel (triton_paged.py), invariant
 by construction and flash-style; else flash-attn where it can run, then Triton. flash-attn's decode kernel picks
 its KV splits from the batch size, so it is never chosen (and refused when asked for) in batch-invariant mode;
 where Triton cannot run either, torch SDPA (the decode-shaped invariant path in batch-invariant mode). On a CPU,

@@ -2,7 +2,7 @@
 speculation. The one home of these fields and their defaults: the served backend's configuration holds an
 `EngineConfig` as its `engine` section (backend/config.py), so its flags and environment variables set these.
 
-`batch_invariant` (default on, DESIGN.md §8): a sequence's logits have the same bits whatever else is batched,
+`batch_invariant` (default on, docs/design.md §8): a sequence's logits have the same bits whatever else is batched,
 however its prefill is chunked and whether its prefix came from the cache; off trades that for throughput.
 `speculative_tokens` (default 3): prompt-lookup drafts per verify forward for greedy requests
 (backend/engine/speculative.py). A verify of k + 1 rows costs more than a one-row step, so drafts pay where they are

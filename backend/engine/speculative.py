@@ -8,7 +8,7 @@ Verification: the last token and the k drafts run as one (k + 1)-token chunk; th
 position is compared with the next draft. Drafts are accepted up to the first mismatch, and the pick at that
 point (or after the last draft) is appended too, so each verify forward yields 1 to k + 1 tokens. Under greedy
 decoding the output is exactly the non-speculative output provided the chunk's logits equal those of
-k + 1 single steps: the batch-invariant kernels (DESIGN §8) guarantee that, and tests check it.
+k + 1 single steps: the batch-invariant kernels (design §8) guarantee that, and tests check it.
 Only greedy requests speculate; sampled ones never do.
 """
 

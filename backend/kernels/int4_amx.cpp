@@ -42,7 +42,7 @@ static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads exactly 64 bytes");
 
 // ldtilecfg and sttilecfg with the whole 64-byte struct as their memory operand. Not GCC 12's intrinsics
 // (amxtileintrin.h): they name an 8-byte operand, *(void**)cfg, so the compiler may delete the stores that
-// fill the other 56 bytes and ldtilecfg faults on the stale stack bytes (DESIGN.md §8; llama.cpp's
+// fill the other 56 bytes and ldtilecfg faults on the stale stack bytes (docs/design.md §8; llama.cpp's
 // ggml-cpu/amx/mmq.cpp had the same crash). Naming the struct keeps every store before the load.
 inline void load_tile_config(const TileConfig& cfg) { __asm__ volatile("ldtilecfg %0" ::"m"(cfg)); }
 inline void store_tile_config(TileConfig& cfg) { __asm__ volatile("sttilecfg %0" : "=m"(cfg)); }

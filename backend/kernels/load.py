@@ -39,7 +39,7 @@ def _tile_config(rows: int, a_bytes: int, b_rows: int) -> bytes:
 
 
 def _self_check() -> None:
-    """The tile configurations as the CPU holds them (GCC 12's intrinsic could drop their bytes: DESIGN.md §8),
+    """The tile configurations as the CPU holds them (GCC 12's intrinsic could drop their bytes: docs/design.md §8),
     one small product against the dequantized reference, and a row alone against the same row in a batch.
     `torch.ops.tokenedge.tile_config_roundtrip` is its debug entry: the 64 bytes read back from the CPU."""
     for shape in ((16, 32, 8), (16, 64, 16)) if has_amx() else ():  # int4_mm's AMX tiles, int8_mm's

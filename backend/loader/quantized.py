@@ -1,5 +1,5 @@
 """The GGUF's own 4-bit blocks, kept as codes + per-group scale and zero, so the model can pack them for
-torch's CPU int4 kernel without re-quantizing (DESIGN §8).
+torch's CPU int4 kernel without re-quantizing (design §8).
 
 One format covers both 4-bit block types: w = (code - 8) * scale + zero, group 32 along the input axis.
 Q4_1 stores w = d * q + m: scale d, zero m + 8d. Q4_0 stores w = d * (q - 8): scale d, zero 0.

@@ -1,5 +1,5 @@
 """Model revision: a content hash of the weight files plus the config, so any change to either changes
-the id the gateway folds into its cache keys (DESIGN §3). The served revision adds how the weights are
+the id the gateway folds into its cache keys (design §3). The served revision adds how the weights are
 computed (`numerics`: device, dtype, weight mode, int4 kernel): the same file served another way answers
 differently in its last bits, so a cached answer of one must never stand for the other."""
 

@@ -5,7 +5,7 @@ that the engine binds to its KV pool and per-step context; the model never sees 
 recomputes a whole sequence with plain causal attention and no cache: tests compare the two.
 The residual stream, final norm and logits are fp32 whatever the weight dtype (bf16 greedy decoding derails
 on logit ties).
-`invariant=True` (the engine's batch-invariant mode, DESIGN.md §8) runs every linear and the LM head in
+`invariant=True` (the engine's batch-invariant mode, docs/design.md §8) runs every linear and the LM head in
 calibrated row tiles (backend/model/tiling.py); RoPE always comes from a per-position table.
 `backend.model.quant.quantize_model` swaps the projections for int4/int8 kernels and sets `head`, a
 greedy-exact quantized LM head used for the rows that decode greedily. Where every projection is on tokenedge's

@@ -9,7 +9,7 @@ safetensors checkpoints) are quantized at load to int8 with one scale per output
 1/254 of each row's largest weight). Activations enter the kernels in bf16 and come back in bf16.
 
 Row invariance: a token's output row must not depend on how many other rows share the matmul (the
-batch-invariance contract, DESIGN §8). Our kernel is invariant by construction
+batch-invariance contract, design §8). Our kernel is invariant by construction
 (tests/backend/test_int4_kernel.py), torch's int4 and int8 kernels gave bitwise-equal rows for M = 1..64 on
 every SmolLM2 layer shape (tests/backend/test_quant.py checks it); in the engine's invariant mode they still go
 through the calibrated row tiling of backend/model/tiling.py like the dense layers, so a kernel that is

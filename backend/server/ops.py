@@ -42,7 +42,7 @@ def _model_entry(model: ServedModel) -> dict[str, Any]:
             "batch_invariant": model.batch_invariant,
             # Seeded sampling repeats exactly when the logits are batch-invariant: each sequence samples its own row
             # with its own generator (backend/engine/sampling.py) and sampled rows never speculate. The gateway
-            # caches `seed` + `temperature > 0` by default only where this is true (DESIGN §4).
+            # caches `seed` + `temperature > 0` by default only where this is true (design §4).
             "seeded_invariant": model.batch_invariant,
         },
     }

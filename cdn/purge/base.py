@@ -1,7 +1,7 @@
 """The purge interface shared by every CDN client, the batch loop they all run, and their common plumbing.
 
 A client turns `purge(keys, tags)` into provider requests: gateway keys become `key:{digest}` tags
-(DESIGN §3), every tag is spelled as that CDN's tag header spelled it (`cdn.tags.encode_tag`), and the
+(design §3), every tag is spelled as that CDN's tag header spelled it (`cdn.tags.encode_tag`), and the
 list is cut into batches within the provider's documented per-request limit. Each batch is sent with
 retries; a failure is recorded in the result and the remaining batches still go out. `HttpPurgeClient`
 holds what every provider shares (constructor, redactor, retrying sender, repr, 2xx check), so each

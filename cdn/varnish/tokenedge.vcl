@@ -216,7 +216,7 @@ sub vcl_deliver {
         set req.http.X-TE-Status = req.http.X-TE-Status + "; stored";
     }
     if (obj.uncacheable) {
-        unset resp.http.Age;  # DESIGN §5: a bypass carries no Age
+        unset resp.http.Age;  # design §5: a bypass carries no Age
     }
     # RFC 9211 §2: caches closest to the origin first, so the gateway's entry precedes ours.
     if (resp.http.Cache-Status) {

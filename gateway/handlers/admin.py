@@ -1,4 +1,4 @@
-"""Admin endpoints: purge by key or tag across L1, L2, every other process's L1 and the configured CDNs (DESIGN §6).
+"""Admin endpoints: purge by key or tag across L1, L2, every other process's L1 and the configured CDNs (design §6).
 
 Tags are named as stored (`model:my model`) or as a tag header spells them (`model:my%20model`); both reach the
 entry. The result counts per tier; `bus` is how many other processes confirmed they applied the purge before

@@ -1,4 +1,4 @@
-"""Response caching headers: the CDN contract of DESIGN §5, for answers that are not hits.
+"""Response caching headers: the CDN contract of design §5, for answers that are not hits.
 
 Cache-Status for stale answers, misses and bypasses, and the headers of an upstream answer relayed unstored. An
 answer served from an entry (hit, stale, stored miss) takes the entry's block from the hit core,

@@ -1,4 +1,4 @@
-"""The cache read shared by the JSON and streamed paths: L1/L2 lookup, then the hit core's verdict (DESIGN §4).
+"""The cache read shared by the JSON and streamed paths: L1/L2 lookup, then the hit core's verdict (design §4).
 
 A hit is an entry `hits.verdict.judge` accepts for this request now; an entry past its TTL but inside
 stale-if-error is kept aside, to be served only if the upstream then fails. `no-cache` (lookup.read False) skips

@@ -1,4 +1,4 @@
-"""The headers of an answer served from an entry (DESIGN §5), as a mapping or as the bytes of a whole hit.
+"""The headers of an answer served from an entry (design §5), as a mapping or as the bytes of a whole hit.
 
 One header block per entry (validators, freshness, tags, the key: what a CDN in front caches and purges by) is
 built by `block` and shared by every answer from an entry: a hit on any lane, a stored miss, a stale answer. Only

@@ -1,4 +1,4 @@
-"""The caller's key scope (DESIGN §3), derived from the request being answered and nothing else.
+"""The caller's key scope (design §3), derived from the request being answered and nothing else.
 
 `pub` on a public route; otherwise the keyed hash of the request's own credential headers (or a trusted proxy's
 tenant header), `gateway.hits.tenancy`. Never read from a record another request can write (the request memo, a

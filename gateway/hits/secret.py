@@ -1,4 +1,4 @@
-"""The per-deployment secret that keys tenant scopes (DESIGN §3): one value on every worker and every replica.
+"""The per-deployment secret that keys tenant scopes (design §3): one value on every worker and every replica.
 
 Order: `server.scope_secret` from config; else, when Redis is configured, the value under `SECRET_KEY`, created
 once with `SET NX` so concurrent first starts agree; else the file `{server.state_dir}/scope_secret`, created once

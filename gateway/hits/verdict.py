@@ -1,4 +1,4 @@
-"""Whether an entry answers a request now: one pure decision for every way of serving a hit (DESIGN §4).
+"""Whether an entry answers a request now: one pure decision for every way of serving a hit (design §4).
 
 No I/O and no request objects: the entry, the time, the request's cache directives, the model revision the catalog
 knows now and the conditional header. A purged entry never reaches here (the tiers drop it, and an L2 read that
@@ -41,7 +41,7 @@ def judge(
     if revision is not None and entry.revision != revision:
         return Verdict.MISS  # an old revision's answer is never served once the new one is known
     if lacks(entry.usage, needs_usage=needs_usage, stream_only=entry.stream_only, needs_json=needs_json):
-        return Verdict.MISS  # DESIGN §4: a hit is the whole answer; an entry missing what it needs is a miss
+        return Verdict.MISS  # design §4: a hit is the whole answer; an entry missing what it needs is a miss
     age = entry.age_s(now)
     fresh = freshness(age_s=age, ttl_s=entry.ttl_s, stale_if_error_s=entry.stale_if_error_s)
     if fresh is Freshness.FRESH:

@@ -1,4 +1,4 @@
-"""Canonical form of an OpenAI-style request: the value a cache key is derived from (DESIGN §2).
+"""Canonical form of an OpenAI-style request: the value a cache key is derived from (design §2).
 
 Two requests get the same canonical form only when the chosen level says they are equivalent. `exact` removes
 JSON-level differences only (number spelling, documented OpenAI defaults, the `max_tokens` alias, transport and

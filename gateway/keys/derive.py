@@ -1,4 +1,4 @@
-"""Cache keys, tenant scope and entry tags (DESIGN §3).
+"""Cache keys, tenant scope and entry tags (design §3).
 
 A key is `te1:{scope}:{digest}`. The digest covers the canonical request (at the `tokens` level: the model's input
 ids and the tokenizer version beside the other fields) together with everything that can change the answer

@@ -1,4 +1,4 @@
-"""Cache policy (DESIGN §4): whether to look up, what may be stored, and how old is too old.
+"""Cache policy (design §4): whether to look up, what may be stored, and how old is too old.
 
 Pure decisions over an already validated request; the handlers do the I/O. Only deterministic requests are
 cached, since a cache answering a sampled request would replace the variety the client asked for with one
@@ -80,7 +80,7 @@ class Reason(StrEnum):
 
 
 class Result(StrEnum):
-    """How a cacheable request was answered: the `result` label of `tokenedge_requests_total` (DESIGN §7)."""
+    """How a cacheable request was answered: the `result` label of `tokenedge_requests_total` (design §7)."""
 
     HIT = "hit"
     MISS = "miss"  # this request's own upstream call (the flight's leader)
@@ -160,7 +160,7 @@ def decide(
     if not route.enabled:
         return Bypass(Reason.ROUTE_OFF)
     if directives.no_store:
-        # RFC 9111 §5.2.1.5 only forbids storing; DESIGN §4 also skips the lookup ("neither").
+        # RFC 9111 §5.2.1.5 only forbids storing; design §4 also skips the lookup ("neither").
         return Bypass(Reason.NO_STORE)
     reason = _responses_reason(body) if endpoint == RESPONSES else _live_reason(endpoint, body)
     if reason is None and endpoint != "embeddings":
@@ -271,7 +271,7 @@ def wants_usage(body: Mapping[str, Any]) -> bool:
 def lacks(
     usage: Mapping[str, Any] | None, *, needs_usage: bool, stream_only: bool = False, needs_json: bool = False
 ) -> Reason | None:
-    """Why an entry cannot answer a request, or None: a hit is the whole answer, never a partial one (DESIGN §4).
+    """Why an entry cannot answer a request, or None: a hit is the whole answer, never a partial one (design §4).
 
     An entry without usage (a plain stream from an upstream that ignores `stream_options`, or an older gateway's)
     answers every plain stream but is a miss for any request whose answer carries usage; an entry with no JSON

@@ -3,7 +3,7 @@
 One place for what both paths must agree on: the miss they send (`FillRequest`), the entry a complete answer
 becomes (`make_entry`), when an answer names a newer model revision (`revision_moved`), what to do with the
 upstream's answer (`after_upstream`, a pure decision: serve it, serve a stale entry instead, or ask again), and the
-headers of an answer served from an entry (hit, stale, stored miss; DESIGN §5). The drivers only do the I/O.
+headers of an answer served from an entry (hit, stale, stored miss; design §5). The drivers only do the I/O.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def make_entry(
     *,
     stream_only: bool = False,
 ) -> Entry:
-    """The entry a complete answer becomes (DESIGN §3): created now, the route's TTL, tagged for purges. A
+    """The entry a complete answer becomes (design §3): created now, the route's TTL, tagged for purges. A
     `stream_only` entry has no JSON body: its ETag hashes the chunks, which are then the representation."""
     key = req.key
     return Entry(
@@ -148,7 +148,7 @@ def make_entry(
     )
 
 
-# The headers of an answer served from an entry (DESIGN §5) -------------------------------------------------
+# The headers of an answer served from an entry (design §5) -------------------------------------------------
 
 
 def stale_headers(state: MissState, entry: Entry, detail: str) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""Cache fill for JSON responses: one upstream call, the store decision (DESIGN §4), and the store itself.
+"""Cache fill for JSON responses: one upstream call, the store decision (design §4), and the store itself.
 
 Runs inside a single-flight task, so the entry is in the cache before any coalesced follower is released.
 P2 (docs/coherence.md): a fill takes its store ticket (`store_ticket`, the purge generation and epoch) before the

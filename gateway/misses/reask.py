@@ -83,7 +83,7 @@ async def reask(
 
 
 def unstreamed(body: bytes) -> bytes:
-    """A streamed request asked as JSON: `stream` is not part of the key (DESIGN §2), one entry serves both, and a
+    """A streamed request asked as JSON: `stream` is not part of the key (design §2), one entry serves both, and a
     JSON answer says in its Cache-Status whether it was stored."""
     if b'"stream' not in body:
         return body

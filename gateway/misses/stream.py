@@ -9,7 +9,7 @@ becomes an error event followed by a clean end (see `gateway.misses.tee`).
 A `stream: false` request never joins a stream in flight: it takes the JSON path (its own single-flight call),
 which stores the same key; both answers are complete, so whichever is stored last wins, as for two JSON fills.
 
-Headers (DESIGN §5): a streamed hit carries the entry's headers (Cache-Status, Age, ETag, Cache-Control,
+Headers (design §5): a streamed hit carries the entry's headers (Cache-Status, Age, ETag, Cache-Control,
 CDN-Cache-Control, Surrogate-Key, X-Cache-Key, ...); §5's `private` / `public, max-age=0, s-maxage` already keeps
 browsers from reusing it. A streamed miss cannot know before its first byte whether it will be stored or how its
 body will hash, so it sends what is known (Cache-Status `fwd=miss`, X-Cache-Key, Age 0) with `Cache-Control:

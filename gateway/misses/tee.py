@@ -4,7 +4,7 @@ The stream it opens asks for usage whatever the client asked (`gateway.misses.st
 the usage chunk is published as a usage-only frame, which `pipe` gives only to the clients that asked for it.
 
 Each upstream event is published to the flight as soon as it is parsed (no buffering beyond one SSE event) and fed
-to the recorder. DESIGN §4: the entry is written only after `[DONE]`, with no error event, every choice finished
+to the recorder. design §4: the entry is written only after `[DONE]`, with no error event, every choice finished
 (not by the content filter) and under `cache.max_entry_bytes`; it is written *before* the `[DONE]` frame is
 published, so a client that saw the end and asks again gets a hit. The recorder's partial data is dropped in
 `finally`, whatever happened: an upstream error, a cancelled (abandoned) stream, or a refusal.
@@ -137,7 +137,7 @@ def usage_asked(req: FillRequest) -> FillRequest:
 def _stored_entry(
     state: MissState, req: FillRequest, recorder: StreamRecorder
 ) -> tuple[Entry | None, Reason | None]:
-    """The entry to store after [DONE], or why there is none (DESIGN §4)."""
+    """The entry to store after [DONE], or why there is none (design §4)."""
     if recorder.too_large:
         return None, Reason.TOO_LARGE
     if recorder.error:

@@ -1,4 +1,4 @@
-"""Prometheus metrics (DESIGN §7), one object per app, never module-level singletons.
+"""Prometheus metrics (design §7), one object per app, never module-level singletons.
 
 Buckets span sub-millisecond cache hits to multi-second generations. With `--workers N` the launcher sets
 PROMETHEUS_MULTIPROC_DIR before any worker imports prometheus_client, so every worker writes its samples to shared

@@ -1,4 +1,4 @@
-"""The `tokens` key level (DESIGN §2): the cache key holds the exact token ids the model will receive.
+"""The `tokens` key level (design §2): the cache key holds the exact token ids the model will receive.
 
 Only a tokenedge backend's own tokenizer qualifies (its ids are the backend's, byte for byte; an estimate such as
 cl100k for an OpenAI model would not do), and a chat also needs the model's chat template. Where either is

@@ -1,4 +1,4 @@
-"""Every private aiohttp name the gateway uses, in one place, each with why (DESIGN §1).
+"""Every private aiohttp name the gateway uses, in one place, each with why (design §1).
 
 aiohttp has no public API for three things the gateway needs: choosing the server's protocol class (the edge's
 head deadlines and connection cap, `gateway.edge.server`), answering a request before the router (the fast lane,

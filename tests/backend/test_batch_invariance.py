@@ -1,4 +1,4 @@
-"""Batch invariance (DESIGN.md §8): a sequence's logits have the same bits alone, in any batch, with staggered
+"""Batch invariance (docs/design.md §8): a sequence's logits have the same bits alone, in any batch, with staggered
 arrivals, under any prefill chunking, with its prefix from the cache, and after preemption and recompute. For the
 dense eager layers (fp32, bf16) and for the int4 model, whose layers run as the native decoder step where
 tokenedge's kernel runs (backend/model/native_step.py)."""

@@ -1,4 +1,4 @@
-"""GGUF loading: the SmolLM2 file's facts (DESIGN §8), the Q/K un-permutation, and our one-pass reader
+"""GGUF loading: the SmolLM2 file's facts (design §8), the Q/K un-permutation, and our one-pass reader
 (backend/loader/gguf_file.py) against the `gguf` package's."""
 
 from __future__ import annotations

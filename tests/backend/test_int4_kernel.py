@@ -1,7 +1,7 @@
 """The int4 kernel (backend/kernels): close to the dequantized weights (bf16 output, inputs held to ~15 bits),
 rows that never depend on their batch (count, position, the VNNI and AMX paths, threads), the packing, the
 choice between it and torch's kernel, the served revision that tells the two apart, and the AMX tile
-configuration as the CPU holds it (GCC 12's intrinsic trap, DESIGN.md §8). Runs where the CPU has AVX512-VNNI
+configuration as the CPU holds it (GCC 12's intrinsic trap, docs/design.md §8). Runs where the CPU has AVX512-VNNI
 and AVX512-BF16 (the kernel's VNNI paths then serve every row count); the tile tests where it also has AMX;
 elsewhere the kernel is never chosen, which the choice tests check through the CPU flags."""
 
@@ -133,7 +133,7 @@ def test_bad_inputs_are_refused_with_a_reason() -> None:
 
 def test_no_tile_configuration_goes_through_gccs_intrinsics() -> None:
     """GCC 12's _tile_loadconfig and _tile_storeconfig name an 8-byte operand: the compiler may drop the
-    stores that fill the rest of the 64-byte configuration, and ldtilecfg then faults (DESIGN.md §8). The
+    stores that fill the rest of the 64-byte configuration, and ldtilecfg then faults (docs/design.md §8). The
     kernel names the whole struct in its own asm instead."""
     source = build.SOURCE.read_text()
     assert not re.search(r"\b_tile_(load|store)config\s*\(", source)

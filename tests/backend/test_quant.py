@@ -53,7 +53,7 @@ def test_int4_kernel_computes_the_dequantized_matmul(kind: gguf.GGMLQuantization
     x = torch.randn(5, 1536, generator=gen)
     expected = x @ dense.t()
     got = Int4Linear(blocks)(x).float()
-    # bf16 activations and bf16 (scale, zero): about bf16 weights' own error (DESIGN §8)
+    # bf16 activations and bf16 (scale, zero): about bf16 weights' own error (design §8)
     assert ((got - expected).norm() / expected.norm()).item() < 6e-3
 
 

@@ -131,7 +131,7 @@ def test_smollm2_decodes_what_it_encodes(smollm2_tokenizer: Tokenizer) -> None:
     strings = json.loads((DATA / "tokenizer_corpus.json").read_text())["strings"]
     ranks = smollm2_tokenizer.encoding._mergeable_ranks
     missing = {b for b in range(256) if ranks[bytes([b])] >= smollm2_tokenizer.vocab_size}
-    assert len(missing) == 21  # DESIGN §8: these bytes have no token, llama.cpp drops them
+    assert len(missing) == 21  # design §8: these bytes have no token, llama.cpp drops them
     lossless = [s for s in strings if not missing.intersection(s.encode())]
     assert len(lossless) >= 300
     assert [s for s in lossless if smollm2_tokenizer.decode(smollm2_tokenizer.encode(s)) != s] == []

@@ -173,7 +173,7 @@ def test_a_rows_bits_do_not_depend_on_the_other_rows(dtype: torch.dtype) -> None
 
 
 def test_a_decode_token_gets_the_bits_of_the_same_token_inside_a_prefill_chunk() -> None:
-    """The invariance the engine's contract needs (DESIGN.md §8): the last token of a 7-token chunk and the same
+    """The invariance the engine's contract needs (docs/design.md §8): the last token of a 7-token chunk and the same
     token decoded alone (its prefix cached) attend with the same bits."""
     ctx, q, k, v, k_cache, v_cache = pool_step([7], [40])
     chunk, _ = run((ctx, q, k, v, k_cache, v_cache))

@@ -1,4 +1,4 @@
-"""End to end: client -> Varnish -> gateway -> fake upstream; every DESIGN §5 header reaches the client.
+"""End to end: client -> Varnish -> gateway -> fake upstream; every design §5 header reaches the client.
 
 For a miss, a hit and a bypass, in public and tenant scope. The gateway's hit (`tokenedge; hit; ttl=N`) is
 seen through Varnish after a Varnish-only purge; its Age (injected clock) carries through Varnish's Age.

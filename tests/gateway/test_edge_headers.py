@@ -1,4 +1,4 @@
-"""The edge headers of answers (gateway/hits/render.py `block`, DESIGN §5): a tenant answer is never marked shareable
+"""The edge headers of answers (gateway/hits/render.py `block`, design §5): a tenant answer is never marked shareable
 for a cache that may key without the credential, unless the operator declares `cache.cdn_credential_keyed_edge`;
 its `Vary` names every credential header the tenancy scopes by. Checked on the pure block, then on every kind of
 answer a real gateway sends: stored miss, fast-lane and ordinary hits, streamed hit and miss, alias, 304, stale.

@@ -247,7 +247,7 @@ def test_store_refusal(
 
 
 def test_an_answer_without_usage_is_not_stored() -> None:
-    """DESIGN §4: a later JSON hit (or streamed hit with include_usage) would lack it: relayed, never stored."""
+    """design §4: a later JSON hit (or streamed hit with include_usage) would lack it: relayed, never stored."""
     refusal = store_refusal(
         status=200,
         body_bytes=10,

@@ -1,4 +1,4 @@
-"""The streaming pieces (DESIGN §1, §3): what a stream is made of, without the miss that drives it.
+"""The streaming pieces (design §1, §3): what a stream is made of, without the miss that drives it.
 
 `sse` frames and parses events, `recorder` assembles the canonical completion from a stream, `replay` synthesizes a
 stream from an entry, `responses` the Responses API's events, `broadcast` shares one upstream stream among identical

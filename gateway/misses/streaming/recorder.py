@@ -102,7 +102,7 @@ class Recorder:
 
     @property
     def complete(self) -> bool:
-        """A clean end: [DONE] seen, no error, and every choice finished (DESIGN §4)."""
+        """A clean end: [DONE] seen, no error, and every choice finished (design §4)."""
         choices = self._assembler.choices
         return (
             self.done

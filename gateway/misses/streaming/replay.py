@@ -1,4 +1,4 @@
-"""Replay: the SSE frames of a streamed hit, synthesized from one entry (DESIGN §3: one entry, both forms).
+"""Replay: the SSE frames of a streamed hit, synthesized from one entry (design §3: one entry, both forms).
 
 Pure. A stream-recorded entry replays its own payloads, so the chunk boundaries, ids and `created` are the first
 answer's. The usage chunk follows the new request, not the recording: it is dropped unless the request set

@@ -2,7 +2,7 @@
 
 A Responses stream is a sequence of typed events (`event: response.created`, `response.output_text.delta`, ...)
 that ends with one terminal event carrying the whole response object (`response.completed`, or
-`response.incomplete` / `response.failed`), and no `[DONE]`. So one entry serves both forms (DESIGN §3): its body is
+`response.incomplete` / `response.failed`), and no `[DONE]`. So one entry serves both forms (design §3): its body is
 the terminal event's response (what a `stream: false` request gets), its chunks are the event payloads in order
 (replayed with their own names). An entry filled by a JSON request is replayed as the event sequence OpenAI streams
 for that response: created, in_progress, each output item added, its content parts with their text deltas, done,

@@ -1,6 +1,6 @@
 """The usage ask: every cacheable streamed miss asks the upstream for the closing usage chunk.
 
-A hit is the whole answer (DESIGN §4): an entry recorded from a stream must hold usage, or a later JSON hit would
+A hit is the whole answer (design §4): an entry recorded from a stream must hold usage, or a later JSON hit would
 lack `usage` and a streamed hit with `include_usage` would lack its usage chunk. So the tee forwards the client's
 own bytes with `stream_options.include_usage: true` added, and the relay drops the usage-only chunk for each
 client that did not ask for it (`gateway.misses.stream.pipe`). Pure: bytes in, bytes out.

@@ -1,6 +1,6 @@
 """Which backend serves which model at which revision, and the one revision per model that keys use.
 
-Keys carry one revision per model (DESIGN §3). Backends may disagree during a rolling upgrade, so the book picks
+Keys carry one revision per model (design §3). Backends may disagree during a rolling upgrade, so the book picks
 the *current* revision of each model and the pool routes that model only to backends reporting it:
 - a backend that moves from revision A to B makes B newer than A (and than anything A was newer than); the
   current revision is the newest one any backend reports (its last report is kept while it is down, so losing
