@@ -38,7 +38,9 @@ async def get_alias(request: web.Request) -> web.StreamResponse:
     if found is None:
         raise NotFound("no such cache entry")
     revision = state.catalog.fresh_revision(found.entry.model)
-    if revision is None:  # the catalog asks the upstream first; read again after it, so no purge slips between
+    # Not known without asking: the catalog asks the upstream first, then the cache is read again, so no purge slips
+    # between the read and the answer.
+    if revision is None:
         fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
         revision = await state.catalog.revision(found.entry.model, fwd)
         found = await state.cache.get(parsed.key)
