@@ -33,6 +33,12 @@ def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | st
     )  # the tensor keeps the map alive
 
 
+def salt_root(salt: str) -> int | None:
+    """The "previous hash" of a sequence's first block: its request's `cache_salt` (vLLM's), so blocks are shared
+    only between requests with the same salt (a tenant's prompts never warm another tenant's); None unsalted."""
+    return hash(("cache_salt", salt)) if salt else None
+
+
 def chain_hash(prev_hash: int | None, token_ids: Seq[int]) -> int:
     """Hash of a full block given the previous block's hash: equal hashes mean equal whole prefixes."""
     return hash((prev_hash, tuple(token_ids)))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
-from backend.engine.block_pool import BlockPool, chain_hash
+from backend.engine.block_pool import BlockPool, chain_hash, salt_root
 from backend.engine.sequence import Sequence
 
 
@@ -26,7 +26,7 @@ class KVCacheManager:
         assert (index + 1) * bs <= seq.num_tokens
         while len(seq.block_hashes) <= index:
             i = len(seq.block_hashes)
-            prev = seq.block_hashes[i - 1] if i > 0 else None
+            prev = seq.block_hashes[i - 1] if i > 0 else salt_root(seq.params.cache_salt)
             seq.block_hashes.append(chain_hash(prev, seq.token_ids[i * bs : (i + 1) * bs]))
         return seq.block_hashes[index]
 

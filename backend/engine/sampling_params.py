@@ -40,6 +40,7 @@ class SamplingParams:
     min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens were generated
     logprobs: int | None = None  # None: none; k: the chosen token's logprob and the k most likely
     grammar: CompiledGrammar | None = None  # constrained decoding (backend/engine/grammar.py)
+    cache_salt: str = ""  # prefix-cache isolation (vLLM's field): blocks are reused only under the same salt
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:

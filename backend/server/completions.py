@@ -196,6 +196,7 @@ def choice_params(
             min_tokens=req.min_tokens,
             logprobs=req.logprobs,
             grammar=grammar,
+            cache_salt=req.cache_salt,
         )
         for i in range(req.n)
     ]

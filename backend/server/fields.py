@@ -51,6 +51,7 @@ FIELDS: Mapping[str, Field] = {
     "logprobs": Field(BOTH, True, "chat: boolean; completions: 0 to 20 alternatives"),
     "top_logprobs": Field(CHAT, True, "0 to 20; needs logprobs: true"),
     "min_tokens": Field(BOTH, True, "vLLM extension: EOS and stop_token_ids masked until then"),
+    "cache_salt": Field(BOTH, True, "vLLM extension: cached prefix blocks are reused only under one salt"),
     "ignore_eos": Field(BOTH, True, "vLLM extension: keep generating past EOS"),
     "echo": Field(COMPLETION, True, "the prompt's text before the completion; not with logprobs"),
     "best_of": Field(COMPLETION, True, "only equal to n: no ranking of extra candidates (400 otherwise)"),

@@ -61,6 +61,7 @@ class GenerationRequest:
     echo: bool = False
     response_format: ResponseFormat | None = None
     tools: ToolSpec | None = None  # chat only
+    cache_salt: str = ""  # vLLM's prefix-cache isolation (backend/engine/block_pool.py salt_root)
 
 
 def parse_request(body: Any, endpoint: Endpoint, max_n: int) -> GenerationRequest:
@@ -119,6 +120,7 @@ def parse_request(body: Any, endpoint: Endpoint, max_n: int) -> GenerationReques
         echo=echo,
         response_format=response_format,
         tools=tools,
+        cache_salt=_optional(body, "cache_salt", str) or "",
     )
 
 

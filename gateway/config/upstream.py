@@ -76,6 +76,7 @@ class UpstreamConfig:
     health_timeout_s: float = 2.0  # one check's own limit (a hung engine accepts connections, then stalls)
     engine_state: bool = True  # read llama-server's /slots with each health check (busy slots, slot count)
     admission_wait_s: float = 2.0  # every backend at max_outstanding: wait this long for one, then 503
+    engine_salt: bool = False  # send cache_salt (a keyed hash of the tenant scope) to engines: vLLM, ours
     route_headers: bool = True  # X-Tokenedge-Backend and X-Tokenedge-Route on answers from a backend
 
     def __post_init__(self) -> None:

@@ -7,8 +7,9 @@ upstream. The upstream always receives the client's own bytes; only the key is b
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import assert_never
+from typing import Any, assert_never
 
 from aiohttp import web
 
@@ -17,7 +18,7 @@ from gateway.hits import headers as hdr
 from gateway.hits import record
 from gateway.hits.lookup import read_cache
 from gateway.hits.respond import json_answer
-from gateway.hits.scope import scope_of
+from gateway.hits.scope import key_scope, scope_of, tenancy_of
 from gateway.intake.pipeline import Prepared, Resolved, admit, parsed_of, resolve_key
 from gateway.keys.derive import PUBLIC_SCOPE
 from gateway.keys.entry import Entry
@@ -43,6 +44,7 @@ from gateway.ops.timing import lap, start_timer, timer_of
 from gateway.state import STATE, GatewayState
 from gateway.tokens.path import check_bypass, upstream_for
 from gateway.upstream.http import forward_headers
+from gateway.upstream.routing.salt import for_scope, salted
 from gateway.web.errors import GatewayError, NotCached, UpstreamError
 
 
@@ -108,7 +110,7 @@ async def bypass(
         method="POST",
         path_qs=request.path_qs,
         headers=fwd,
-        body=prep.raw,
+        body=engine_request(state, key_scope(request, state, prep.endpoint), prep)[0],
         extra_headers={
             hdr.CACHE_STATUS: hdr.bypass_status(reason),
             "Cache-Control": hdr.BYPASS_CACHE_CONTROL,
@@ -131,6 +133,7 @@ def fill_request(
     fwd = resolved.forward
     if fwd is None:
         fwd = forward_headers(request.headers, api_key=state.config.upstream.api_key, identity=True)
+    raw, body = engine_request(state, resolved.key.scope, prep)
     return FillRequest(
         prep.endpoint,
         resolved.key,
@@ -139,10 +142,18 @@ def fill_request(
         lookup.ttl_s,
         upstream_target(request, prep.endpoint),
         fwd,
-        prep.raw,
-        upstream_for(state, prep.endpoint, prep.body, scope_of(request, state)),
+        raw,
+        upstream_for(state, prep.endpoint, body, scope_of(request, state)),
         level=resolved.level.value,
     )
+
+
+def engine_request(state: GatewayState, scope: str, prep: Prepared) -> tuple[bytes, Mapping[str, Any]]:
+    """The body sent upstream: with the tenant's engine salt, when on (gateway.upstream.routing.salt)."""
+    if not state.config.upstream.engine_salt:
+        return prep.raw, prep.body
+    salt = for_scope(tenancy_of(state).secret, scope, public=scope == PUBLIC_SCOPE)
+    return salted(prep.raw, prep.body, salt)
 
 
 async def streamed(request: web.Request, state: GatewayState, prep: Prepared, lookup: Lookup) -> Answered:

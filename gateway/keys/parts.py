@@ -184,13 +184,14 @@ def wire_parts(wire: bytes) -> list[str]:
 
 # Body fields per endpoint that never reach the answer (design §2): the response's form, the request's bookkeeping.
 # A field an endpoint echoes back in its answer is key material there (the Responses object returns `metadata`,
-# `user`, `safety_identifier`, `prompt_cache_key` and `service_tier`; chat returns `service_tier`).
+# `user`, `safety_identifier`, `prompt_cache_key` and `service_tier`; chat returns `service_tier`). `cache_salt`
+# (vLLM) only isolates the engine's prefix cache; the gateway replaces it (gateway.upstream.routing.salt).
 _FORM: Final = frozenset({"stream", "stream_options"})
 TRANSPORT_FIELDS: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
     {
         "chat/completions": _FORM
-        | {"user", "safety_identifier", "prompt_cache_key", "metadata", "store", "request_id"},
-        "completions": _FORM | {"user", "request_id"},
+        | {"user", "safety_identifier", "prompt_cache_key", "metadata", "store", "request_id", "cache_salt"},
+        "completions": _FORM | {"user", "request_id", "cache_salt"},
         "embeddings": frozenset({"user", "request_id"}),
         "responses": _FORM | {"store"},  # `store` is always false on a cached request (policy)
     }

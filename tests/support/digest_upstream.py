@@ -33,9 +33,9 @@ IGNORED_PREFIXES = ("x-stainless-",)
 _FORM = {"stream", "stream_options"}
 UNREAD: Mapping[str, frozenset[str]] = {
     "chat/completions": frozenset(
-        _FORM | {"user", "safety_identifier", "prompt_cache_key", "metadata", "store"}
+        _FORM | {"user", "safety_identifier", "prompt_cache_key", "metadata", "store", "cache_salt"}
     ),
-    "completions": frozenset(_FORM | {"user"}),
+    "completions": frozenset(_FORM | {"user", "cache_salt"}),
     "embeddings": frozenset({"user"}),
     "responses": frozenset(_FORM | {"store"}),
 }
