@@ -257,3 +257,9 @@ async def test_after_recovery_new_and_idle_prefixes_move_back(
         for g in groups[1:]
     ]
     assert again == ["a", "a", "a"]
+
+
+def test_slots_reports_are_read_and_anything_else_is_not_one() -> None:
+    busy_one = b'[{"id":0,"is_processing":true},{"id":1,"is_processing":false}]'
+    assert health.slots_report(busy_one) == (1, 2)
+    assert health.slots_report(b'{"error":"not found"}') is None and health.slots_report(b"<html>") is None

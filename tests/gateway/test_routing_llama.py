@@ -2,7 +2,8 @@
 gateway. One is SIGSTOPped, as a wedged engine would be: it still completes TCP handshakes, so only the gateway's
 own bounded health checks and deadlines can find it. No non-streamed request may fail, a stream already flowing
 from it ends with a clean error, it is ejected within the first-byte deadline, the other engine keeps serving, and
-after SIGCONT the restored engine takes at least a third of the next requests.
+after SIGCONT the restored engine takes at least a third of the next requests. And an engine kept busy by a client
+the gateway never saw (another replica, a direct caller) is seen through its own `/slots` and avoided.
 
 Every wait on a real process is a bounded poll; every request is unique, so the response cache never answers.
 """
@@ -146,9 +147,10 @@ async def test_a_stream_flowing_from_an_engine_that_stops_ends_with_a_clean_erro
     gw: RunningGateway, engines: list[LlamaServer]
 ) -> None:
     pids = {name(e): pid_of(e) for e in engines}
+    long_stream = {**body(stream=True, max_tokens=400), "ignore_eos": True}  # still flowing when stopped
     async with (
         aiohttp.ClientSession() as session,
-        session.post(gw.url + "/v1/chat/completions", json=body(stream=True, max_tokens=400)) as resp,
+        session.post(gw.url + "/v1/chat/completions", json=long_stream) as resp,
     ):
         assert resp.status == 200
         serving = resp.headers[BACKEND_HEADER]
@@ -160,3 +162,22 @@ async def test_a_stream_flowing_from_an_engine_that_stops_ends_with_a_clean_erro
         finally:
             os.kill(pids[serving], signal.SIGCONT)
     assert b'"error"' in rest and b"[DONE]" not in rest  # an error event, never a silently cut stream
+
+
+async def test_an_engine_busy_with_a_direct_client_is_seen_and_avoided(
+    gw: RunningGateway, engines: list[LlamaServer]
+) -> None:
+    pool = gw.state.upstream
+    assert isinstance(pool, UpstreamPool)
+    await until(lambda: all(b.reported_slots == 1 for b in pool.backends), 10)  # read from each /slots
+    busy, free = engines
+    async with aiohttp.ClientSession() as session:
+        direct = asyncio.ensure_future(  # another client, straight to the engine: the gateway never saw it
+            session.post(busy.url + "/v1/chat/completions", json={**body(max_tokens=300), "ignore_eos": True})
+        )
+        try:
+            await until(lambda: pool.backends[0].foreign_busy == 1, 15)
+            routed = [b for _, b in [await ask(session, gw) for _ in range(2)]]
+        finally:
+            (await direct).close()
+    assert routed == [name(free)] * 2
