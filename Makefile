@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # pyproject.toml holds the ranges, for library users.
 LOCK := requirements.lock
 
-.PHONY: run test venv system lint bench clean kernels llama lock
+.PHONY: run test venv system lint bench clean kernels llama lock image
 
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,7 +47,12 @@ run: venv kernels
 test: venv system lint kernels llama
 	$(PY) -m pytest -q -p no:cacheprovider
 
-LINTED := gateway backend cdn tokenedge_wire bench tests
+# The gateway and backend images, built with buildah on a Debian base made once with debootstrap (deploy/images/;
+# the suite builds them too, tests/test_deploy_images.py). Prints each image's size.
+image: venv system
+	$(PY) deploy/images/build.py
+
+LINTED := gateway backend cdn tokenedge_wire bench tests deploy
 lint: venv
 	$(PY) -m ruff check $(LINTED)
 	$(PY) -m ruff format --check $(LINTED)

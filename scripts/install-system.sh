@@ -18,6 +18,8 @@ command -v patch >/dev/null || need+=(patch)  # the GCC 12 AMX tile-config patch
 command -v wrk >/dev/null || need+=(wrk)
 command -v prometheus >/dev/null || need+=(prometheus)
 command -v chromium >/dev/null || need+=(chromium)
+command -v buildah >/dev/null || need+=(buildah)  # the images (deploy/images/build.py, `make image`)
+command -v debootstrap >/dev/null || need+=(debootstrap)  # their Debian base, from Debian's packages
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing system packages: ${need[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
