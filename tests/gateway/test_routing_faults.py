@@ -263,3 +263,17 @@ def test_slots_reports_are_read_and_anything_else_is_not_one() -> None:
     busy_one = b'[{"id":0,"is_processing":true},{"id":1,"is_processing":false}]'
     assert health.slots_report(busy_one) == (1, 2)
     assert health.slots_report(b'{"error":"not found"}') is None and health.slots_report(b"<html>") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "load"),
+    [
+        ("# HELP x\nllamacpp:requests_processing 1\nllamacpp:requests_deferred 2\n", 3),
+        ('vllm:num_requests_running{model_name="m"} 4.0\nvllm:num_requests_waiting{model_name="m"} 1.0\n', 5),
+        ("sglang:num_running_reqs 2\nsglang:num_queue_reqs 0\n", 2),
+        ("tokenedge_backend_running_requests 1.0\ntokenedge_backend_waiting_requests 3.0\n", 4),
+        ("process_cpu_seconds_total 12.5\n", None),
+    ],
+)
+def test_engine_load_is_read_from_each_engines_own_gauges(text: str, load: int | None) -> None:
+    assert health.metrics_load(text) == load

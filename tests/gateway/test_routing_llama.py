@@ -136,6 +136,8 @@ async def test_a_stopped_engine_is_ejected_its_work_moves_and_load_comes_back(
         assert {b for _, b in during} == {name(healthy)}  # the healthy engine served them all
         assert pool.backends[0].breaker.ejections >= 1
         await until(lambda: pool.backends[0].breaker.state is BreakerState.CLOSED, 30)
+        # recovered: readmitted, and done with what it was sent while stopped (its own /metrics says so)
+        await until(lambda: pool.backends[0].foreign_busy == 0, 30)
         after: list[str] = []
         for _ in range(3):  # concurrency 2, as a client pair would
             after += [b for _, b in await asyncio.gather(ask(session, gw), ask(session, gw))]

@@ -45,6 +45,7 @@ class Backend:
         )
         self.reported_slots = 0  # 0: it never said
         self.has_slots = True  # False once it answered /slots with something else (not llama-server)
+        self.has_metrics = True  # False once its /metrics named no engine load gauge
         self.on_eject: Callable[[int], None] | None = None
         self.breaker = Breaker(
             threshold=config.eject_after_failures,

@@ -5,9 +5,11 @@ A hung engine (SIGSTOPped, wedged) still completes TCP handshakes, so only a che
 and since every backend has its own loop, one hung check never delays another backend's. A 2xx-4xx answer closes
 a half-open circuit (the probe that lets an ejected backend back in) and, for `/v1/models`, reports the backend's
 models and revisions to the book. A connect failure, timeout or 5xx counts towards ejection like a failed request.
-With `engine_state`, a passing check also reads llama-server's `/slots` (busy slots, slot count): the busy slots
-beyond this process's own outstanding requests are other replicas' or direct clients' load, which the cost policy
-adds. A backend without `/slots` (404, not a list) is not asked again.
+With `engine_state`, a passing check also reads what the engine says of itself: llama-server's `/slots` (its slot
+count and busy slots), and the Prometheus `/metrics` of llama-server (`--metrics`), vLLM, SGLang and the tokenedge
+backend (requests running + waiting, `ENGINE_LOAD`). The load beyond this process's own outstanding requests is other
+workers', replicas' or direct clients', which the cost policy adds. A route that answers with anything else is not
+asked again.
 """
 
 from __future__ import annotations
@@ -26,6 +28,15 @@ from gateway.web.errors import UpstreamError
 
 log = logging.getLogger("tokenedge.routing")
 SLOTS_PATH = "/slots"
+METRICS_PATH = "/metrics"
+# Each engine's own gauges of requests running and requests waiting (queued, deferred).
+ENGINE_LOAD: dict[str, tuple[str, str]] = {
+    "llama.cpp": ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
+    "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+    "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
+    "tokenedge": ("tokenedge_backend_running_requests", "tokenedge_backend_waiting_requests"),
+}
+_LOAD_NAMES = frozenset(name for pair in ENGINE_LOAD.values() for name in pair)
 
 
 async def check(pool: UpstreamPool, backend: Backend, path: str, headers: Mapping[str, str]) -> bool:
@@ -66,21 +77,51 @@ def slots_report(body: bytes) -> tuple[int, int] | None:
     return sum(1 for s in doc if s.get("is_processing") is True), len(doc)
 
 
-async def read_state(pool: UpstreamPool, backend: Backend, headers: Mapping[str, str]) -> None:
-    """What the engine says of its own slots, bounded like a check; a failure here is not a health failure."""
+def metrics_load(text: str) -> int | None:
+    """Requests running + waiting from an engine's Prometheus text (`ENGINE_LOAD`); None when it names none."""
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, rest = line.partition(" ")
+        name = name.partition("{")[0]
+        if name in _LOAD_NAMES:
+            try:
+                total += float(rest.split()[0])
+            except (ValueError, IndexError):
+                continue
+            seen = True
+    return round(total) if seen else None
+
+
+async def _get(pool: UpstreamPool, backend: Backend, path: str, headers: Mapping[str, str]) -> bytes | None:
+    """A 200 answer's body; b"" when it failed or timed out (ask again next time), None for another status (the
+    engine does not serve this route). Bounded like a check; never a health failure."""
     try:
         resp = await asyncio.wait_for(
-            backend.upstream.request("GET", SLOTS_PATH, headers), pool.config.health_timeout_s
+            backend.upstream.request("GET", path, headers), pool.config.health_timeout_s
         )
     except (TimeoutError, UpstreamError):
-        return
-    report = slots_report(resp.body) if resp.status == 200 else None
-    if report is None:
-        backend.has_slots = False
-        return
-    busy, slots = report
-    backend.reported_slots = slots
-    backend.foreign_busy = max(0, busy - backend.outstanding)
+        return b""
+    return resp.body if resp.status == 200 else None
+
+
+async def read_state(pool: UpstreamPool, backend: Backend, headers: Mapping[str, str]) -> None:
+    """What the engine says of its own slots and load; a route it does not serve is not asked again."""
+    load: int | None = None
+    if backend.has_slots:
+        body = await _get(pool, backend, SLOTS_PATH, headers)
+        report = slots_report(body) if body else None
+        backend.has_slots = body == b"" or report is not None
+        if report is not None:
+            load, backend.reported_slots = report
+    if backend.has_metrics:
+        body = await _get(pool, backend, METRICS_PATH, headers)
+        counted = metrics_load(body.decode("utf-8", "replace")) if body else None
+        backend.has_metrics = body == b"" or counted is not None
+        load = counted if counted is not None else load
+    if load is not None:
+        backend.foreign_busy = max(0, load - backend.outstanding)
 
 
 async def watch(pool: UpstreamPool, backend: Backend, headers: Mapping[str, str]) -> None:
@@ -89,7 +130,7 @@ async def watch(pool: UpstreamPool, backend: Backend, headers: Mapping[str, str]
     path, interval_s = pool.config.health_path, pool.config.health_interval_s
     while True:
         started = loop.time()
-        if await check(pool, backend, path, headers) and pool.config.engine_state and backend.has_slots:
+        if await check(pool, backend, path, headers) and pool.config.engine_state:
             await read_state(pool, backend, headers)
         await asyncio.sleep(max(0.0, interval_s - (loop.time() - started)))
 
