@@ -2,8 +2,10 @@
 
 Chat chunks open with a role delta per choice; completions with `echo` open with the prompt's text per choice.
 Logprobs ride with the text they produced: each chunk carries the tokens behind its own text. With active tools
-the answer is grammar-bound JSON (backend/server/tools.py) that only means something whole, so a streamed choice
-is held until it finishes and then sent as one content or tool-call delta, then its finish chunk.
+the answer is grammar-bound JSON (backend/server/tools.py) read as it forms (backend/server/tool_answer.py): a
+stream sends each call's id and name once its name closes and its arguments as they are written (or the `response`
+text as it decodes), and an answer cut short keeps the tool-call shape, its last call with partial arguments, under
+the engine's finish reason (`length`); a whole call list finishes as `tool_calls`.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from backend.server.generation import ChoiceEvent, Usage
 from backend.server.logprobs import LogprobRenderer
 from backend.server.protocol import GenerationRequest
 from backend.server.sse import open_stream, send_done, send_event
-from backend.server.tools import parse_answer
+from backend.server.tool_answer import AnswerScanner, Progress, scan
 
 
 @dataclass(slots=True)
@@ -59,17 +61,11 @@ class Reply:
         return self.req.tools is not None and self.req.tools.active
 
     def message(self, text: str, finish: str | None) -> tuple[dict[str, Any], str | None]:
-        """A chat choice's message fields and finish reason: with tools, a finished answer becomes content or
-        tool_calls ("tool_calls"); an unfinished one (length) or one a stop string cut stays raw text."""
-        if not self.tools or finish != "stop":
+        """A chat choice's message fields and finish reason: with tools, the answer becomes content or
+        tool_calls (a whole call list: "tool_calls"; a cut one keeps its calls so far and the engine's reason)."""
+        if not self.tools:
             return {"content": text}, finish
-        try:
-            parsed = parse_answer(text)
-        except (ValueError, KeyError, TypeError):
-            return {"content": text}, finish
-        if parsed.tool_calls is None:
-            return {"content": parsed.content}, finish
-        return {"content": None, "tool_calls": parsed.tool_calls}, "tool_calls"
+        return answer_fields(scan(text), finish)
 
     def delta(self, event: ChoiceEvent) -> dict[str, Any]:
         logprobs = self.logprobs(event.index, event.logprobs)
@@ -140,29 +136,48 @@ async def stream_reply(
     return response
 
 
+def answer_fields(answer: AnswerScanner, finish: str | None) -> tuple[dict[str, Any], str | None]:
+    """A tool answer's message fields and finish reason, whole or cut."""
+    reason = "tool_calls" if answer.complete and answer.kind == "calls" else finish
+    if answer.kind == "calls" and answer.calls:
+        return {"content": None, "tool_calls": [c.as_openai() for c in answer.calls]}, reason
+    return {"content": answer.content}, reason
+
+
+def progress_delta(answer: AnswerScanner, progress: Progress) -> dict[str, Any]:
+    """One feed's news as a chat delta: a call opens with its id, type and name; then arguments pieces."""
+    if not progress.calls:
+        return {"content": progress.content}
+    pieces = []
+    for piece in progress.calls:
+        if piece.opened:
+            pieces.append({"index": piece.index, **answer.calls[piece.index].as_openai()})
+            pieces[-1]["function"] = {**pieces[-1]["function"], "arguments": piece.arguments}
+        else:
+            pieces.append({"index": piece.index, "function": {"arguments": piece.arguments}})
+    return {"tool_calls": pieces}
+
+
 async def _stream_tool_answers(
     reply: Reply,
     chunk: Callable[[list[dict[str, Any]]], Awaitable[None]],
     first: ChoiceEvent,
     events: AsyncGenerator[ChoiceEvent, None],
 ) -> None:
-    texts = [""] * reply.num_choices
-    tokens: list[list[TokenLogprobs]] = [[] for _ in range(reply.num_choices)]
+    answers = [AnswerScanner() for _ in range(reply.num_choices)]
+    tokens: list[list[TokenLogprobs]] = [[] for _ in range(reply.num_choices)]  # not yet sent
     event: ChoiceEvent | None = first
     while event is not None:
         i = event.index
-        texts[i] += event.text
         tokens[i].extend(event.logprobs)
-        if event.finish_reason is not None:
-            fields, finish = reply.message(texts[i], event.finish_reason)
+        progress = answers[i].feed(event.text)
+        if progress or (event.finish_reason is not None and tokens[i]):
+            delta = progress_delta(answers[i], progress) if progress else {}
             logprobs = reply.logprobs(i, tokens[i])
-            calls = fields.get("tool_calls")
-            delta = (
-                {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}
-                if calls
-                else {"content": fields["content"]}
-            )
+            tokens[i] = []
             await chunk([{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": None}])
+        if event.finish_reason is not None:
+            _, finish = answer_fields(answers[i], event.finish_reason)
             await chunk([{"index": i, "delta": {}, "logprobs": None, "finish_reason": finish}])
         event = await anext(events, None)
 

@@ -17,12 +17,12 @@ and the gateway keys them apart. Pure: no I/O.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from backend.server.errors import bad_request
+from backend.server.tool_answer import scan
 
 Mode = Literal["none", "auto", "required", "named"]
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
@@ -183,16 +183,11 @@ class ParsedAnswer:
 
 
 def parse_answer(text: str) -> ParsedAnswer:
-    """A finished grammar-bound answer -> message content or OpenAI tool_calls (with fresh call ids)."""
-    value = json.loads(text)  # the grammar guarantees JSON of tool_schema's shape
-    if "response" in value:
-        return ParsedAnswer(value["response"], None)
-    calls = [
-        {
-            "id": f"call_{uuid.uuid4().hex[:24]}",
-            "type": "function",
-            "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])},
-        }
-        for c in value["tool_calls"]
-    ]
-    return ParsedAnswer(None, calls)
+    """A finished grammar-bound answer -> message content or OpenAI tool_calls (with fresh call ids and the
+    model's own argument text); ValueError where the answer is unfinished."""
+    answer = scan(text)
+    if not answer.complete:
+        raise ValueError("the tool answer is unfinished")
+    if answer.kind == "response":
+        return ParsedAnswer(answer.content, None)
+    return ParsedAnswer(None, [c.as_openai() for c in answer.calls])
