@@ -1,6 +1,6 @@
 """SIGTERM on a real `python -m gateway` (gateway/edge/drain.py): a rolling update loses no work.
 
-Twenty slow streams are in flight, each held by the fake upstream after its first chunk. On SIGTERM `/ready` turns
+Fifty slow streams are in flight, each held by the fake upstream after its first chunk. On SIGTERM `/ready` turns
 503 at once while the listener still accepts; after the grace new connections are refused while the streams still
 run; released, every stream completes whole and the process exits 0 well within the drain bound. Past the
 deadline a stream is cut, and what was cut is not stored: a second gateway on the same Redis misses.
@@ -25,7 +25,7 @@ from tests.support.fake_upstream import FakeUpstream
 from tests.support.services import free_port
 from tests.support.workers import REPO, listening_sockets
 
-STREAMS = 20
+STREAMS = 50  # the issue's number (issue 38: "SIGTERM with 50 streams in flight")
 GRACE_S = 1.0
 TIMEOUT_S = 20.0
 
@@ -42,9 +42,9 @@ def body(i: int) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def gateway_process(
-    upstream_url: str, tmp: Path, env: Mapping[str, str] = {}, **server: str
+    upstream_url: str, tmp: Path, *, env: Mapping[str, str] = {}, server: Mapping[str, str] = {}
 ) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
-    """A single-process gateway (`python -m gateway`) with `server.*` overrides: (process, base URL)."""
+    """`python -m gateway` with `server.*` overrides, once every worker listens: (process, base URL)."""
     port = free_port()
     log = tmp / f"gateway-{port}.log"
     full_env = {
@@ -55,16 +55,20 @@ async def gateway_process(
         "TOKENEDGE_SERVER_STATE_DIR": str(tmp / "state"),
         **{f"TOKENEDGE_SERVER_{name.upper()}": value for name, value in server.items()},
     }
+    workers = int(server.get("workers", "1"))
+    if workers > 1:  # the workers' shared counters, in the test's own folder
+        (tmp / f"metrics-{port}").mkdir()
+        full_env["PROMETHEUS_MULTIPROC_DIR"] = str(tmp / f"metrics-{port}")
     with log.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway", cwd=REPO, env=full_env, stdout=out, stderr=out
         )
     try:
-        for _ in range(600):  # bounded (~60 s): the port is bound
-            if listening_sockets(port) or proc.returncode is not None:
+        for _ in range(600):  # bounded (~60 s): the port is bound by every worker
+            if listening_sockets(port) >= workers or proc.returncode is not None:
                 break
             await asyncio.sleep(0.1)
-        assert listening_sockets(port), log.read_text()[-3000:]
+        assert listening_sockets(port) >= workers, log.read_text()[-3000:]
         yield proc, f"http://127.0.0.1:{port}"
     finally:
         if proc.returncode is None:
@@ -121,7 +125,7 @@ async def start_streams(session: aiohttp.ClientSession, url: str, count: int) ->
     return tasks
 
 
-async def test_sigterm_lets_twenty_streams_finish_then_exits_zero(
+async def test_sigterm_lets_fifty_streams_finish_then_exits_zero(
     fake: FakeUpstream, upstream_url: str, tmp_path: Path
 ) -> None:
     release = asyncio.Event()
@@ -129,7 +133,7 @@ async def test_sigterm_lets_twenty_streams_finish_then_exits_zero(
     fake.stream_gates[0].set()
     server = {"drain_grace_s": str(GRACE_S), "drain_timeout_s": str(TIMEOUT_S)}
     async with (
-        gateway_process(upstream_url, tmp_path, **server) as (proc, url),
+        gateway_process(upstream_url, tmp_path, server=server) as (proc, url),
         aiohttp.ClientSession() as session,
     ):
         assert await get_status(url, "/ready") == 200
@@ -171,7 +175,7 @@ async def test_past_the_deadline_streams_are_cut_and_not_stored(
     server = {"drain_grace_s": "0", "drain_timeout_s": "1.0"}
     l2 = {"TOKENEDGE_CACHE_REDIS_URL": redis_url}
     async with (
-        gateway_process(upstream_url, tmp_path, l2, **server) as (proc, url),
+        gateway_process(upstream_url, tmp_path, env=l2, server=server) as (proc, url),
         aiohttp.ClientSession() as session,
     ):
         tasks = await start_streams(session, url, 3)
@@ -186,7 +190,7 @@ async def test_past_the_deadline_streams_are_cut_and_not_stored(
 
     release.set()  # a second gateway on the same Redis: the cut streams were never stored
     async with (
-        gateway_process(upstream_url, tmp_path, l2) as (_, url),
+        gateway_process(upstream_url, tmp_path, env=l2) as (_, url),
         aiohttp.ClientSession() as session,
         session.post(f"{url}/v1/chat/completions", json=body(0)) as resp,
     ):
@@ -194,3 +198,31 @@ async def test_past_the_deadline_streams_are_cut_and_not_stored(
         assert resp.headers["Cache-Status"].startswith("tokenedge; fwd=miss")
     assert text_and_done(raw) == ("Hello, world!", True)
     assert fake.calls["chat"] == 4
+
+
+async def test_with_workers_the_parent_forwards_sigterm_and_every_worker_drains(
+    fake: FakeUpstream, upstream_url: str, tmp_path: Path
+) -> None:
+    release = asyncio.Event()
+    fake.stream_gates = [asyncio.Event(), release]
+    fake.stream_gates[0].set()
+    server = {"workers": "2", "drain_timeout_s": str(TIMEOUT_S)}
+    async with (
+        gateway_process(upstream_url, tmp_path, server=server) as (proc, url),
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session,
+    ):
+        tasks = await start_streams(session, url, 8)  # a connection each: the kernel spreads them over both
+        proc.send_signal(signal.SIGTERM)
+        for _ in range(300):  # bounded: both workers closed their listeners (grace 0) with the streams held
+            if await refused(url):
+                break
+            await asyncio.sleep(0.05)
+        assert await refused(url) and proc.returncode is None
+        release.set()
+        results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        code = await asyncio.wait_for(proc.wait(), TIMEOUT_S + 10)
+    assert [text_and_done(raw) for raw in results] == [("Hello, world!", True)] * 8
+    assert code == 0
+    (log,) = tmp_path.glob("gateway-*.log")
+    drained = {line.split()[2] for line in log.read_text().splitlines() if "listener closed" in line}
+    assert len(drained) == 2  # both worker processes drained (each logs its pid)
