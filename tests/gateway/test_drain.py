@@ -226,3 +226,30 @@ async def test_with_workers_the_parent_forwards_sigterm_and_every_worker_drains(
     (log,) = tmp_path.glob("gateway-*.log")
     drained = {line.split()[2] for line in log.read_text().splitlines() if "listener closed" in line}
     assert len(drained) == 2  # both worker processes drained (each logs its pid)
+
+
+async def test_a_second_sigterm_cuts_at_once(fake: FakeUpstream, upstream_url: str, tmp_path: Path) -> None:
+    release = asyncio.Event()
+    fake.stream_gates = [asyncio.Event(), release]
+    fake.stream_gates[0].set()
+    server = {"drain_timeout_s": str(TIMEOUT_S)}
+    async with (
+        gateway_process(upstream_url, tmp_path, server=server) as (proc, url),
+        aiohttp.ClientSession() as session,
+    ):
+        tasks = await start_streams(session, url, 3)
+        proc.send_signal(signal.SIGTERM)
+        for _ in range(300):  # bounded: the drain has begun (grace 0: the listener is closed)
+            if await refused(url):
+                break
+            await asyncio.sleep(0.05)
+        assert await refused(url) and proc.returncode is None  # waiting for the held streams
+        hurried = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(proc.wait(), TIMEOUT_S)
+        exited = time.monotonic()
+        results = await asyncio.wait_for(asyncio.gather(*tasks), 15)
+    release.set()
+    assert code == 0
+    assert exited - hurried < TIMEOUT_S / 2  # at once, not at the deadline
+    assert all(not text_and_done(raw)[1] for raw in results)  # cut: no [DONE]
