@@ -4,7 +4,7 @@ repetition so no prefix cache serves it). In process, the served defaults otherw
 so the native decoder step runs where tokenedge's int4 kernel does. `bench backend` prints it beside
 llama-bench's numbers from the same minutes.
 
-    python -m bench engine_alone --threads 1
+    python -m bench engine_alone --threads 1 [--model FILE.gguf]
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -24,10 +25,11 @@ from backend.model.llama import LlamaModel
 from backend.model.quant import quantize_model
 
 
-def engine_rates(threads: int, repetitions: int = 5) -> dict[str, float]:
-    """{'pp128_tok_s', 'tg32_tok_s'}: medians over `repetitions`, `threads` torch threads."""
+def engine_rates(threads: int, model_path: Path | None = None, repetitions: int = 5) -> dict[str, float]:
+    """{'pp128_tok_s', 'tg32_tok_s'}: medians over `repetitions`, `threads` torch threads; the shipped model
+    unless `model_path` names another GGUF."""
     torch.set_num_threads(threads)
-    loaded = load_model(None, progress=False)
+    loaded = load_model(model_path, progress=False)
     model = LlamaModel(loaded.config, dtype=torch.bfloat16)
     model.load_weights(loaded.weights)
     quantize_model(model, loaded.weights, loaded.quantized)
@@ -55,6 +57,7 @@ def engine_rates(threads: int, repetitions: int = 5) -> dict[str, float]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="bench engine_alone", description=__doc__)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--model", help="a GGUF file (default: the shipped SmolLM2)")
     args = parser.parse_args(argv)
-    for name, rate in engine_rates(args.threads).items():
+    for name, rate in engine_rates(args.threads, Path(args.model) if args.model else None).items():
         print(f"{name}: {rate:.1f}")
