@@ -27,6 +27,7 @@ SCENARIOS = {
     "soak": "bench.soak",
     "warmup": "bench.warmup",
     "scale": "bench.scale",
+    "fleet": "bench.fleet",  # routing policies on two real llama-server engines, arms alternated: not in `all`
 }
 
 
@@ -36,7 +37,7 @@ def main() -> None:
         raise SystemExit(2)
     # `all`: every scenario once (gateway_hit is a subset of the gateway suite; gateway_ab needs a second tree;
     # backend_profile is a diagnostic; engines installs vLLM into its own venv)
-    skipped = ("gateway_hit", "gateway_ab", "backend_profile", "engines")
+    skipped = ("gateway_hit", "gateway_ab", "backend_profile", "engines", "fleet")
     names = [n for n in SCENARIOS if n not in skipped] if sys.argv[1] == "all" else [sys.argv[1]]
     for name in names:
         importlib.import_module(SCENARIOS[name]).main(sys.argv[2:] if len(names) == 1 else [])
