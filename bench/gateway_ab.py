@@ -2,7 +2,7 @@
 
 On a shared, noisy machine only same-run ratios mean anything, so both gateways and bare aiohttp are up at once
 and measured in alternating rounds (wrk, same bytes, same settings); the table is the median of the rounds.
-`python -m bench gateway_ab --before DIR [--scenario l1|l2] [--workers N]`, where DIR holds another checkout,
+`python -m bench gateway_ab --before DIR [--scenario l1|l2] [--workers N] [--ingress]`, where DIR holds another checkout,
 e.g. `git archive main | tar -x -C DIR`. `l2` runs both with L1 off on one Redis (an L2 hit per request).
 """
 
@@ -31,6 +31,8 @@ from bench.harness import (
     wrk,
 )
 from bench.peers import bare_aiohttp
+
+BARE = "bare aiohttp"
 
 
 @contextmanager
@@ -70,7 +72,7 @@ def run(args: argparse.Namespace) -> dict[str, LoadResult]:
             hit_body = prime(url)
             targets[f"gateway {args.scenario} hit, {name}"] = (url, [pid])
         bare_url, bare_pids = stack.enter_context(bare_aiohttp(hit_body, args.workers))
-        targets["bare aiohttp (same bytes)"] = (bare_url, bare_pids)
+        targets[BARE] = (bare_url, bare_pids)
         runs: dict[str, list[LoadResult]] = {name: [] for name in targets}
         for i in range(args.repeats):
             order = list(targets.items()) if i % 2 == 0 else list(reversed(targets.items()))
@@ -83,6 +85,7 @@ def run(args: argparse.Namespace) -> dict[str, LoadResult]:
                     connections=args.connections,
                     threads=1,
                     pids=pids,
+                    ingress=args.ingress,
                 )
                 runs[name].append(result)
         names = list(targets)
@@ -100,13 +103,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument(
+        "--ingress", action="store_true", help="a unique X-Request-Id and traceparent per request (realistic)"
+    )
     args = parser.parse_args(argv)
     results = run(args)
     print_table(
         f"{args.scenario} hit, after vs before, {args.workers} worker(s), wrk -t1 -c{args.connections} "
         f"-d{args.duration}s, median of {args.repeats} alternating rounds",
         list(results.items()),
-        "bare aiohttp (same bytes)",
+        BARE,
     )
     print(f"results: {write_results('gateway_ab', {'results': results})}")
 

@@ -132,12 +132,11 @@ class Head:
     length: int
     keyed: tuple[tuple[bytes, bytes], ...] = ()  # key-material headers (gateway.keys.parts), in request order
 
-    def wire(self) -> bytes:
-        """The key material of the headers, as the ordinary path computes it (`Tenancy.classify`)."""
-        if not self.keyed:
-            return b""
-        pairs = [(n.decode("latin-1"), v.decode("utf-8", "surrogateescape")) for n, v in self.keyed]
-        return wire_material(pairs, ())
+
+def wire_of(keyed: tuple[tuple[bytes, bytes], ...]) -> bytes:
+    """The key material of these headers, as the ordinary path computes it (`Tenancy.classify`)."""
+    pairs = [(n.decode("latin-1"), v.decode("utf-8", "surrogateescape")) for n, v in keyed]
+    return wire_material(pairs, ())
 
 
 def _kind(kinds: dict[bytes, int], lower: bytes, part: Callable[[str], Part]) -> int:
@@ -161,7 +160,9 @@ def plain_head(data: bytes, kinds: dict[bytes, int], part: Callable[[str], Part]
     for line in match.group(2).split(b"\r\n")[:-1]:
         name, _, value = line.partition(b":")
         lower = name.lower()
-        kind = _kind(kinds, lower, part)
+        kind = kinds.get(lower)
+        if kind is None:
+            kind = _kind(kinds, lower, part)
         if kind == IGNORED:
             continue
         if kind == SLOW:
@@ -209,7 +210,7 @@ def keyed(
     key, context = parsed.key, parsed.key_context
     if key is None or context is None or context[1] != revision:
         return None
-    if state.config.routes[endpoint].level in TOKEN_LEVELS:
+    if context[2] and state.config.routes[endpoint].level in TOKEN_LEVELS:  # keyed by a tokenizer's ids
         tok = key_tokenizer_now(state, endpoint, model, revision)
         if tok is None or tok.version != context[2]:
             return (
@@ -239,6 +240,7 @@ class FastLane:
         assert tenancy is not None, "tenancy_ctx runs before the server starts"
         self._kinds = dict(header_kinds(tenancy.credential_headers))
         self._part = tenancy.part
+        self._wires: dict[tuple[tuple[bytes, bytes], ...], bytes] = {}
         self._max_body = min(MAX_MEMO_BODY_BYTES, state.config.server.max_body_bytes)
 
     def take(self, data: bytes, conn: Connection) -> tuple[int, int]:
@@ -252,7 +254,11 @@ class FastLane:
         timer = StageTimer(head.endpoint)
         try:
             known = keyed(
-                state, head.endpoint, data[head.body_at : used], partial(self._scope, head), head.wire
+                state,
+                head.endpoint,
+                data[head.body_at : used],
+                partial(self._scope, head),
+                partial(self._wire, head),
             )
         except GatewayError:  # a refused credential: the ordinary path answers it as JSON
             return NOT_SERVED, 0
@@ -287,6 +293,18 @@ class FastLane:
             partial(self._l2_read, conn, data[:used], known, timer, keyed_at, generation)
         )
         return PENDING, used
+
+    def _wire(self, head: Head) -> bytes:
+        """The headers' key material, remembered by their raw values (the same raw values, the same bytes)."""
+        if not head.keyed:
+            return b""
+        wire = self._wires.get(head.keyed)
+        if wire is None:
+            wire = wire_of(head.keyed)
+            if len(self._wires) >= MAX_KINDS:
+                self._wires.clear()
+            self._wires[head.keyed] = wire
+        return wire
 
     def _scope(self, head: Head) -> str:
         """This request's key scope, from its own credential headers (`hits.scope`)."""
