@@ -171,8 +171,11 @@ def random_model(name: str, fmt: str = "Q4_0") -> Path:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="bench.random_models", description=__doc__)
     parser.add_argument("--format", default="Q4_0", choices=sorted(_BLOCK_BYTES))
-    parser.add_argument("shapes", nargs="*", default=list(SHAPES), choices=[[], *SHAPES])
+    parser.add_argument("shapes", nargs="*", help=f"any of {', '.join(SHAPES)} (default: all)")
     args = parser.parse_args(argv)
+    unknown = set(args.shapes) - set(SHAPES)
+    if unknown:
+        parser.error(f"unknown shape(s) {sorted(unknown)}: choose from {', '.join(SHAPES)}")
     for name in args.shapes or SHAPES:
         print(random_model(name, args.format))
 
