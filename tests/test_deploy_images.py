@@ -10,6 +10,7 @@ entry point drains and the run exits 0. A container runtime would run the same e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import os
@@ -111,18 +112,28 @@ def built() -> dict[str, dict[str, str]]:
     return {row["image"].split("/")[1].split(":")[0]: row for row in images}
 
 
+@contextlib.contextmanager
+def working_container(image: str) -> Iterator[str]:
+    name = subprocess.run(["buildah", "from", image], capture_output=True, text=True, check=True).stdout
+    try:
+        yield name.strip()
+    finally:
+        subprocess.run(["buildah", "rm", name.strip()], capture_output=True)
+
+
 @pytest.fixture
 def gateway_container(built: dict[str, dict[str, str]]) -> Iterator[str]:
-    name = subprocess.run(
-        ["buildah", "from", built["tokenedge-gateway"]["image"]], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    try:
+    with working_container(built["tokenedge-gateway"]["image"]) as name:
         yield name
-    finally:
-        subprocess.run(["buildah", "rm", name], capture_output=True)
 
 
-def entry_point_pid(port: int) -> int:
+@pytest.fixture
+def backend_container(built: dict[str, dict[str, str]]) -> Iterator[str]:
+    with working_container(built["tokenedge-backend"]["image"]) as name:
+        yield name
+
+
+def entry_point_pid(port: int, image: str = "gateway", variable: str = "TOKENEDGE_SERVER_PORT") -> int:
     """The image's entry point process (a child of buildah's chroot helper), found by its environment's port."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -132,25 +143,26 @@ def entry_point_pid(port: int) -> int:
             environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if cmdline[:2] == [b"/opt/tokenedge/bin/python3", b"/opt/tokenedge/bin/tokenedge-gateway"] and (
-            f"TOKENEDGE_SERVER_PORT={port}".encode() in environ
-        ):
+        entry = [b"/opt/tokenedge/bin/python3", f"/opt/tokenedge/bin/tokenedge-{image}".encode()]
+        if cmdline[:2] == entry and f"{variable}={port}".encode() in environ:
             return int(proc.name)
     raise AssertionError(f"no entry point serving :{port}")
 
 
 @pytest.mark.timeout(1800)  # its fixture builds both images: ~3 min, ~6 min on a machine without the base yet
 async def test_the_gateway_image_serves_a_miss_then_a_hit_and_drains(
-    gateway_container: str, fake: FakeUpstream, upstream_url: str
+    gateway_container: str, fake: FakeUpstream, upstream_url: str, tmp_path: Path
 ) -> None:
     port = free_port()
-    run = await asyncio.create_subprocess_exec(
-        *("buildah", "run", "--isolation", "chroot", "--network", "host"),
-        *("--env", f"TOKENEDGE_UPSTREAM_URL={upstream_url}", "--env", f"TOKENEDGE_SERVER_PORT={port}"),
-        *(gateway_container, "--", "tokenedge-gateway", "--config", "/etc/tokenedge/gateway.toml"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    log = tmp_path / "gateway.log"
+    with log.open("wb") as out:
+        run = await asyncio.create_subprocess_exec(
+            *("buildah", "run", "--isolation", "chroot", "--network", "host"),
+            *("--env", f"TOKENEDGE_UPSTREAM_URL={upstream_url}", "--env", f"TOKENEDGE_SERVER_PORT={port}"),
+            *(gateway_container, "--", "tokenedge-gateway", "--config", "/etc/tokenedge/gateway.toml"),
+            stdout=out,  # a file, never a pipe nobody drains
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as session:
@@ -160,7 +172,7 @@ async def test_the_gateway_image_serves_a_miss_then_a_hit_and_drains(
                         health = resp.status
                     break
                 except aiohttp.ClientConnectionError:
-                    assert run.returncode is None, await run.stdout.read()  # type: ignore[union-attr]
+                    assert run.returncode is None, log.read_text()[-3000:]
                     await asyncio.sleep(0.1)
             assert health == 200
             answers = []
@@ -177,9 +189,48 @@ async def test_the_gateway_image_serves_a_miss_then_a_hit_and_drains(
 
         os.kill(entry_point_pid(port), signal.SIGTERM)  # what a runtime sends PID 1: the drain, then exit 0
         code = await asyncio.wait_for(run.wait(), 30)
-        output = (await run.stdout.read()).decode()  # type: ignore[union-attr]
-        assert code == 0, output
+        output = log.read_text()
+        assert code == 0, output[-3000:]
         assert "draining: /ready answers 503" in output
+    finally:
+        if run.returncode is None:
+            run.kill()
+            await run.wait()
+
+
+@pytest.mark.timeout(900)
+async def test_the_backend_image_loads_the_model_and_answers(backend_container: str, tmp_path: Path) -> None:
+    """The backend image from its own root: the packaged model loads (no compiler: torch's kernels), `/health`,
+    one greedy completion, then SIGTERM and exit 0. Start-up here is ~90 s, most of it measuring row tilings
+    (cached under $HOME=/tmp, so per container)."""
+    port = free_port()
+    log = tmp_path / "backend.log"
+    with log.open("wb") as out:
+        run = await asyncio.create_subprocess_exec(
+            *("buildah", "run", "--isolation", "chroot", "--network", "host"),
+            *("--env", f"TOKENEDGE_BACKEND_PORT={port}", backend_container, "--", "tokenedge-backend"),
+            stdout=out,  # a file, never a pipe nobody drains
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    hi = [{"role": "user", "content": "Hi"}]
+    ask = {"model": "SmolLM2-135M-Instruct", "temperature": 0, "max_tokens": 5, "messages": hi}
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(3000):  # bounded (~5 min): the model is loaded and the server listens
+                with contextlib.suppress(aiohttp.ClientConnectionError):
+                    async with session.get(f"{url}/health") as resp:
+                        if resp.status == 200:
+                            break
+                assert run.returncode is None, log.read_text()[-3000:]
+                await asyncio.sleep(0.1)
+            async with session.post(f"{url}/v1/chat/completions", json=ask) as resp:
+                assert resp.status == 200
+                answer = await resp.json()
+        assert answer["usage"]["completion_tokens"] == 5 and answer["choices"][0]["message"]["content"]
+        os.kill(entry_point_pid(port, "backend", "TOKENEDGE_BACKEND_PORT"), signal.SIGTERM)
+        code = await asyncio.wait_for(run.wait(), 60)
+        assert code == 0, log.read_text()[-3000:]
     finally:
         if run.returncode is None:
             run.kill()
