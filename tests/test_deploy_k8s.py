@@ -15,6 +15,7 @@ import copy
 import dataclasses
 import functools
 import json
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -108,6 +109,16 @@ def backend_problems(docs: Docs) -> list[str]:
     return [] if config.port == port else [f"backend listens on {config.port}, its container port is {port}"]
 
 
+def image_problems(docs: Docs) -> list[str]:
+    """The Deployments run the images `make image` tags (deploy/images/build.py: localhost/<name>:<version>)."""
+    version = metadata.version("tokenedge")
+    return [
+        f"{name} runs {image}, `make image` tags localhost/{name}:{version}"
+        for name in ("tokenedge-gateway", "tokenedge-backend")
+        if (image := container(docs, name)["image"]) != f"localhost/{name}:{version}"
+    ]
+
+
 def port_problems(docs: Docs, name: str) -> list[str]:
     """Selectors match the pod's labels; probes and the Service name the container's ports."""
     deployment, service = find(docs, "Deployment", name), find(docs, "Service", name)
@@ -150,7 +161,7 @@ def gateway_problems(docs: Docs, config: GatewayConfig) -> list[str]:
 
 
 def problems(docs: Docs, tmp: Path) -> list[str]:
-    found = schema_problems(docs) + backend_problems(docs)
+    found = schema_problems(docs) + backend_problems(docs) + image_problems(docs)
     for name in ("tokenedge-gateway", "tokenedge-backend", "tokenedge-redis"):
         found += port_problems(docs, name)
     try:
@@ -242,6 +253,13 @@ PLANTED = {
         "spec.template.spec.containers.0.readinessProbe.httpGet.port",
         "web",
         "'web'",
+    ),
+    "image": (
+        "Deployment",
+        "tokenedge-backend",
+        "spec.template.spec.containers.0.image",
+        "tokenedge-backend:latest",
+        "make image",
     ),
     "grace": (
         "Deployment",
