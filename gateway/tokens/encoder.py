@@ -76,6 +76,7 @@ class ModelEncoder:
         if phrases and spec.encoding._pat_str in SPLICE_SAFE_PATTERNS:
             self._phrases = PhraseTable([p for p in phrases if _accepted(p, names)], self._plain, names)
         self._template: Any = None
+        self._last_chat: tuple[Any, array[int]] | None = None  # encode_chat's last (messages, ids)
         if spec.chat_template:
             try:
                 from tokenedge_wire.chat_template import ChatTemplate  # jinja2: only where templates exist
@@ -139,7 +140,15 @@ class ModelEncoder:
             raise Unrenderable(str(exc)) from None
 
     def encode_chat(self, messages: Sequence[Any]) -> array[int]:
-        """Template, then one cached encode per special-free segment (each message's text)."""
+        """Template, then one cached encode per special-free segment (each message's text).
+
+        A miss asks twice for the same request's ids (its `tokens`-level key, then the token path's count and
+        binary transport), with the same parsed `messages` object: the last one is remembered by identity (the slot
+        holds the object, so its id cannot be reused; parsed bodies are never mutated). Like `encode`'s, the
+        returned array is shared: read it, never change it."""
+        last = self._last_chat
+        if last is not None and last[0] is messages:
+            return last[1]
         text = self.render_chat(messages)
         out = array("i")
         pos = 0
@@ -150,6 +159,7 @@ class ModelEncoder:
             pos = match.end()
         if pos < len(text):
             out.extend(self._segment(text[pos:]))
+        self._last_chat = (messages, out)
         return out
 
     def _segment(self, text: str) -> array[int]:
