@@ -62,6 +62,8 @@ async def stream_one(session: aiohttp.ClientSession, url: str, messages: list[di
     usage: dict[str, Any] = {}
     async with session.post(url + "/v1/chat/completions", json=body) as resp:
         engine = resp.headers.get(BACKEND_HEADER, url.removeprefix("http://"))
+        if resp.status != 200:
+            print(f"  HTTP {resp.status} from {engine}: {(await resp.read())[:300]!r}", flush=True)
         async for line in resp.content:
             if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
                 continue
