@@ -10,6 +10,8 @@ accepted: copy-heavy prompts (`bench speculative`: 1.3-1.5x with k = 2-3), while
 and speculation is roughly neutral (docs/performance.md). Speculation is exact only on batch-invariant kernels (a
 k-token verify equals k single steps bitwise), so it is off whenever `batch_invariant` is: `draft_tokens` is what
 the engine uses.
+`cuda_graphs` (default off until measured on a GPU): decode-only steps replay a CUDA graph captured per batch bucket
+(backend/engine/cuda_graphs.py); only on CUDA, with the Triton or flash attention backend.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     speculative_tokens: int = 3  # drafts per verify for greedy requests, 0 = off (see draft_tokens)
     batch_invariant: bool = True
+    cuda_graphs: bool = False  # capture decode steps per batch bucket (backend/engine/cuda_graphs.py)
 
     def __post_init__(self) -> None:
         for name in (
@@ -54,6 +57,24 @@ class EngineConfig:
             raise ValueError(
                 f"the pool ({self.num_blocks} blocks x {self.block_size}) cannot hold one sequence of "
                 f"max_model_len={self.max_model_len}"
+            )
+
+        if self.cuda_graphs:
+            self._check_cuda_graphs()
+
+    def _check_cuda_graphs(self) -> None:
+        """Graphs capture CUDA work, and only backends whose decode reads its lengths on the device (the engine
+        checks the backend `auto` resolves to); their scratch block comes out of the pool."""
+        if self.device.split(":")[0] != "cuda":
+            raise ValueError(f"EngineConfig.cuda_graphs needs a CUDA device, got device={self.device!r}")
+        if self.attention == "sdpa":
+            raise ValueError(
+                "EngineConfig.cuda_graphs needs attention 'triton', 'flash' or 'auto', got 'sdpa'"
+            )
+        if (self.num_blocks - 1) * self.block_size < self.max_model_len:
+            raise ValueError(
+                f"with cuda_graphs the pool ({self.num_blocks} blocks x {self.block_size}, one kept as the "
+                f"graphs' scratch block) cannot hold one sequence of max_model_len={self.max_model_len}"
             )
 
     @property

@@ -17,6 +17,7 @@ import torch
 from backend.attention.selector import make_attention_backend
 from backend.engine.block_pool import BlockPool
 from backend.engine.config import EngineConfig
+from backend.engine.cuda_graphs import CudaCapture, build_decode_graphs
 from backend.engine.embedding import EmbeddingOut, EmbeddingSequence
 from backend.engine.errors import InvalidRequestError
 from backend.engine.kv_cache_manager import KVCacheManager
@@ -82,6 +83,9 @@ class LLMEngine:
             config, KVCacheManager(self.pool, config.enable_prefix_caching), eos_token_ids
         )
         self.runner = ModelRunner(model, self.pool, self.attention, config.batch_invariant, eos_token_ids)
+        if config.cuda_graphs:  # after calibration: a capture must find every tiling measured
+            capture = CudaCapture(model.device)
+            self.runner.graphs = build_decode_graphs(model, self.pool, self.attention, config, capture)
         self._seqs: dict[str, Sequence] = {}
         self.prefill_tokens_total = 0
         self.generated_tokens_total = 0

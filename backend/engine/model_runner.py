@@ -11,6 +11,8 @@ was chosen to match by the engine).
 Rows whose request processes logits or wants logprobs get the exact fp32 head; their processors run on their
 own row before sampling (backend/engine/logits_processor.py), and the sampled token then advances the row's
 grammar and its logprobs are left on the sequence for the engine's postprocess.
+With `graphs` set (EngineConfig.cuda_graphs), a decode-only step's forward replays a captured CUDA graph
+(backend/engine/cuda_graphs.py); sampling and everything after the hidden states run eagerly either way.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from backend.attention.backend import AttentionBackend
 from backend.attention.context import AttentionContext
 from backend.engine.block_pool import BlockPool
+from backend.engine.cuda_graphs import DecodeGraphs
 from backend.engine.embedding import EmbeddingSequence
 from backend.engine.logits_processor import process_logits, token_logprobs
 from backend.engine.sampling import sample
@@ -46,6 +49,7 @@ class ModelRunner:
         self.pool = pool
         self.attention = attention
         self.device = model.device
+        self.graphs: DecodeGraphs | None = None  # set by the engine when cuda_graphs is on
 
     def build_context(self, batch: Seq[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionContext]:
         """token_ids [T], positions [T] and the attention context of a step."""
@@ -88,18 +92,11 @@ class ModelRunner:
     def compute_logits(self, batch: Seq[ScheduledSeq]) -> torch.Tensor:
         """fp32 logits [N, vocab] for the sequences whose chunk reaches their end (in batch order); a
         sequence verifying k drafts gets k + 1 rows, one per position from its last token on."""
-        token_ids, positions, ctx = self.build_context(batch)
-        k_caches, v_caches, backend = self.pool.k_caches, self.pool.v_caches, self.attention
-        step = None
-        if self.model.native_stack() is not None:  # the layers run as one native call: no attention plan
-            step = PagedStep(ctx, k_caches, v_caches)
-        plan = backend.plan(ctx) if step is None else None
-
-        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return backend.forward(q, k, v, k_caches[layer], v_caches[layer], plan)
-
-        hidden = self.model(token_ids, positions, attend, self.invariant, step)  # [T, hidden] fp32
-        ends = ctx.query_start_host[1:]
+        graphed = self.graphs.run(batch) if self.graphs is not None else None  # [B, hidden]: plain decodes
+        if graphed is not None:
+            hidden, ends = graphed, tuple(range(1, len(batch) + 1))
+        else:
+            hidden, ends = self.forward(batch)
         last: list[int] = []
         greedy: list[bool] = []
         for item, end in zip(batch, ends, strict=True):
@@ -112,6 +109,21 @@ class ModelRunner:
                 greedy.extend([not item.seq.params.exact_logits] * n)
         rows = hidden[torch.tensor(last, dtype=torch.int64, device=self.device)]  # [N, hidden]
         return self.model.compute_logits(rows, self.invariant, greedy)  # [N, vocab]
+
+    def forward(self, batch: Seq[ScheduledSeq]) -> tuple[torch.Tensor, tuple[int, ...]]:
+        """The eager forward: hidden states [T, hidden] fp32 and where each sequence's new tokens end."""
+        token_ids, positions, ctx = self.build_context(batch)
+        k_caches, v_caches, backend = self.pool.k_caches, self.pool.v_caches, self.attention
+        step = None
+        if self.model.native_stack() is not None:  # the layers run as one native call: no attention plan
+            step = PagedStep(ctx, k_caches, v_caches)
+        plan = backend.plan(ctx) if step is None else None
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return backend.forward(q, k, v, k_caches[layer], v_caches[layer], plan)
+
+        hidden = self.model(token_ids, positions, attend, self.invariant, step)  # [T, hidden] fp32
+        return hidden, ctx.query_start_host[1:]
 
     def run(self, batch: Seq[ScheduledSeq]) -> list[int | list[int] | None]:
         """One step: the sampled token per scheduled sequence, None for a prefill chunk short of the end,
