@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -176,6 +177,15 @@ def measure_speed(report: Report, device: str, args: argparse.Namespace, deadlin
                 "new_tokens": new_tokens,
                 "engine_tok_s": round(ours, 1),
             }
+            # the same run with decode through CUDA graphs (backend/engine/cuda_graphs.py)
+            if device == "cuda":
+                graphed, graph_tokens = engine_tok_s(
+                    model, replace(config, cuda_graphs=True), batch, new_tokens
+                )
+                row |= {
+                    "engine_graphs_tok_s": round(graphed, 1),
+                    "graphs_tokens_equal": graph_tokens == our_tokens,
+                }
             if bandwidth is not None:
                 read = step_bytes(model, batch, PROMPT_TOKENS + new_tokens // 2)
                 row["bandwidth_fraction"] = round(read * ours / batch / bandwidth, 3)

@@ -33,7 +33,8 @@ def test_the_dry_run_checks_kernels_and_engine_and_writes_one_json(tmp_path: Pat
     assert all(check["ok"] for check in report["checks"])
     (row,) = report["speed"]
     assert row["model"] == "tiny" and row["engine_tok_s"] > 0
-    assert report["cuda_graphs"].startswith("not built")
+    assert report["cuda_graphs"].startswith("captured through the CPU seam")
+    assert any(name.startswith("cuda graphs decode == eager") for name in names)
 
 
 def test_a_failed_check_is_named_and_fails_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
