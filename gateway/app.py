@@ -25,6 +25,7 @@ from gateway.misses.lease_fill import lease_ctx
 from gateway.misses.warm import warm_ctx
 from gateway.ops.dashboard.sampler import sampler as dashboard_sampler
 from gateway.ops.metrics import GatewayMetrics
+from gateway.ops.tracing import tracing_ctx
 from gateway.state import STATE, GatewayState
 from gateway.tiers.coherence.bus import Bus
 from gateway.tiers.coherence.coherence import Coherence
@@ -231,6 +232,7 @@ def create_app(
     )  # the scope secret (config, Redis or the state file)
     app.cleanup_ctx.append(_on_state(tokens_ctx))  # the token path: counts, budgets, the binary transport
     app.cleanup_ctx.append(_on_state(warm_ctx))  # the hot-key record and the start-up L1 fill (Redis L2 only)
+    app.cleanup_ctx.append(_on_state(tracing_ctx))  # OpenTelemetry spans, when `[tracing]` or OTEL_* ask
     if cdn is not None and cdn.enabled:
         app.cleanup_ctx.append(_cdn_ctx(cdn))
     for endpoint in CACHEABLE_ENDPOINTS:  # responses: cached only when stateless (policy)

@@ -16,6 +16,7 @@ from gateway.misses.singleflight import SingleFlight
 from gateway.misses.streaming.broadcast import StreamFlights
 from gateway.ops.dashboard.dashboard_state import DashboardState
 from gateway.ops.metrics import GatewayMetrics
+from gateway.ops.tracing import Tracing
 from gateway.tiers.coherence.coherence import Coherence
 from gateway.tiers.hotrecord import HotRecord, Warmup
 from gateway.tiers.tiered import TieredCache
@@ -50,6 +51,7 @@ class GatewayState:
     hot_record: HotRecord | None = None  # the shared hot-key record, Redis L2 only (warm.warm_ctx)
     warmup: Warmup | None = None  # the start-up L1 fill's progress, read by /ready (warm.warm_ctx)
     cdn_purge: CdnPurge | None = None  # the CDNs `/admin/purge` fans out to (app._cdn_ctx)
+    tracing: Tracing | None = None  # OpenTelemetry spans, when on (ops.tracing.tracing_ctx)
 
     def __post_init__(self) -> None:
         stale_s = self.config.cache.stale_if_error_s

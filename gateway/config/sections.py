@@ -289,3 +289,25 @@ class DashboardConfig:
         except ValueError as exc:
             raise ConfigError(f"dashboard.prices: {exc}") from None
         require(1 <= self.top_keys <= 1000, f"dashboard.top_keys must be 1-1000, got {self.top_keys}")
+
+
+@dataclass(frozen=True, slots=True)
+class TracingConfig:
+    """OpenTelemetry traces (gateway/ops/tracing.py). The standard `OTEL_*` variables, where set, win over these
+    (`OTEL_TRACES_EXPORTER=otlp` turns tracing on; `OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_SERVICE_NAME`,
+    `OTEL_TRACES_SAMPLER` replace `endpoint`, `service_name`, `sample_rate`), as every OTel SDK reads them."""
+
+    enabled: bool = False  # off: no span, no import of OpenTelemetry, one check per request
+    # The collector's OTLP/HTTP base URL (spans go to {endpoint}/v1/traces); empty: the SDK's default,
+    # http://localhost:4318
+    endpoint: str = ""
+    service_name: str = "tokenedge-gateway"
+    sample_rate: float = 1.0  # of the traces the gateway starts; a caller's sampled `traceparent` is followed
+
+    def __post_init__(self) -> None:
+        require(0.0 <= self.sample_rate <= 1.0, f"tracing.sample_rate must be 0-1, got {self.sample_rate}")
+        require(
+            not self.endpoint or self.endpoint.startswith(("http://", "https://")),
+            f"tracing.endpoint must be an http(s) URL, got {self.endpoint!r}",
+        )
+        require(bool(self.service_name), "tracing.service_name must not be empty")

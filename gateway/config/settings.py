@@ -34,6 +34,7 @@ from gateway.config.sections import (
     ServerConfig,
     StreamConfig,
     TokensConfig,
+    TracingConfig,
     did_you_mean,
     require,
 )
@@ -59,6 +60,7 @@ class GatewayConfig:
     stream: StreamConfig = field(default_factory=StreamConfig)
     tokens: TokensConfig = field(default_factory=TokensConfig)
     dashboard: DashboardConfig = field(default_factory=DashboardConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
     routes: Mapping[str, RouteConfig] = field(default_factory=_default_routes)
 
     def __post_init__(self) -> None:

@@ -239,6 +239,8 @@ class FastLane:
         tenancy = state.tenancy
         assert tenancy is not None, "tenancy_ctx runs before the server starts"
         self._kinds = dict(header_kinds(tenancy.credential_headers))
+        if state.tracing is not None:  # a caller's trace continues on the ordinary path, which traces it
+            self._kinds[b"traceparent"] = SLOW
         self._part = tenancy.part
         self._wires: dict[tuple[tuple[bytes, bytes], ...], bytes] = {}
         self._max_body = min(MAX_MEMO_BODY_BYTES, state.config.server.max_body_bytes)

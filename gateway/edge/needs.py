@@ -9,10 +9,13 @@ from typing import Protocol
 from aiohttp import web
 
 from gateway.intake.needs import IntakeState
+from gateway.ops.tracing import Tracing
 
 
 class EdgeState(IntakeState, Protocol):
     """Intake's state: the lane reuses what the intake pipeline memoized."""
+
+    tracing: Tracing | None  # on: a request carrying a `traceparent` goes the ordinary (traced) way
 
 
 EDGE_STATE: web.AppKey[EdgeState] = web.AppKey("tokenedge_edge_state")

@@ -38,6 +38,7 @@ from gateway.misses.answer import (
 from gateway.misses.fill import FillResult, fill
 from gateway.misses.lease_fill import leased_fill
 from gateway.misses.stream import serve_stream
+from gateway.ops import tracing
 from gateway.ops.dashboard.hotkeys import PROMPT, prompt_text
 from gateway.ops.reqrecord import handler_done
 from gateway.ops.timing import lap, start_timer, timer_of
@@ -58,11 +59,15 @@ def make_handler(endpoint: str):
         state = request.app[STATE]
         lane = timer_of(request)  # set when the fast lane tried this request first (gateway.edge.fastlane)
         timer = lane if lane is not None else start_timer(request, endpoint)
+        tracer = state.tracing  # off: this check is all tracing costs a request
+        trace = None if tracer is None else tracer.begin(request.headers, endpoint)
         result: str = Result.ERROR
         reason: str = Outcome.FAILED
         try:
             raw = await read_request(request, state)
             prep = await admit(request, state, endpoint, parsed_of(state, endpoint, raw), raw)
+            if trace is not None:
+                trace.model(prep.body.get("model"))
             if (
                 state.config.dashboard.show_prompts
             ):  # the operator opted in: the hot-keys table shows the text
@@ -93,6 +98,8 @@ def make_handler(endpoint: str):
             raise
         finally:
             handler_done(state, timer, endpoint, result, reason)
+            if trace is not None:
+                trace.finish(result, reason)
 
     return handler
 
@@ -173,7 +180,9 @@ async def lookup_or_fill(
     lap(request, "parse", key=key.key)
     read = await read_cache(request, state, key.key, lookup, prep.directives, resolved.revision)
     if read.hit is not None:
-        response = json_answer(request, state, read.hit.entry, read.now, read.hit.tier, request.get(PROMPT))
+        entry = read.hit.entry
+        tracing.answered(entry.usage, entry.body, {"tokenedge.cache.tier": read.hit.tier})
+        response = json_answer(request, state, entry, read.now, read.hit.tier, request.get(PROMPT))
         lap(request, "serialize")
         return Answered(response, Result.HIT, read.hit.tier)
     if lookup.only_if_cached:
@@ -202,6 +211,7 @@ async def fill_miss(
         return serve_stale(state, stale, decision)
     assert isinstance(outcome, FillResult)
     leader = leader and not outcome.collapsed  # another replica's fill (cross-replica lease): coalesced here
+    tracing.annotate({"tokenedge.coalesced": not leader})
     while True:
         decision = after_upstream(
             outcome.response.status, leader=leader, public_scope=public, has_stale=stale is not None
@@ -213,6 +223,8 @@ async def fill_miss(
                 assert stale is not None
                 return serve_stale(state, stale, decision)
             case Serve(result=result):
+                stored = outcome.entry
+                tracing.answered(stored.usage if stored else None, outcome.response.body, {})
                 response = miss_response(state, outcome, collapsed=not leader, level=fill_req.miss_detail)
                 lap(request, "serialize")
                 return Answered(response, result, miss_reason(outcome.entry, outcome.refusal))

@@ -17,6 +17,7 @@ from gateway.hits.verdict import Verdict, judge, unfit
 from gateway.keys.cache_control import RequestDirectives
 from gateway.keys.entry import Entry
 from gateway.keys.policy import Lookup, Reason
+from gateway.ops import tracing
 from gateway.ops.timing import lap
 from gateway.tiers.tiered import Found
 
@@ -47,8 +48,12 @@ async def read_cache(
     if not lookup.read:
         return CacheRead(None, None, state.clock())
     read = request.pop(PRE_READ, None)
-    found = read[1] if read is not None and read[0] == key else await state.cache.get(key)
-    lap(request, found.tier if found is not None else ("l2" if state.cache.l2 is not None else "l1"))
+    deepest = "l2" if state.cache.l2 is not None else "l1"
+    with tracing.span("tokenedge.cache.read") as span:
+        found = read[1] if read is not None and read[0] == key else await state.cache.get(key)
+        if span is not None:  # traced: the tiers read and what answered (`TieredCache.get` reads L1, then L2)
+            span.set_attributes(tracing.read_attributes(found, deepest, pre_read=read is not None))
+    lap(request, found.tier if found is not None else deepest)
     now = state.clock()  # after the (possibly remote) read: the age is the entry's age as served
     if found is None:
         return CacheRead(None, None, now)

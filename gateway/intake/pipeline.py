@@ -25,6 +25,7 @@ from gateway.keys.memo import KeyContext, ParsedRequest
 from gateway.keys.parts import wire_parts
 from gateway.keys.policy import Bypass, Lookup, confirm_seeded, decide
 from gateway.keys.validate import parse_object, validate
+from gateway.ops import tracing
 from gateway.tokens.keyform import NOT_TOKEN_LEVEL, TOKEN_LEVELS, KeyForm, key_form, key_tokenizer
 from gateway.upstream.http import forward_headers
 from gateway.web.errors import BadRequest
@@ -102,24 +103,27 @@ async def admit(
 ) -> Prepared:
     """The request's decision: the policy's, and for a seeded sampled request the upstream's promise
     (`policy.confirm_seeded`; the catalog is asked for those requests only)."""
-    prep = prepare(request, state, endpoint, parsed, raw)
-    decision = prep.decision
-    if isinstance(decision, Lookup) and decision.seeded:
-        fwd = upstream_headers(request, state)
-        promised = await state.catalog.seeded_invariant(prep.body["model"], fwd)
-        prep = replace(prep, decision=confirm_seeded(decision, promised=promised))
+    with tracing.span("tokenedge.intake"):
+        prep = prepare(request, state, endpoint, parsed, raw)
+        decision = prep.decision
+        if isinstance(decision, Lookup) and decision.seeded:
+            fwd = upstream_headers(request, state)
+            promised = await state.catalog.seeded_invariant(prep.body["model"], fwd)
+            prep = replace(prep, decision=confirm_seeded(decision, promised=promised))
     return prep
 
 
 async def resolve_key(request: web.Request, state: IntakeState, prep: Prepared) -> Resolved:
     """The model revision (no await, no header work while the catalog is fresh) and the request's key."""
     model = prep.body["model"]
-    revision = state.catalog.fresh_revision(model)
-    fwd: Any = None
-    if revision is None:
-        fwd = upstream_headers(request, state)
-        revision = await state.catalog.revision(model, fwd)
-    key, level, form = await _cache_key(request, state, prep, revision)
+    with tracing.span("tokenedge.intake.key"):
+        revision = state.catalog.fresh_revision(model)
+        fwd: Any = None
+        if revision is None:
+            fwd = upstream_headers(request, state)
+            revision = await state.catalog.revision(model, fwd)
+        key, level, form = await _cache_key(request, state, prep, revision)
+    tracing.annotate({"tokenedge.key.level": level.value})
     return Resolved(model, revision, key, level, fwd, form)
 
 

@@ -21,6 +21,7 @@ from gateway.keys.policy import USAGE_ENDPOINTS, Reason, error_body, store_refus
 from gateway.misses.answer import FillRequest, make_entry, revision_moved
 from gateway.misses.needs import MissState
 from gateway.misses.streaming.responses import response_finish
+from gateway.ops import tracing
 from gateway.tiers.tiered import Ticket
 from gateway.upstream.http import UpstreamResponse
 
@@ -92,5 +93,6 @@ async def fill(state: MissState, req: FillRequest) -> FillResult:
     if refusal is not None or facts is None:
         return FillResult(resp, None, refusal or Reason.INCOMPLETE)
     entry = make_entry(state, req, resp.body, facts[1])
-    await state.cache.put(entry, ticket)  # P2: dropped by each tier a purge reached since the ticket
+    with tracing.span("tokenedge.cache.store"):
+        await state.cache.put(entry, ticket)  # P2: dropped by each tier a purge reached since the ticket
     return FillResult(resp, entry, None)

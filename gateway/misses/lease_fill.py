@@ -32,6 +32,7 @@ from gateway.misses.streaming.broadcast import Frame, Head, StreamFlight
 from gateway.misses.streaming.replay import replay_frames
 from gateway.misses.tee import tee
 from gateway.misses.warm import count_store
+from gateway.ops import tracing
 from gateway.tiers.redis_cluster import command_client, subscriber_clients
 from gateway.upstream.http import UpstreamResponse
 
@@ -71,7 +72,8 @@ async def _leased_fill(state: MissState, req: FillRequest) -> FillResult:
     leases = _leases(state)
     if leases is None:
         return await fill(state, req)
-    got = await leases.acquire_or_wait(req.key.key, _reader(state, req.key.key))
+    with tracing.lease_wait():
+        got = await leases.acquire_or_wait(req.key.key, _reader(state, req.key.key))
     if isinstance(got, Entry):
         if unfit(got, needs_usage=req.endpoint in USAGE_ENDPOINTS, needs_json=True) is None:
             return FillResult(_shared_response(got), got, None, collapsed=True)
@@ -100,7 +102,8 @@ async def _leased_tee(state: MissState, flight: StreamFlight, req: FillRequest) 
         await tee(state, flight, req)
         return
     try:
-        got: Entry | Lease | None = await leases.acquire_or_wait(req.key.key, _reader(state, req.key.key))
+        with tracing.lease_wait():
+            got: Entry | Lease | None = await leases.acquire_or_wait(req.key.key, _reader(state, req.key.key))
     except (
         Exception
     ):  # a lease bug must not leave the flight's subscribers waiting for a head: stream unleased

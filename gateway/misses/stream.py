@@ -41,6 +41,7 @@ from gateway.misses.streaming.broadcast import Head, StreamFlight
 from gateway.misses.streaming.recorder import json_object
 from gateway.misses.streaming.replay import replay_frames
 from gateway.misses.streaming.sse import HEARTBEAT_FRAME
+from gateway.ops import tracing
 from gateway.ops.dashboard.hotkeys import PROMPT
 from gateway.ops.timing import lap, timer_of
 from gateway.web.errors import NotCached, UpstreamError
@@ -61,6 +62,7 @@ async def serve_stream(
     read = await read_cache(request, state, req.key.key, lookup, directives, req.revision, stream=True)
     if read.hit is not None:
         entry, tier = read.hit.entry, read.hit.tier
+        tracing.answered(entry.usage, entry.body, {"tokenedge.cache.tier": tier})
         record.hit(state, entry, read.now, request.get(PROMPT))
         conditional = respond.conditional(request, state, entry, read.now, tier)
         if conditional is not None:
@@ -88,6 +90,7 @@ async def stream_miss(
     flights = state.stream_flights
     flight = None if lead else flights.join(req.key.key)
     leader = flight is None
+    tracing.annotate({"tokenedge.coalesced": not leader})
     if flight is None:
         config = state.config.stream
         flight = flights.start(

@@ -30,6 +30,7 @@ from gateway.misses.streaming.recorder import Kind, Recorder, StreamRecorder
 from gateway.misses.streaming.responses import ResponsesRecorder
 from gateway.misses.streaming.sse import DONE, DONE_FRAME, Event, SSEParser, data_frame, error_frame
 from gateway.misses.streaming.usage import asking_usage
+from gateway.ops import tracing
 from gateway.tokens.path import TokenUpstream
 from gateway.upstream.http import translate
 from gateway.upstream.transport import OpenResponse
@@ -75,7 +76,9 @@ async def tee(state: MissState, flight: StreamFlight, req: FillRequest) -> None:
             return
         entry, refusal = (None, Reason.REVISION) if moved else _stored_entry(state, req, recorder)
         if entry is not None:
-            await state.cache.put(entry, ticket)
+            tracing.answered(entry.usage, entry.body, {})
+            with tracing.span("tokenedge.cache.store"):
+                await state.cache.put(entry, ticket)
         last, outcome = closing, (refusal or Outcome.STORED)
     except (TimeoutError, aiohttp.ClientError, UpstreamError) as exc:
         error = exc if isinstance(exc, UpstreamError) else translate(exc)
@@ -99,11 +102,15 @@ async def _pump(resp: OpenResponse, flight: StreamFlight, recorder: StreamRecord
     """Publish the events up to the stream's end; its closing frame (`[DONE]`, or the terminal Responses event,
     which carries the whole response) is returned for `tee` to publish after the store. None: no end was seen."""
     parser = SSEParser()
+    first = True
     async for data in resp.content.iter_any():  # each read is bounded by sock_read, never a total timeout
         for event in parser.feed(data):
             kind = recorder.feed(event.data)
             if kind is Kind.DONE:
                 return _closing(event)
+            if first:
+                first = False
+                tracing.event("first_token")  # the time to first token, as the gateway sees it
             flight.publish(
                 Frame(data_frame(event.data, event.name), usage_only=kind is Kind.USAGE), cap_bytes=cap
             )

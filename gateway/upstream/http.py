@@ -18,6 +18,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.config.settings import UpstreamConfig
 from gateway.keys.parts import CLIENT_ADDRESS, GATEWAY_ONLY, HOP_BY_HOP, REWRITTEN
+from gateway.ops import tracing
 from gateway.web.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
 
 
@@ -109,27 +110,34 @@ class Upstream:
                 data = await resp.read()
             except (TimeoutError, aiohttp.ClientError) as exc:
                 raise translate(exc) from exc
+            tracing.event("first_token")  # a JSON answer arrives whole: its first token with its last
             return UpstreamResponse(resp.status, resp.headers, data)
 
     @asynccontextmanager
     async def open_stream(
         self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None = None
     ) -> AsyncIterator[aiohttp.ClientResponse]:
-        try:
-            resp = await self._session.request(
-                method,
-                self._base + path_qs,
-                headers=headers,
-                data=body,
-                timeout=self._timeout,
-                allow_redirects=False,
-            )
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise translate(exc) from exc
-        try:
-            yield resp
-        finally:
-            resp.release()
+        """The upstream call, a span of the request's trace when traced (`tracing.span` is a no-op otherwise)."""
+        with tracing.span("tokenedge.upstream", {"http.request.method": method, "url.path": path_qs}) as span:
+            if span is not None:  # the engine's spans join the trace: its parent is this span
+                headers = tracing.inject(headers)
+            try:
+                resp = await self._session.request(
+                    method,
+                    self._base + path_qs,
+                    headers=headers,
+                    data=body,
+                    timeout=self._timeout,
+                    allow_redirects=False,
+                )
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                raise translate(exc) from exc
+            if span is not None:
+                span.set_attribute("http.response.status_code", resp.status)
+            try:
+                yield resp
+            finally:
+                resp.release()
 
 
 def translate(exc: BaseException) -> UpstreamError:
