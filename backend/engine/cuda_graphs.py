@@ -240,6 +240,8 @@ class DecodeGraphs:
         bucket = pick_bucket(len(batch), self.buckets) if is_graph_decode(batch) else None
         if bucket is None or bucket not in self._graphs:
             return None
+        if any(len(item.seq.block_table) > self.width for item in batch):
+            return None  # never expected (max_model_len bounds every table); eager rather than a crash
         self.static.copy_in(pad_decode(batch, bucket, self.block_size, self.width, self.scratch_block))
         self._graphs[bucket].replay()
         self.replays += 1

@@ -218,6 +218,16 @@ def test_the_config_refuses_graphs_where_they_cannot_run(overrides: dict[str, ob
     assert EngineConfig().cuda_graphs is False  # off by default, until measured on a GPU
 
 
+def test_the_flag_and_its_variable_reach_the_engine_config() -> None:
+    from backend.config import BackendConfig
+
+    on = BackendConfig.from_sources(["--cuda-graphs", "on", "--device", "cuda"], environ={}).engine
+    assert on.cuda_graphs is True
+    env = {"TOKENEDGE_BACKEND_CUDA_GRAPHS": "true"}
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        BackendConfig.from_sources([], environ=env)
+
+
 def test_an_engine_refuses_to_capture_a_backend_that_plans_on_the_host() -> None:
     model = tiny_model(torch.float32, "cpu")
     config = EngineConfig(
