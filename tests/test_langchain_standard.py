@@ -36,6 +36,9 @@ TINY_CONTENT: dict[str, str] = {
     "test_bind_runnables_as_tools": "the tiny model's content: its answer_style argument is the empty string",
     "test_json_mode": "the tiny model's content: JSON mode binds a JSON object, and the model's is {}, no joke",
     "test_unicode_tool_call_integration": "the tiny model's content: its string argument has no 你好 in it",
+    # Since the grammar follows the schema's declared order (setup before punchline), the random weights write a
+    # setup string that runs past max_tokens before the call's name and arguments are whole: finish `length`.
+    "test_structured_output_pydantic_2_v1": "the tiny model's content: its setup string runs past max_tokens",
 }
 # Steers the random weights towards answers that end (the grammar still decides what may come): close objects
 # and arrays as soon as their schema allows, close strings at once, and under `auto` pick "tool_calls" over
