@@ -239,8 +239,6 @@ class FastLane:
         tenancy = state.tenancy
         assert tenancy is not None, "tenancy_ctx runs before the server starts"
         self._kinds = dict(header_kinds(tenancy.credential_headers))
-        if state.tracing is not None:  # a caller's trace continues on the ordinary path, which traces it
-            self._kinds[b"traceparent"] = SLOW
         self._part = tenancy.part
         self._wires: dict[tuple[tuple[bytes, bytes], ...], bytes] = {}
         self._max_body = min(MAX_MEMO_BODY_BYTES, state.config.server.max_body_bytes)
@@ -276,7 +274,7 @@ class FastLane:
                 is not Verdict.HIT
             ):
                 return NOT_SERVED, 0  # the ordinary path reads it again and decides (stale-if-error, ...)
-            if not self._write(conn, known, entry, now, "l1", timer, keyed_at):
+            if not self._write(conn, known, entry, now, "l1", timer, keyed_at, data):
                 return NOT_SERVED, 0
             cache.count_l1_hit()
             return SERVED, used
@@ -354,7 +352,7 @@ class FastLane:
         if (
             fresh
             and found is not None
-            and self._write(conn, known, found.entry, now, found.tier, timer, keyed_at)
+            and self._write(conn, known, found.entry, now, found.tier, timer, keyed_at, data)
         ):
             conn.lane_settled(True, b"", None)
             return
@@ -370,9 +368,10 @@ class FastLane:
         tier: str,
         timer: StageTimer,
         keyed_at: float,
+        raw: bytes,
     ) -> bool:
         """Write a fresh entry's response and count it as the ordinary path counts a hit; False if it cannot be
-        written as bytes (then nothing was written or counted)."""
+        written as bytes (then nothing was written or counted). `raw`: the request's bytes (its head first)."""
         state = self._state
         looked_up = perf_counter()
         data = render.hit_bytes(state, entry, now, tier)
@@ -388,4 +387,6 @@ class FastLane:
         timer.status, timer.prepared_at = 200, perf_counter()
         handler_done(state, timer, known.endpoint, "hit", tier)
         state.metrics.tally.inc(state.metrics.lane_answers, (tier,))
+        if state.tracing is not None:  # a caller's sampled trace continues through this hit (ops.tracing)
+            state.tracing.lane_hit(raw, known.endpoint, known.parsed, entry, timer)
         return True

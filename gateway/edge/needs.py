@@ -15,7 +15,7 @@ from gateway.ops.tracing import Tracing
 class EdgeState(IntakeState, Protocol):
     """Intake's state: the lane reuses what the intake pipeline memoized."""
 
-    tracing: Tracing | None  # on: a request carrying a `traceparent` goes the ordinary (traced) way
+    tracing: Tracing | None  # on: a hit carrying a sampled `traceparent` is traced (Tracing.lane_hit)
 
 
 EDGE_STATE: web.AppKey[EdgeState] = web.AppKey("tokenedge_edge_state")

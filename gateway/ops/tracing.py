@@ -1,12 +1,15 @@
 """OpenTelemetry spans per cacheable request: the GenAI semantic conventions plus tokenedge's own attributes.
 
 Off (the default), nothing here is imported from OpenTelemetry and a request pays one check (`state.tracing is
-None`) in the handler; the deeper hooks (`span`, `active`) read one context variable that is then None. On, the
-handler opens the request's root span as a child of the client's `traceparent` (W3C Trace Context) and makes it
+None`) in the handler or the fast lane; the deeper hooks (`span`, `active`) read one context variable that is
+then None. On, the handler opens the request's root span as a child of the client's `traceparent` (W3C Trace Context) and makes it
 current; the intake, each cache read, the lease wait, the upstream call (a `first_token` event) and the store open
 children of it, in the request's task and in the single-flight task it starts (asyncio copies the context). The
 upstream receives a child `traceparent` naming the upstream-call span (`inject`), so an engine's own spans join the
 trace; `traceparent` is transport in the request table (gateway/keys/parts.py), never key material.
+
+A fast-lane hit is answered before any of this runs: the lane (gateway/edge/fastlane.py) calls `lane_hit` after
+writing it (one check when off), which traces it only under a caller's `traceparent` the sampler keeps.
 
 Export is OTLP/HTTP through a batch processor (`flush` drains it). The standard `OTEL_*` variables, where set, win
 over `[tracing]` (`settings_from`), as every OTel SDK reads them. An unsampled request gets no trace object at all.
@@ -16,11 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
-from time import perf_counter
+from time import perf_counter, perf_counter_ns
 from typing import Any, Protocol
 
 import orjson
@@ -28,6 +33,9 @@ from multidict import CIMultiDict
 
 from gateway.config.sections import ConfigError, TracingConfig
 from gateway.config.settings import GatewayConfig
+from gateway.keys.entry import Entry
+from gateway.keys.memo import ParsedRequest
+from gateway.ops.timing import StageTimer
 
 # https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-spans/: gen_ai.operation.name per route
 OPERATIONS: dict[str, str] = {
@@ -37,6 +45,11 @@ OPERATIONS: dict[str, str] = {
     "responses": "chat",
 }
 TRACER_NAME = "tokenedge.gateway"
+# W3C Trace Context §3.2: version-traceid-parentid-flags, read from a request head's raw bytes by the fast lane
+_TRACEPARENT = re.compile(
+    rb"\r\ntraceparent:[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})[ \t]*\r\n",
+    re.IGNORECASE,
+)
 EXPORTERS = frozenset({"otlp", "none"})
 
 
@@ -110,7 +123,11 @@ class Tracing:
 
         attributes = {} if settings.service_name is None else {"service.name": settings.service_name}
         rate = settings.sample_rate
-        sampler = None if rate is None else ParentBased(TraceIdRatioBased(rate))
+        # A caller's sampled trace is kept by the same trace-id rule as the gateway's own (so `lane_samples`
+        # agrees, and every service sampling by ratio keeps the same traces); an unsampled one never is.
+        ratio = None if rate is None else TraceIdRatioBased(rate)
+        sampler = None if ratio is None else ParentBased(ratio, remote_parent_sampled=ratio)
+        self.bound = None if ratio is None else ratio.bound
         self.provider = TracerProvider(resource=Resource.create(attributes), sampler=sampler)
         self.provider.add_span_processor(processor or _batch_processor(settings))
         self.tracer = self.provider.get_tracer(TRACER_NAME)
@@ -131,6 +148,58 @@ class Tracing:
         request_trace.otel_token = context.attach(trace.set_span_in_context(root, parent))
         request_trace.token = _ACTIVE.set(request_trace)
         return request_trace
+
+    def lane_samples(self, trace_id: bytes, flags: bytes) -> bool:
+        """The sampler's decision for a caller's `traceparent`, without building a span (the fast lane asks it
+        first): sampled by the caller, and kept by the trace-id ratio rule (`TraceIdRatioBased`)."""
+        if not int(flags, 16) & 1:
+            return False
+        return self.bound is None or int(trace_id[16:], 16) < self.bound
+
+    def lane_hit(
+        self, raw: bytes, endpoint: str, parsed: ParsedRequest, entry: Entry, timer: StageTimer
+    ) -> None:
+        """A fast-lane hit (gateway/edge/fastlane.py) as a root span with its intake and cache-read children, when
+        the request carries a sampled `traceparent`; the lane's timer gives the times. Without one, the hit is
+        answered untraced: the lane never starts a trace of its own."""
+        match = _TRACEPARENT.search(raw, 0, raw.find(b"\r\n\r\n") + 2)
+        if match is None or not self.lane_samples(match[2], match[4]):
+            return
+        from opentelemetry import trace
+
+        parent = self.propagator.extract({"traceparent": b"-".join(match.groups()).decode()})
+        to_ns = time.time_ns() - perf_counter_ns()  # perf_counter seconds -> epoch nanoseconds
+        at = [to_ns + int(timer.started * 1e9)]
+        for seconds in timer.stages.values():
+            at.append(at[-1] + int(seconds * 1e9))
+        operation = OPERATIONS.get(endpoint, endpoint)
+        root = self.tracer.start_span(operation, parent, trace.SpanKind.SERVER, start_time=at[0])
+        if not root.is_recording():  # the environment's sampler (OTEL_TRACES_SAMPLER) said no
+            return
+        request_trace = RequestTrace(self, root)
+        request_trace.set({"gen_ai.operation.name": operation, "tokenedge.lane": "fast"})
+        request_trace.model(parsed.body.get("model"))
+        if parsed.key_level is not None:
+            request_trace.set({"tokenedge.key.level": parsed.key_level.value})
+        request_trace.answered(entry.usage, entry.body)
+        tier = "l2" if "l2" in timer.stages else "l1"
+        request_trace.set({"tokenedge.cache.tier": tier, "tokenedge.cache.status": timer.result})
+        request_trace.set({"tokenedge.cache.reason": timer.reason})
+        inside = trace.set_span_in_context(root, parent)
+        for name, start, end, attributes in (
+            ("tokenedge.intake", at[0], at[1], {}),
+            (
+                "tokenedge.cache.read",
+                at[1],
+                at[2],
+                {
+                    "tokenedge.cache.tiers_read": "l1" if tier == "l1" else "l1,l2",
+                    "tokenedge.cache.tier": tier,
+                },
+            ),
+        ):
+            self.tracer.start_span(name, inside, start_time=start, attributes=attributes).end(end)
+        root.end(at[-1])
 
     def flush(self, timeout_ms: int = 10_000) -> bool:
         """Export every finished span now (blocking: call it off the event loop when the receiver is on it)."""

@@ -127,14 +127,31 @@ async def ask(gw: RunningGateway, body: dict[str, Any], traceparent: str = TRACE
         return resp.headers["Cache-Status"], await resp.read()
 
 
+def assert_gen_ai(root: Span) -> None:
+    """The GenAI conventions' attributes of a root span for CHAT, as the fake upstream answers it."""
+    assert root.name == "chat test-model" and root.kind == 2  # SPAN_KIND_SERVER
+    assert root.attributes["gen_ai.operation.name"] == "chat"
+    assert root.attributes["gen_ai.request.model"] == "test-model"
+    assert root.attributes["gen_ai.usage.input_tokens"] == 10
+    assert root.attributes["gen_ai.usage.output_tokens"] == 5
+    assert root.attributes["gen_ai.response.finish_reasons"] == ["stop"]
+    assert root.attributes["tokenedge.key.level"] in ("exact", "tokens")
+
+
+@pytest.mark.parametrize("fast_lane", [True, False])
 async def test_a_miss_and_a_hit_are_spans_under_the_callers_traceparent(
     make_gateway: GatewayFactory,
     fake: FakeUpstream,
     receiver: tuple[Receiver, str],
     redis_url: str,
+    fast_lane: bool,
 ) -> None:
     got, url = receiver
-    gw = await make_gateway(cache={"redis_url": redis_url}, tracing={"enabled": True, "endpoint": url})
+    gw = await make_gateway(
+        cache={"redis_url": redis_url},
+        server={"fast_lane": fast_lane},
+        tracing={"enabled": True, "endpoint": url},
+    )
     miss_status, miss_body = await ask(gw, CHAT)
     hit_status, hit_body = await ask(gw, CHAT)
     assert "fwd=miss" in miss_status and "hit" in hit_status and hit_body == miss_body
@@ -144,18 +161,13 @@ async def test_a_miss_and_a_hit_are_spans_under_the_callers_traceparent(
     assert {s.trace_id for s in got.spans} == {TRACE_ID}
     assert got.resources[0]["service.name"] == "tokenedge-gateway"
     for root in (miss, hit):
-        assert root.name == "chat test-model" and root.kind == 2  # SPAN_KIND_SERVER
-        assert root.attributes["gen_ai.operation.name"] == "chat"
-        assert root.attributes["gen_ai.request.model"] == "test-model"
-        assert root.attributes["gen_ai.usage.input_tokens"] == 10
-        assert root.attributes["gen_ai.usage.output_tokens"] == 5
-        assert root.attributes["gen_ai.response.finish_reasons"] == ["stop"]
-        assert root.attributes["tokenedge.key.level"] in ("exact", "tokens")
+        assert_gen_ai(root)
     assert miss.attributes["tokenedge.cache.status"] == "miss"
     assert miss.attributes["tokenedge.coalesced"] is False
     assert miss.attributes["tokenedge.lease.wait_s"] >= 0
     assert hit.attributes["tokenedge.cache.status"] == "hit"
     assert hit.attributes["tokenedge.cache.tier"] == "l1"
+    assert hit.attributes.get("tokenedge.lane") == ("fast" if fast_lane else None)  # the lane answered it
 
     children = got.under(miss)
     assert {
@@ -173,7 +185,8 @@ async def test_a_miss_and_a_hit_are_spans_under_the_callers_traceparent(
     assert upstream.attributes["http.response.status_code"] == 200
 
     hit_children = got.under(hit)
-    assert {"tokenedge.intake", "tokenedge.intake.key", "tokenedge.cache.read"} <= set(hit_children)
+    assert {"tokenedge.intake", "tokenedge.cache.read"} <= set(hit_children)
+    assert ("tokenedge.intake.key" in hit_children) is not fast_lane  # the lane's intake is the memo's key
     assert "tokenedge.upstream" not in hit_children
     assert hit_children["tokenedge.cache.read"].attributes["tokenedge.cache.tier"] == "l1"
 
@@ -206,12 +219,34 @@ async def test_an_unsampled_request_exports_nothing_and_forwards_the_callers_tra
 ) -> None:
     got, url = receiver
     unsampled = f"00-{TRACE_ID}-{CALLER_SPAN}-00"
-    gw = await make_gateway(tracing={"enabled": True, "endpoint": url, "sample_rate": 0.0})
+    gw = await make_gateway(tracing={"enabled": True, "endpoint": url})
     await ask(gw, CHAT, traceparent=unsampled)
-    await ask(gw, {**CHAT, "temperature": 0.0, "max_tokens": 7})  # sampled by the caller: followed
+    await ask(gw, {**CHAT, "max_tokens": 7})  # sampled by the caller: kept (sample_rate 1)
     await flush(gw)
     assert fake.headers[0]["traceparent"] == unsampled
     assert [r.attributes["tokenedge.cache.status"] for r in got.roots()] == ["miss"]
+
+
+# TraceIdRatioBased keeps a trace when its id's low 64 bits are under rate * 2**64: at 0.5, the first of these.
+KEPT, DROPPED = "0" * 16 + "0000000000000001", "0" * 16 + "ffffffffffffffff"
+
+
+@pytest.mark.parametrize("fast_lane", [True, False])
+async def test_hits_are_kept_by_the_trace_id_ratio_on_either_path(
+    make_gateway: GatewayFactory, receiver: tuple[Receiver, str], fast_lane: bool
+) -> None:
+    got, url = receiver
+    gw = await make_gateway(
+        server={"fast_lane": fast_lane}, tracing={"enabled": True, "endpoint": url, "sample_rate": 0.5}
+    )
+    for trace_id in (KEPT, DROPPED, KEPT, DROPPED):  # a miss, then hits
+        await ask(gw, CHAT, traceparent=f"00-{trace_id}-{CALLER_SPAN}-01")
+    async with gw.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A) as resp:
+        assert "hit" in resp.headers["Cache-Status"]  # no traceparent: the lane starts no trace of its own
+    await flush(gw)
+    roots = got.roots()
+    assert [r.attributes["tokenedge.cache.status"] for r in roots] == ["miss", "hit"]
+    assert {r.trace_id for r in roots} == {KEPT}
 
 
 OFF_PROBE = """
