@@ -19,6 +19,7 @@ median completion length of each side is printed beside its rates. Ours runs its
 
     python -m bench backend [--rounds 3] [--max-tokens 48] [--concurrency 8] [--threads 1,2]
                             [--shape smollm2-1.7b | --model FILE.gguf] [--formats Q4_0,Q4_1,...]
+                            [--peer-format Q4_0]
 """
 
 from __future__ import annotations
@@ -282,6 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), help="a random-weight model of this shape")
     parser.add_argument("--model", help="a GGUF file (default: the shipped SmolLM2)")
     parser.add_argument("--formats", default=",".join(FORMATS), help="llama.cpp formats to measure")
+    parser.add_argument("--peer-format", help="run llama-server on this format, not the fastest measured")
     args = parser.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")]
     build = ensure_build()
@@ -293,12 +295,16 @@ def main(argv: list[str] | None = None) -> None:
     bandwidths = {t: measure_bandwidth(t) for t in sorted({1, *threads})}
     for bw in bandwidths.values():
         print(f"memory bandwidth, {bw.describe()}")
-    rows = measure_formats(build, model, threads, args.formats.split(","))
+    formats = [*args.formats.split(","), *([args.peer_format] if args.peer_format else [])]
+    rows = measure_formats(build, model, threads, formats)
     print(format_table(rows, shipped, cpu_model()))
     runs = []
     for t in threads:
         best = fastest(rows, t)
-        note = "fastest, shipped" if best.format == shipped else "fastest"
+        if args.peer_format:  # a noisy machine can misrank close formats: the choice can be pinned
+            best = next(r for r in rows if r.threads == t and r.format == args.peer_format)
+        note = "fastest" if best == fastest(rows, t) else "chosen"
+        note += ", shipped" if best.format == shipped else ""
         sides = {f"tokenedge {shipped}": model, f"llama-server {best.format} ({note})": best.path}
         if best.format != shipped:
             sides[f"llama-server {shipped} (shipped)"] = model
