@@ -302,7 +302,7 @@ class TracingConfig:
     # http://localhost:4318
     endpoint: str = ""
     service_name: str = "tokenedge-gateway"
-    sample_rate: float = 1.0  # kept by trace id, the gateway's traces and a caller's sampled ones alike
+    sample_rate: float = 1.0  # the share traced: the gateway's own traces and a caller's sampled ones alike
 
     def __post_init__(self) -> None:
         require(0.0 <= self.sample_rate <= 1.0, f"tracing.sample_rate must be 0-1, got {self.sample_rate}")

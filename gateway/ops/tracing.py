@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import re
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -45,6 +46,7 @@ OPERATIONS: dict[str, str] = {
     "responses": "chat",
 }
 TRACER_NAME = "tokenedge.gateway"
+LANE = "tokenedge.lane"  # on a fast-lane hit's root span: "fast"
 # W3C Trace Context §3.2: version-traceid-parentid-flags, read from a request head's raw bytes by the fast lane
 _TRACEPARENT = re.compile(
     rb"\r\ntraceparent:[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})[ \t]*\r\n",
@@ -122,12 +124,14 @@ class Tracing:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         attributes = {} if settings.service_name is None else {"service.name": settings.service_name}
-        rate = settings.sample_rate
-        # A caller's sampled trace is kept by the same trace-id rule as the gateway's own (so `lane_samples`
-        # agrees, and every service sampling by ratio keeps the same traces); an unsampled one never is.
-        ratio = None if rate is None else TraceIdRatioBased(rate)
-        sampler = None if ratio is None else ParentBased(ratio, remote_parent_sampled=ratio)
-        self.bound = None if ratio is None else ratio.bound
+        self.rate = rate = settings.sample_rate
+        self.draw = random.random
+        # The gateway's own traces: by trace id (the SDK's ids are random). A caller's sampled trace: a draw per
+        # request (`_CallerSampled`): a caller's ids need not be random in their low bits (a counter, as the
+        # bench's ingress adds), which would keep all or none of them. An unsampled one is never kept.
+        sampler = None
+        if rate is not None:
+            sampler = ParentBased(TraceIdRatioBased(rate), remote_parent_sampled=_caller_sampled(self))
         self.provider = TracerProvider(resource=Resource.create(attributes), sampler=sampler)
         self.provider.add_span_processor(processor or _batch_processor(settings))
         self.tracer = self.provider.get_tracer(TRACER_NAME)
@@ -149,12 +153,9 @@ class Tracing:
         request_trace.token = _ACTIVE.set(request_trace)
         return request_trace
 
-    def lane_samples(self, trace_id: bytes, flags: bytes) -> bool:
-        """The sampler's decision for a caller's `traceparent`, without building a span (the fast lane asks it
-        first): sampled by the caller, and kept by the trace-id ratio rule (`TraceIdRatioBased`)."""
-        if not int(flags, 16) & 1:
-            return False
-        return self.bound is None or int(trace_id[16:], 16) < self.bound
+    def keeps(self) -> bool:
+        """One draw of the caller-sampled decision (the environment's sampler decides alone when it names one)."""
+        return self.rate is None or self.draw() < self.rate
 
     def lane_hit(
         self, raw: bytes, endpoint: str, parsed: ParsedRequest, entry: Entry, timer: StageTimer
@@ -163,8 +164,8 @@ class Tracing:
         the request carries a sampled `traceparent`; the lane's timer gives the times. Without one, the hit is
         answered untraced: the lane never starts a trace of its own."""
         match = _TRACEPARENT.search(raw, 0, raw.find(b"\r\n\r\n") + 2)
-        if match is None or not self.lane_samples(match[2], match[4]):
-            return
+        if match is None or not int(match[4], 16) & 1 or not self.keeps():
+            return  # the sampler below keeps a span the lane marks as drawn (`_caller_sampled`)
         from opentelemetry import trace
 
         parent = self.propagator.extract({"traceparent": b"-".join(match.groups()).decode()})
@@ -173,11 +174,13 @@ class Tracing:
         for seconds in timer.stages.values():
             at.append(at[-1] + int(seconds * 1e9))
         operation = OPERATIONS.get(endpoint, endpoint)
-        root = self.tracer.start_span(operation, parent, trace.SpanKind.SERVER, start_time=at[0])
+        root = self.tracer.start_span(
+            operation, parent, trace.SpanKind.SERVER, start_time=at[0], attributes={LANE: "fast"}
+        )
         if not root.is_recording():  # the environment's sampler (OTEL_TRACES_SAMPLER) said no
             return
         request_trace = RequestTrace(self, root)
-        request_trace.set({"gen_ai.operation.name": operation, "tokenedge.lane": "fast"})
+        request_trace.set({"gen_ai.operation.name": operation})
         request_trace.model(parsed.body.get("model"))
         if parsed.key_level is not None:
             request_trace.set({"tokenedge.key.level": parsed.key_level.value})
@@ -207,6 +210,33 @@ class Tracing:
 
     def shutdown(self) -> None:
         self.provider.shutdown()
+
+
+def _caller_sampled(tracing: Tracing) -> Any:
+    """The sampler for a caller's sampled `traceparent`: a draw at `sample_rate` per request, or the lane's draw
+    (a span it starts carries `tokenedge.lane`: it drew already, in `lane_hit`)."""
+    from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+    from opentelemetry.trace import get_current_span
+
+    class CallerSampled(Sampler):
+        def should_sample(
+            self,
+            parent_context: Any,
+            trace_id: int,
+            name: str,
+            kind: Any = None,
+            attributes: Any = None,
+            links: Any = None,
+            trace_state: Any = None,
+        ) -> SamplingResult:
+            keep = (attributes is not None and LANE in attributes) or tracing.keeps()
+            state = get_current_span(parent_context).get_span_context().trace_state
+            return SamplingResult(Decision.RECORD_AND_SAMPLE if keep else Decision.DROP, attributes, state)
+
+        def get_description(self) -> str:
+            return f"CallerSampled{{{tracing.rate}}}"
+
+    return CallerSampled()
 
 
 def _batch_processor(settings: TraceSettings) -> Any:
