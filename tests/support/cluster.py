@@ -27,17 +27,41 @@ CLUSTER_OPTIONS = [
 ]
 
 
+_TAKEN: set[int] = set()  # ports handed to nodes in this process: a freed port can be handed out twice
+
+
+def _unique_port() -> int:
+    for _ in range(50):
+        port = free_port()
+        if port not in _TAKEN:
+            _TAKEN.add(port)
+            return port
+    raise RuntimeError("no free port that this process has not handed out already")
+
+
 class ClusterNodeProc:
     def __init__(self, root: Path) -> None:
-        self.port = free_port()
-        self.bus_port = free_port()
+        self.root = root
+        self.port = _unique_port()
+        self.bus_port = _unique_port()
         self.dir = root / str(self.port)
         self.dir.mkdir()
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
-        options = (*CLUSTER_OPTIONS, "--cluster-port", str(self.bus_port))
-        self.proc = redis_process(self.port, self.dir, *options, what="redis-server (cluster)")
+        """Start the node; a port another process took between our probe and redis-server's bind is replaced by a
+        fresh pair (bounded), since a probed port is only a guess until bound."""
+        for attempt in range(3):
+            options = (*CLUSTER_OPTIONS, "--cluster-port", str(self.bus_port))
+            try:
+                self.proc = redis_process(self.port, self.dir, *options, what="redis-server (cluster)")
+                return
+            except RuntimeError as exc:
+                if "Address already in use" not in str(exc) or attempt == 2:
+                    raise
+            self.port, self.bus_port = _unique_port(), _unique_port()
+            self.dir = self.root / str(self.port)
+            self.dir.mkdir()
 
     def kill(self) -> None:
         """SIGKILL: a crashed master; its replica is promoted after cluster-node-timeout."""
