@@ -2,8 +2,9 @@
 
 On a shared, noisy machine only same-run ratios mean anything, so both gateways and bare aiohttp are up at once
 and measured in alternating rounds (wrk, same bytes, same settings); the table is the median of the rounds.
-`python -m bench gateway_ab --before DIR [--scenario l1|l2] [--workers N] [--ingress]`, where DIR holds another checkout,
-e.g. `git archive main | tar -x -C DIR`. `l2` runs both with L1 off on one Redis (an L2 hit per request).
+`python -m bench gateway_ab --before DIR [--scenario l1|l2] [--workers N] [--ingress] [--tracing RATE]`, where DIR
+holds another checkout, e.g. `git archive main | tar -x -C DIR` (or this one: `--before . --tracing 0.01` measures
+tracing's cost). `l2` runs both with L1 off on one Redis (an L2 hit per request).
 """
 
 from __future__ import annotations
@@ -66,9 +67,26 @@ def run(args: argparse.Namespace) -> dict[str, LoadResult]:
         if args.scenario == "l2":
             env = {"TOKENEDGE_CACHE_REDIS_URL": stack.enter_context(redis_server())}
             env["TOKENEDGE_CACHE_L1_MAX_BYTES"] = "0"
+        after_env = dict(env)
+        if (
+            args.tracing is not None
+        ):  # the after gateway traces at this rate into a collector that keeps nothing
+            sink_port = free_port()
+            sink = f"http://127.0.0.1:{sink_port}"
+            stack.enter_context(
+                server([PYTHON, "-m", "bench.servers", "sink", str(sink_port)], f"{sink}/health")
+            )
+            after_env |= {
+                "TOKENEDGE_TRACING_ENABLED": "true",
+                "TOKENEDGE_TRACING_SAMPLE_RATE": str(args.tracing),
+                "TOKENEDGE_TRACING_ENDPOINT": sink,
+            }
         targets: dict[str, tuple[str, list[int]]] = {}
-        for name, tree in (("after (this tree)", ROOT), ("before", Path(args.before).resolve())):
-            url, pid = stack.enter_context(gateway_from(tree, upstream, args.workers, env))
+        for name, tree, tree_env in (
+            ("after (this tree)", ROOT, after_env),
+            ("before", Path(args.before).resolve(), env),
+        ):
+            url, pid = stack.enter_context(gateway_from(tree, upstream, args.workers, tree_env))
             hit_body = prime(url)
             targets[f"gateway {args.scenario} hit, {name}"] = (url, [pid])
         bare_url, bare_pids = stack.enter_context(bare_aiohttp(hit_body, args.workers))
@@ -105,6 +123,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument(
         "--ingress", action="store_true", help="a unique X-Request-Id and traceparent per request (realistic)"
+    )
+    parser.add_argument(
+        "--tracing",
+        type=float,
+        help="the after gateway traces at this sample rate (0-1) into a local collector",
     )
     args = parser.parse_args(argv)
     results = run(args)

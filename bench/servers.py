@@ -1,7 +1,8 @@
 """Tiny loopback servers the benchmarks compare against: a zero-latency OpenAI-style upstream and a bare aiohttp
 app that returns fixed bytes (the floor any aiohttp-based gateway is measured against).
 
-`python -m bench.servers upstream PORT` / `python -m bench.servers bare PORT BODY_FILE`.
+`python -m bench.servers upstream PORT` / `python -m bench.servers bare PORT BODY_FILE` / `python -m bench.servers
+sink PORT` (an OTLP/HTTP trace collector that keeps nothing).
 """
 
 from __future__ import annotations
@@ -71,6 +72,22 @@ def bare_app(body: bytes) -> web.Application:
     return app
 
 
+def sink_app() -> web.Application:
+    """An OTLP/HTTP trace collector that keeps nothing: every export answered with an empty success."""
+
+    async def traces(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=b"", content_type="application/x-protobuf")
+
+    async def health(_request: web.Request) -> web.Response:
+        return web.Response(body=b"{}", content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", traces)
+    app.router.add_get("/health", health)
+    return app
+
+
 def serve(kind: str, port: int, body_file: str, reuse_port: bool) -> None:
     try:
         import uvloop
@@ -78,7 +95,8 @@ def serve(kind: str, port: int, body_file: str, reuse_port: bool) -> None:
         uvloop.install()
     except ImportError:
         pass
-    app = upstream_app() if kind == "upstream" else bare_app(Path(body_file).read_bytes())
+    apps = {"upstream": upstream_app, "sink": sink_app}
+    app = apps[kind]() if kind in apps else bare_app(Path(body_file).read_bytes())
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, reuse_port=reuse_port)
 
 
