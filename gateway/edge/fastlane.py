@@ -133,19 +133,17 @@ class Head:
     keyed: tuple[tuple[bytes, bytes], ...] = ()  # key-material headers (gateway.keys.parts), in request order
 
 
-def wire_of(keyed: tuple[tuple[bytes, bytes], ...]) -> bytes:
+def header_wire(keyed: tuple[tuple[bytes, bytes], ...]) -> bytes:
     """The key material of these headers, as the ordinary path computes it (`Tenancy.classify`)."""
     pairs = [(n.decode("latin-1"), v.decode("utf-8", "surrogateescape")) for n, v in keyed]
     return wire_material(pairs, ())
 
 
-def _kind(kinds: dict[bytes, int], lower: bytes, part: Callable[[str], Part]) -> int:
-    """A header name's kind, classified by the request table the first time it is seen."""
-    kind = kinds.get(lower)
-    if kind is None:
-        kind = _PARTS.get(part(lower.decode("latin-1")), IGNORED)
-        if len(kinds) < MAX_KINDS:
-            kinds[lower] = kind
+def _classify(kinds: dict[bytes, int], lower: bytes, part: Callable[[str], Part]) -> int:
+    """A header name `kinds` does not know yet, classified by the request table and remembered (bounded)."""
+    kind = _PARTS.get(part(lower.decode("latin-1")), IGNORED)
+    if len(kinds) < MAX_KINDS:
+        kinds[lower] = kind
     return kind
 
 
@@ -162,7 +160,7 @@ def plain_head(data: bytes, kinds: dict[bytes, int], part: Callable[[str], Part]
         lower = name.lower()
         kind = kinds.get(lower)
         if kind is None:
-            kind = _kind(kinds, lower, part)
+            kind = _classify(kinds, lower, part)
         if kind == IGNORED:
             continue
         if kind == SLOW:
@@ -300,7 +298,7 @@ class FastLane:
             return b""
         wire = self._wires.get(head.keyed)
         if wire is None:
-            wire = wire_of(head.keyed)
+            wire = header_wire(head.keyed)
             if len(self._wires) >= MAX_KINDS:
                 self._wires.clear()
             self._wires[head.keyed] = wire
