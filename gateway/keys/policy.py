@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from gateway.keys.cache_control import RequestDirectives
+from gateway.keys.canonical import TEXT_FIELDS
 
 # The cacheable routes, defined once: config, metrics, the app's routes and the fast lane take them from here.
 CACHEABLE_ENDPOINTS: tuple[str, ...] = ("chat/completions", "completions", "embeddings", "responses")
@@ -22,20 +23,9 @@ RESPONSES = "responses"
 USAGE_ENDPOINTS = frozenset({"chat/completions", "completions", RESPONSES})
 # Responses tools the upstream runs itself: their results follow the world (a search, a file store), not the input.
 _CLIENT_TOOLS = frozenset({"function", "custom"})
-_DETERMINISTIC_ENDPOINTS = frozenset({"embeddings"})
-# Where each endpoint's input is (chat messages, a prompt, Responses input items).
-TEXT_FIELD = {
-    "chat/completions": "messages",
-    "completions": "prompt",
-    "embeddings": "input",
-    RESPONSES: "input",
-}
-_DRAWING_SAMPLERS = (
-    "xtc_probability",
-    "dynatemp_range",
-    "mirostat",
-    "mirostat_mode",
-)  # the same input always embeds to the same vector
+_DETERMINISTIC_ENDPOINTS = frozenset({"embeddings"})  # the same input always embeds to the same vector
+# Engine samplers that draw whatever the temperature (`_live_reason`).
+_DRAWING_SAMPLERS = ("xtc_probability", "dynatemp_range", "mirostat", "mirostat_mode")
 # Upstream answers about the caller, not about the request: on a public route a coalesced follower (maybe another
 # tenant) must not be handed the leader's refusal.
 CREDENTIAL_REFUSALS = frozenset({401, 403, 429})
@@ -164,7 +154,9 @@ def decide(
         return Bypass(Reason.NO_STORE)
     reason = _responses_reason(body) if endpoint == RESPONSES else _live_reason(endpoint, body)
     if reason is None and endpoint != "embeddings":
-        reason = _remote_reason(body.get(TEXT_FIELD[endpoint]))
+        reason = _remote_reason(
+            body.get(TEXT_FIELDS[endpoint])
+        )  # the endpoint's input: messages, prompt, items
     if reason is not None:
         return Bypass(reason)
     seeded = False
