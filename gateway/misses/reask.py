@@ -156,7 +156,8 @@ async def warm(
 ) -> Counter[str]:
     items = select(await recorded_requests(config), top, revision)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=config.upstream.read_timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    # Each recorded request is its own caller: no cookie from one answer rides on the next request.
+    async with aiohttp.ClientSession(timeout=timeout, cookie_jar=aiohttp.DummyCookieJar()) as session:
         return await reask(items, http_sender(session, url), rate_per_s=rate_per_s, concurrency=concurrency)
 
 

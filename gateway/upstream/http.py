@@ -97,6 +97,10 @@ class Upstream:
         return aiohttp.ClientSession(
             connector=connector,
             auto_decompress=False,
+            # One session serves every caller: a cookie an upstream sets for one caller must never ride on the
+            # next caller's request (aiohttp's default jar would store and resend it). Clients' own `Cookie`
+            # headers are forwarded as sent (scoped, design §2.1).
+            cookie_jar=aiohttp.DummyCookieJar(),
             # Transparent: the upstream gets the client's fields, never ones aiohttp would add (`Accept: */*`,
             # a default `Content-Type`); Accept-Encoding is set per request (forward_headers).
             skip_auto_headers=("User-Agent", "Accept", "Content-Type"),
