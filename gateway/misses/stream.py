@@ -49,6 +49,16 @@ from gateway.web.errors import NotCached, UpstreamError
 SSE_HEADERS = {"Content-Type": "text/event-stream", "X-Accel-Buffering": "no"}
 
 
+class HeldHeadResponse(web.StreamResponse):
+    """A stream response whose head is sent with its first body write (one send where `prepare` + `write` are two).
+
+    Used only where a frame is written right after `prepare` (a replay; a relay whose first frame is already
+    buffered), so a client never waits on the head. aiohttp's `web.Response` does the same for whole bodies
+    (`_send_headers_immediately`); where a later aiohttp drops the flag, the head is simply sent at `prepare`."""
+
+    _send_headers_immediately = False
+
+
 async def serve_stream(
     request: web.Request,
     state: MissState,
@@ -159,7 +169,10 @@ async def relay_flight(
     """The flight's event stream, piped to this client from its first frame."""
     collapsed = result is Result.COALESCED
     vary = "Accept-Encoding" if req.key.scope == PUBLIC_SCOPE else render.credential_vary(state)
-    response = web.StreamResponse(headers=miss_headers(head, req, collapsed=collapsed, vary=vary))
+    headers = miss_headers(head, req, collapsed=collapsed, vary=vary)
+    first = flight.frames[0] if flight.frames else None
+    ready = first is not None and (include_usage or not first.usage_only)  # pipe writes it at once
+    response = HeldHeadResponse(headers=headers) if ready else web.StreamResponse(headers=headers)
     await response.prepare(request)
     try:
         await pipe(state, flight, response, include_usage=include_usage, on_first=_first_token(request))
@@ -182,10 +195,10 @@ async def pipe(
     heartbeat_s = state.config.stream.heartbeat_s
     while True:
         end = len(flight.frames)
-        for frame in flight.frames[pos:end]:
-            if frame.usage_only and not include_usage:
-                continue
-            await response.write(frame.data)
+        # The frames published since the last write go out in one write (one send, not one per frame).
+        ready = [f.data for f in flight.frames[pos:end] if include_usage or not f.usage_only]
+        if ready:
+            await response.write(ready[0] if len(ready) == 1 else b"".join(ready))
             if first:
                 first = False
                 if on_first is not None:
@@ -213,7 +226,7 @@ async def replay(
     headers.update(SSE_HEADERS)
     config = state.config.stream
     frames = replay_frames(entry, include_usage=include_usage, chunk_chars=config.replay_chunk_chars)
-    response = web.StreamResponse(headers=headers)
+    response = HeldHeadResponse(headers=headers)  # the first frame is written at once: the head goes with it
     await response.prepare(request)
     on_first = _first_token(request)
     try:

@@ -133,7 +133,9 @@ def usage_asked(req: FillRequest) -> FillRequest:
     stream needs none (its terminal event carries the usage) and has no `stream_options` to ask with."""
     if req.endpoint == RESPONSES:
         return req
-    body = orjson.loads(req.body)
+    # The token seam holds the intake's parsed body: asking with it keeps its `messages` the same object, so the
+    # plan's ids come from the encoder's identity memo instead of a second template render (and no second parse).
+    body = req.via.body if isinstance(req.via, TokenUpstream) else orjson.loads(req.body)
     raw, asked = asking_usage(req.body, body)
     if raw is req.body:
         return req

@@ -43,6 +43,11 @@ class TokenUpstream:
         self._body = body
         self._tenant = tenant
 
+    @property
+    def body(self) -> Mapping[str, Any]:
+        """The parsed request body this seam forwards (the intake's own object, never mutated)."""
+        return self._body
+
     def with_body(self, body: Mapping[str, Any]) -> TokenUpstream:
         """The same seam for another body of the same request (the tee's usage ask, `gateway.misses.streaming.usage`)."""
         return TokenUpstream(self._path, self._upstream, self._endpoint, body, self._tenant)
