@@ -38,7 +38,7 @@ system:
 # ~/.cache/tokenedge/llama.cpp; tens of minutes cold on 2 cores, instant after): the suite's third-party upstream
 # and the benchmark peer. Fails with the reason where it cannot be built.
 llama: venv system
-	$(PY) -m bench.llamacpp_build
+	$(PY) -m harness.peers.llamacpp_build
 
 run: venv kernels
 	bash scripts/run.sh
@@ -52,11 +52,11 @@ test: venv system lint kernels llama
 image: venv system
 	$(PY) deploy/images/build.py
 
-LINTED := gateway backend cdn tokenedge_wire bench tests deploy
+LINTED := gateway backend cdn tokenedge_wire bench harness tests deploy
 lint: venv
 	$(PY) -m ruff check $(LINTED)
 	$(PY) -m ruff format --check $(LINTED)
-	$(PY) -m mypy gateway backend cdn tokenedge_wire
+	$(PY) -m mypy gateway backend cdn tokenedge_wire harness
 
 bench: venv system
 	$(PY) -m pip install -q -e '.[bench]'

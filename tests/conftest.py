@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from harness.gateway import FakeClock
+from harness.services import MemcachedServer, RedisServer
 from tests.support.fake_upstream import FakeUpstream, start_fake_upstream
-from tests.support.gateway import FakeClock
-from tests.support.services import MemcachedServer, RedisServer
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
 PACKAGES = ("gateway", "backend", "cdn", "tokenedge_wire")
-SOURCE_ROOTS = (*PACKAGES, "bench", "tests", "scripts")
+SOURCE_ROOTS = (*PACKAGES, "bench", "harness", "tests", "scripts")
 MAX_FILE_LINES = 400  # a file has fewer
 MAX_FUNCTION_LINES = 60  # a function (or method, nested or not) has at most this many, `def` to last line
 # Over the limit here, split on branch issue-18b: delete each entry when that lands (a stale entry fails).
@@ -249,6 +249,67 @@ def _sources() -> dict[str, str]:
             if not any(part.startswith(".") or part in ("node_modules", "build") for part in relative.parts):
                 out[relative.as_posix()] = path.read_text(encoding="utf-8")
     return out
+
+
+# Who may not import whom, by path prefix: the tests and the benchmarks share harness/, never each other, and a
+# scenario takes what it shares with another from bench/measure/ (issue 36).
+FORBIDDEN = {
+    "tests/": ("bench",),
+    "bench/": ("tests",),
+    "harness/": ("bench", "tests"),
+    "bench/scenarios/": ("bench.scenarios",),
+}
+
+
+def _imported(path: str, text: str) -> Iterator[tuple[int, list[str]]]:
+    """(line, the modules it names) for every import in `path`, lazy or not; a relative one resolved against its
+    package, and `from a import b` naming both `a` and `a.b` (b may be a module)."""
+    package = Path(path).parent.parts
+    for node in ast.walk(ast.parse(text, filename=path)):
+        if isinstance(node, ast.Import):
+            yield node.lineno, [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            anchor = package[: len(package) - node.level + 1] if node.level else ()
+            base = ".".join([*anchor, *([node.module] if node.module else [])])
+            yield node.lineno, [base, *(f"{base}.{alias.name}" for alias in node.names)]
+
+
+def _forbidden_imports(sources: dict[str, str]) -> list[str]:
+    """`path:line imports module` for every import a path's prefix in FORBIDDEN rules out."""
+    found = []
+    for path, text in sources.items():
+        banned = [b for prefix, names in FORBIDDEN.items() if path.startswith(prefix) for b in names]
+        for line, targets in _imported(path, text):
+            hits = [t for t in targets for b in banned if t == b or t.startswith(b + ".")]
+            if hits:
+                found.append(f"{path}:{line} imports {min(hits, key=len)}")
+    return sorted(found)
+
+
+def test_tests_and_bench_never_import_each_other_and_scenarios_stand_alone() -> None:
+    sources = _sources()
+    assert {"harness/services.py", "bench/scenarios/gateway.py", "bench/measure/load.py"} <= set(sources)
+    crossings = _forbidden_imports(sources)
+    assert not crossings, "share it through harness/ (or bench/measure/):\n" + "\n".join(crossings)
+
+
+def test_the_import_rule_sees_a_planted_crossing() -> None:
+    planted = {
+        "tests/gateway/test_x.py": "from bench.measure.load import wrk\n",
+        "tests/backend/test_y.py": "from bench import scenarios\n",
+        "bench/scenarios/a.py": "def f() -> None:\n    import tests.support.rawhttp\n",
+        "bench/scenarios/b.py": "from .leases import pct\nfrom bench.measure.load import pct as p\n",
+        "harness/c.py": "from bench.measure import hits\nimport harness.services\n",
+        "tests/ok.py": "from harness.services import RedisServer\nimport benchmark_tools\n",
+        "bench/measure/ok.py": "from bench.scenarios import leases\nfrom harness.gateway import FakeClock\n",
+    }
+    assert _forbidden_imports(planted) == [
+        "bench/scenarios/a.py:2 imports tests.support.rawhttp",
+        "bench/scenarios/b.py:1 imports bench.scenarios.leases",
+        "harness/c.py:1 imports bench.measure",
+        "tests/backend/test_y.py:1 imports bench",
+        "tests/gateway/test_x.py:1 imports bench.measure.load",
+    ]
 
 
 def _function_sizes() -> dict[str, int]:

@@ -25,8 +25,8 @@ from types import ModuleType
 import aiohttp
 import pytest
 
+from harness.services import free_port
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.services import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGES = ROOT / "deploy" / "images"

@@ -1,5 +1,5 @@
-"""bench/llamacpp_build.py without compiling: a cached build is a directory lookup, a missing toolchain is an error
-that names the tool (the suite's llama-server fixture then fails with it, never skips)."""
+"""harness/peers/llamacpp_build.py without compiling: a cached build is a directory lookup, a missing toolchain
+is an error that names the tool (the suite's llama-server fixture then fails with it, never skips)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import llamacpp_build
-from bench.llamacpp_build import BuildUnavailable, build_key, ensure_build
+from harness.peers import llamacpp_build
+from harness.peers.llamacpp_build import BuildUnavailable, build_key, ensure_build
 
 
 def test_a_cached_build_is_returned_without_building(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

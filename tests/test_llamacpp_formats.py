@@ -1,4 +1,4 @@
-"""bench/llamacpp_formats.py without compiling: the peer's format is the one llama-bench measures fastest at the
+"""harness/peers/llamacpp_formats.py without compiling: the peer's format is the one llama-bench measures fastest at the
 thread count compared (decode first, prefill breaking ties), the shipped file is never requantized, a requantized
 file is made once with `--allow-requantize`, and llama-bench's JSON rows map back to their formats. The binaries
 are stand-in scripts that record their arguments; the real ones run in `python -m bench backend`."""
@@ -11,10 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from bench import llamacpp_build
-from bench.llamacpp_build import LlamaBuild
-from bench.llamacpp_formats import FormatRate, bench_rows, fastest, format_table, requantized, shipped_format
-from bench.random_models import Shape, write_random_gguf
+from harness.models.random_gguf import Shape, write_random_gguf
+from harness.peers import llamacpp_build
+from harness.peers.llamacpp_build import LlamaBuild
+from harness.peers.llamacpp_formats import (
+    FormatRate,
+    bench_rows,
+    fastest,
+    format_table,
+    requantized,
+    shipped_format,
+)
 
 
 def fake_build(tmp_path: Path, quantize: str = "", bench: str = "") -> LlamaBuild:

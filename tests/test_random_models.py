@@ -1,4 +1,4 @@
-"""bench/random_models.py: a random-weight GGUF of a given shape loads as that shape in our loader, with every
+"""harness/models/random_gguf.py: a random-weight GGUF of a given shape loads as that shape in our loader, with every
 projection kept as 4-bit blocks, and says it is random (speed only) in its name, its metadata and its file name."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import gguf
 import pytest
 
 from backend.loader import load_model
-from bench import random_models
-from bench.random_models import SHAPES, Shape, random_model, write_random_gguf
+from harness.models import random_gguf as random_models
+from harness.models.random_gguf import SHAPES, Shape, random_model, write_random_gguf
 
 TOY = Shape("toy", 128, 2, 4, 2, 256, 49152 + 64, 10000.0)  # a padded vocabulary, as Llama-3.2-1B's
 

@@ -1,4 +1,4 @@
-"""A deliberately naive paged attention, kept as the oracle for the real backends (tests, bench/gpu_check).
+"""A deliberately naive paged attention, kept as the oracle for the real backends (tests, harness/gpu/check.py).
 
 One sequence at a time: read the sequence's tokens slot by slot, repeat KV heads for GQA, softmax in fp32
 with the causal mask aligned to the end. Reads the caches only: the caller writes the new K/V first.

@@ -16,7 +16,7 @@ padded row never reads or writes a real sequence's KV. A real row's bits: the Tr
 tiles (backend/model/tiling.py), so its rows do not depend on how many rows share the call, padded rows included.
 So on CPU, through `EagerCapture` (this module's seam, whose replay simply calls the captured function on the static
 buffers), the graph path's logits equal the eager path's bit for bit (tests/backend/test_cuda_graphs.py). Whether
-cuBLAS picks the same kernels inside a capture as outside one is a fact of the GPU, checked by bench/gpu_check.py.
+cuBLAS picks the same kernels inside a capture as outside one is a fact of the GPU, checked by harness/gpu/check.py.
 Without batch invariance a padded bucket changes the GEMM shapes, so a real row's bits may differ from eager.
 """
 

@@ -132,7 +132,7 @@ def _own_wheel(wheels: Path) -> None:
             if (ROOT / name).exists():
                 shutil.copy(ROOT / name, src / name)
         ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".venv*", "results")
-        for package in ("gateway", "backend", "cdn", "bench", "tokenedge_wire"):
+        for package in ("gateway", "backend", "cdn", "bench", "harness", "tokenedge_wire"):
             shutil.copytree(ROOT / package, src / package, ignore=ignore)
         run(
             sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", wheels, src

@@ -8,7 +8,7 @@ Values are `array('i')`: 4 bytes per id; the stored size counts the key text too
 Eviction is CLOCK (second-chance FIFO), the classic LRU approximation: a hit is one dict lookup and one flag
 store, with no reordering. cachetools' `LRUCache` reorders on every hit from Python code and costs ~3-5x
 more per hit, which matters when the thing being cached (a short encode) takes only a few microseconds
-(numbers in bench/token_path.py).
+(numbers in bench/scenarios/token_path.py).
 """
 
 from __future__ import annotations

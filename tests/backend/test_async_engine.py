@@ -15,7 +15,7 @@ from backend.engine.errors import EngineStoppedError, InvalidRequestError, Queue
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.outputs import TokenOut
 from backend.engine.sampling import SamplingParams
-from tests.backend.tiny import tiny_model
+from harness.models.tiny import tiny_model
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 CONFIG = EngineConfig(

@@ -24,8 +24,9 @@ from backend.attention.selector import (
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
-from tests.backend.test_paged_equivalence import LogitsSpy, assert_matches_reference, prompts
-from tests.backend.tiny import tiny_model
+from harness.logits_spy import LogitsSpy, assert_matches_reference
+from harness.models.tiny import tiny_model
+from tests.backend.test_paged_equivalence import prompts
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 H100 = Machine("cuda", (9, 0), flash_attn=True, triton=True)

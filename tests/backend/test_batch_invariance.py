@@ -20,8 +20,8 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
 from backend.engine.scheduler import ScheduledSeq
 from backend.model.llama import LlamaModel
+from harness.models.tiny import tiny_model, tiny_weights, unaligned_config
 from tests.backend.test_quant import _quantized_tiny
-from tests.backend.tiny import tiny_model, tiny_weights, unaligned_config
 
 TARGET = "target"
 NEW_TOKENS = 12
@@ -142,7 +142,7 @@ def test_preemption_and_recompute_give_the_same_logits(dtype: str) -> None:
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 def test_rows_off_64_byte_boundaries_give_the_logits_of_the_sequence_alone(dtype: str) -> None:
-    """Widths whose rows are no 16-byte multiples in fp32 (tests/backend/tiny.py): MKL's sgemm, in the linears
+    """Widths whose rows are no 16-byte multiples in fp32 (harness/models/tiny.py): MKL's sgemm, in the linears
     and inside SDPA, sums such rows differently by their address on some CPUs (an AMD EPYC)."""
     torch.set_num_threads(1)
     config = unaligned_config()

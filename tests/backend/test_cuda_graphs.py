@@ -32,8 +32,8 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
 from backend.engine.scheduler import ScheduledSeq
 from backend.engine.sequence import Sequence
-from bench.gpu_speed import tiny_model
-from tests.backend.test_paged_equivalence import LogitsSpy
+from harness.gpu.speed import tiny_model
+from harness.logits_spy import LogitsSpy
 
 BS = 4  # block size: the tiny engines' sequences cross block boundaries within a few tokens
 PROMPTS = [[5, 9, 14, 3, 7], [11, 2, 8], [1, 4, 6, 200, 31, 17, 9]]  # 3 rows: bucket 4, one padded row

@@ -25,7 +25,7 @@ from backend.engine.errors import InvalidRequestError
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
 from backend.model.llama import LlamaModel, _causal_attention
-from tests.backend.tiny import tiny_model
+from harness.models.tiny import tiny_model
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 

@@ -9,7 +9,7 @@ from backend.engine.config import EngineConfig
 from backend.engine.errors import InvalidRequestError
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
-from tests.backend.tiny import tiny_model
+from harness.models.tiny import tiny_model
 
 
 def make_engine(**overrides: int) -> LLMEngine:

@@ -1,5 +1,5 @@
-"""The GPU check (bench/gpu_check.py, bench/gpu_speed.py, bench/gpu_check.sh) without a GPU: its dry mode runs every
-step that needs no device on the CPU and writes the JSON; its engines fit the model they run; its shell script
+"""The GPU check (harness/gpu/check.py, harness/gpu/speed.py, harness/gpu/check.sh) without a GPU: its dry mode
+runs every step that needs no device on the CPU and writes the JSON; its engines fit the model they run; its shell script
 passes over a Python whose torch sees no CUDA device (the project's .venv has the CPU wheel)."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from backend.engine.llm_engine import LLMEngine
-from bench import gpu_check
-from bench.gpu_speed import speed_config, tiny_model
+from harness.gpu import check as gpu_check
+from harness.gpu.speed import speed_config, tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,12 +74,12 @@ def test_the_script_passes_over_a_python_whose_torch_sees_no_gpu() -> None:
     """It preferred .venv/bin/python, which `make` builds with the CPU torch: "no CUDA device" on any GPU machine."""
     env = {**os.environ, "PYTHON": sys.executable}
     done = subprocess.run(
-        ["bash", "bench/gpu_check.sh", "--which-python"], cwd=ROOT, env=env, capture_output=True, text=True
+        ["bash", "harness/gpu/check.sh", "--which-python"], cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert done.returncode == 2
     assert f"{sys.executable}: torch {torch.__version__} sees no CUDA device" in done.stderr
     dry = subprocess.run(
-        ["bash", "bench/gpu_check.sh", "--dry", "--which-python"],
+        ["bash", "harness/gpu/check.sh", "--dry", "--which-python"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -92,10 +92,19 @@ def test_the_script_passes_over_a_python_whose_torch_sees_no_gpu() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_a_gpu_the_kernel_and_engine_checks_pass(tmp_path: Path) -> None:
     """The compiled kernel (not the interpreter: a process without TRITON_INTERPRET) against the reference and the
-    engine on it; the speed steps are left to bench/gpu_check.sh (`--budget-s 0` skips them)."""
+    engine on it; the speed steps are left to harness/gpu/check.sh (`--budget-s 0` skips them)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "gpu_check.json"
-    command = [sys.executable, "-m", "bench.gpu_check", "--no-smollm2", "--budget-s", "0", "--out", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "harness.gpu.check",
+        "--no-smollm2",
+        "--budget-s",
+        "0",
+        "--out",
+        str(out),
+    ]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert json.loads(out.read_text())["failures"] == []

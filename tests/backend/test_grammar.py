@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from backend.engine.grammar import GrammarCompiler, GrammarError, GrammarMatcher
-from tests.backend.tiny import byte_tokenizer
+from harness.models.tiny import byte_tokenizer
 
 FLAG = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
 

@@ -10,7 +10,7 @@ import torch
 from backend.model.config import Llama3RopeScaling, LlamaConfig
 from backend.model.llama import LlamaModel
 from backend.model.rope import RopeTable, apply_rope, inv_frequencies
-from tests.backend.tiny import tiny_config, tiny_model, tiny_weights
+from harness.models.tiny import tiny_config, tiny_model, tiny_weights
 
 TOKENS = torch.tensor([3, 141, 59, 26, 5, 35, 89, 79, 32, 38])
 

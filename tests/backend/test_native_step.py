@@ -13,8 +13,8 @@ from backend.kernels import load
 from backend.model.llama import LlamaModel, _causal_attention
 from backend.model.native_step import PagedStep, sequence_step
 from backend.model.quant import Int4Linear, quantize_model
+from harness.models.tiny import tiny_config, tiny_model, tiny_weights
 from tests.backend.test_quant import Q4, _quantized_tiny, gguf_blocks
-from tests.backend.tiny import tiny_config, tiny_model, tiny_weights
 
 needs_kernel = pytest.mark.skipif(
     load.amx_unavailable() is not None, reason="needs tokenedge's int4 kernel (AVX512-VNNI/BF16)"

@@ -16,8 +16,8 @@ from backend.loader.quantized import Int4Blocks, int4_blocks
 from backend.model.llama import LlamaModel, _causal_attention
 from backend.model.native_step import PagedStep, sequence_step
 from backend.model.quant import quantize_model
+from harness.models.tiny import tiny_config, tiny_weights
 from tests.backend.test_native_step import BLOCK, caches, dataclass_ctx, native, needs_kernel
-from tests.backend.tiny import tiny_config, tiny_weights
 
 Q4_0 = gguf.GGMLQuantizationType.Q4_0
 CONFIG = dataclasses.replace(

@@ -16,8 +16,8 @@ from backend.loader.quantized import Int4Blocks, int4_blocks
 from backend.model import head as head_module
 from backend.model.head import RescoredHead
 from backend.model.quant import Int4Linear, Int8Linear, quantize_model
+from harness.models.tiny import tiny_config, tiny_model, tiny_weights
 from tests.backend.test_int4_kernel import needs_amx
-from tests.backend.tiny import tiny_config, tiny_model, tiny_weights
 
 Q4 = [gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1]
 # (N, K) of SmolLM2-135M's fused layers (qkv, o, gate_up, down) and of the tiny test model

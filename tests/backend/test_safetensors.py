@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 
 from backend.loader import load_model
 from backend.tokenizer.byte_level import bytes_to_unicode
-from tests.backend.tiny import tiny_config, tiny_weights
+from harness.models.tiny import tiny_config, tiny_weights
 
 HF_CONFIG = {
     "architectures": ["LlamaForCausalLM"],

@@ -13,8 +13,8 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling import SamplingParams
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence, SequenceStatus
-from tests.backend.test_paged_equivalence import LogitsSpy, assert_matches_reference
-from tests.backend.tiny import tiny_model
+from harness.logits_spy import LogitsSpy, assert_matches_reference
+from harness.models.tiny import tiny_model
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 

@@ -22,7 +22,7 @@ from backend.engine.prompt import ValidPrompt
 from backend.engine.sampling_params import SamplingParams
 from backend.server import ServedModel, ServerLimits, create_app
 from backend.tokenizer import Tokenizer
-from tests.backend.tiny import byte_tokenizer as make_byte_tokenizer
+from harness.models.tiny import byte_tokenizer as make_byte_tokenizer
 
 SCRIPT = "Hello, world! The answer is 42."
 RUNTIME = {"device": "cpu", "dtype": "float32", "threads": 1, "matmul": "MKL sgemm fp32", "attention": "sdpa"}

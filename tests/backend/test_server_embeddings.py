@@ -21,8 +21,8 @@ from backend.engine.prompt import ValidPrompt
 from backend.model.llama import _causal_attention
 from backend.server import ServedModel, ServerLimits, create_app
 from backend.server.embeddings import embed_all, normalize
+from harness.models.tiny import byte_tokenizer, tiny_model
 from tests.backend.test_embedding import BITWISE
-from tests.backend.tiny import byte_tokenizer, tiny_model
 
 EOS = 0
 MODEL = tiny_model(seed=1)

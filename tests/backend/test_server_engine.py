@@ -14,8 +14,8 @@ from backend.engine.config import EngineConfig
 from backend.engine.prompt import PromptLimits, ValidPrompt
 from backend.server import ServedModel, ServerLimits, create_app
 from backend.tokenizer import Tokenizer
-from tests.backend.tiny import byte_tokenizer as make_byte_tokenizer
-from tests.backend.tiny import tiny_model
+from harness.models.tiny import byte_tokenizer as make_byte_tokenizer
+from harness.models.tiny import tiny_model
 
 EOS = 0
 

@@ -29,7 +29,7 @@ from backend.engine.async_engine import AsyncEngine
 from backend.engine.config import EngineConfig
 from backend.kernels.load import int4_kernel
 from backend.server import ServedModel, create_app
-from tests.backend.tiny import byte_tokenizer, tiny_model
+from harness.models.tiny import byte_tokenizer, tiny_model
 
 MAX_TOKENS = 32
 SYSTEM = "You are a terse assistant. Answer in one short sentence, plainly, without lists or preambles."

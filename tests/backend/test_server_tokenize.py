@@ -15,7 +15,7 @@ from backend.engine.async_engine import AsyncEngine
 from backend.engine.config import EngineConfig
 from backend.server import ServedModel, ServerLimits, create_app
 from backend.tokenizer import Tokenizer
-from tests.backend.tiny import tiny_model
+from harness.models.tiny import tiny_model
 from tests.backend.tiny_server import tiny_server
 from tokenedge_wire.pattern import GPT2
 

@@ -93,8 +93,8 @@ async def test_json_and_binary_transports_give_identical_answers_with_the_real_m
 ) -> None:
     """Issue 7: the same greedy requests through a JSON-transport gateway and a binary-transport gateway, both in
     front of the real SmolLM2 engine, give identical client responses (ids and timestamps normalized)."""
+    from harness.gateway import FakeClock, gateway_config, start_gateway
     from tests.gateway.test_tokens_path import answer
-    from tests.support.gateway import FakeClock, gateway_config, start_gateway
 
     client, app = served
     paths = app[SERVED_PATHS]

@@ -16,7 +16,7 @@ from backend.engine.scheduler import ScheduledSeq
 from backend.engine.sequence import Sequence
 from backend.engine.speculative import SpeculativeConfig, accept, propose
 from backend.model.llama import LlamaModel
-from tests.backend.tiny import tiny_model
+from harness.models.tiny import tiny_model
 
 
 @pytest.mark.parametrize(

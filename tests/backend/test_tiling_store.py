@@ -18,7 +18,7 @@ from backend.kernels.build import source_hash
 from backend.model import tiling_store
 from backend.model.tiling import RowFn, RowTiling, TilingMemo
 from backend.model.tiling_store import TilingContext, TilingStore, encode
-from tests.backend.tiny import tiny_model
+from harness.models.tiny import tiny_model
 
 # the tiny model's shapes: fused qkv, o_proj, fused gate/up, down_proj, the LM head
 SHAPES = 5

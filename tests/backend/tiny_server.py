@@ -12,8 +12,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from backend.engine.async_engine import AsyncEngine
 from backend.engine.config import EngineConfig
 from backend.server import ServedModel, ServerLimits, create_app
+from harness.models.tiny import tiny_model
 from tests.backend.test_server_engine import EOS, byte_tokenizer
-from tests.backend.tiny import tiny_model
 
 
 @contextlib.asynccontextmanager

@@ -18,10 +18,10 @@ from cdn.purge import CdnConfig
 from cdn.purge.retry import RetryPolicy
 from cdn.purge.varnish import VarnishConfig
 from cdn.varnish.render import VarnishEdgeConfig
+from harness.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
+from harness.services import free_port
 from tests.support.edges import EdgeProcess, NginxServer, VarnishServer
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
-from tests.support.services import free_port
 
 ADMIN_TOKEN = "edge-admin-token"
 AUTH_A = {"Authorization": "Bearer tenant-a-key"}

@@ -20,10 +20,10 @@ import pytest
 from cdn.nginx.render import NginxEdgeConfig
 from cdn.varnish.render import VarnishEdgeConfig
 from gateway.hits import render
+from harness.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
 from tests.cdn.conftest import ADMIN_TOKEN, AUTH_A, AUTH_B, EdgeStack, chat
 from tests.support.edges import EdgeProcess, NginxServer, VarnishServer
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
 
 CHAT = "/v1/chat/completions"
 # Varnish: no credential in vcl_hash, and Vary dropped before the object is stored.

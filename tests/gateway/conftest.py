@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
+from harness.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
 
 CHAT = {"model": "test-model", "temperature": 0, "messages": [{"role": "user", "content": "What is 2+2?"}]}
 AUTH_A = {"Authorization": "Bearer tenant-a-key"}

@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from gateway.ops.accesslog import key_fields, sampled
+from harness.gateway import RunningGateway
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
-from tests.support.gateway import RunningGateway
 
 
 def lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, object]]:

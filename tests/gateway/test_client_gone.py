@@ -12,10 +12,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from harness.gateway import RunningGateway
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.gateway.test_stream import sse
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import RunningGateway
 
 ABORTS = 500  # of each kind: hits and misses
 PIECES = [f"p{i} " for i in range(6)]

@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from gateway.keys.parts import Part
+from harness.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
 from tests.support.digest_upstream import DigestUpstream, start_digest_upstream
-from tests.support.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
 from tests.support.rawhttp import ask_kept_alive
 
 NO_AUTO = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")  # send exactly the headers a test names

@@ -14,10 +14,10 @@ import redis
 
 from gateway.tiers.coherence.local_bus import LocalBus, LocalHub
 from gateway.tiers.coherence.message import Invalidation, decode, encode
+from harness.gateway import RunningGateway
+from harness.services import RedisServer
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import RunningGateway
-from tests.support.services import RedisServer
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
 OTHER = {**CHAT, "messages": [{"role": "user", "content": "something else"}]}

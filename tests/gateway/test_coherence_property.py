@@ -42,10 +42,10 @@ from gateway.tiers.redis_cluster import RedisClusterTier, cluster_client
 from gateway.tiers.redis_tier import EPOCH_KEY, TAG_PREFIX, RedisTier
 from gateway.tiers.tiered import Ticket, TieredCache
 from gateway.upstream.catalog import ModelCatalog
+from harness.gateway import FakeClock
+from harness.services import MemcachedServer
 from tests.support.cluster import LocalCluster
-from tests.support.gateway import FakeClock
 from tests.support.interleave import Interleaver, MemoryBus, MemoryHub, Slowed
-from tests.support.services import MemcachedServer
 
 TTL_S = 60
 SCOPES = ("pub", "t00000000000000a1")

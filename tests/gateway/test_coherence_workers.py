@@ -15,9 +15,9 @@ from pathlib import Path
 import aiohttp
 import orjson
 
+from harness.workers import gateway_workers
 from tests.gateway.conftest import AUTH_A, CHAT
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.workers import gateway_workers
 
 REPO = Path(__file__).resolve().parents[2]
 ADMIN = {"Authorization": "Bearer admin-secret"}

@@ -25,10 +25,10 @@ import pytest
 
 from gateway.ops.dashboard.history import RESULTS
 from gateway.ops.dashboard.summary import quantile
+from harness.gateway import FakeClock, RunningGateway
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.gateway.test_grafana import DASHBOARD
 from tests.gateway.test_metrics import Samples, scrape, value
-from tests.support.gateway import FakeClock, RunningGateway
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "tests" / "artifacts"
 CHROMIUM = "/usr/bin/chromium"

@@ -21,9 +21,9 @@ from typing import Any
 import aiohttp
 import orjson
 
+from harness.services import free_port
+from harness.workers import REPO, listening_sockets
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.services import free_port
-from tests.support.workers import REPO, listening_sockets
 
 STREAMS = 50  # the issue's number (issue 38: "SIGTERM with 50 streams in flight")
 GRACE_S = 1.0

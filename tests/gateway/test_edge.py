@@ -15,8 +15,8 @@ import orjson
 import pytest
 
 from gateway.edge.server import HANDLING, IDLE, EdgeServer
+from harness.gateway import RunningGateway
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
-from tests.support.gateway import RunningGateway
 from tests.support.rawhttp import RawResponse, exchange, parse_responses, request_bytes
 
 SLOW_BODY = 500

@@ -18,9 +18,9 @@ from aiohttp import web
 from gateway.config.sections import ServerConfig
 from gateway.hits import render
 from gateway.hits.tenancy import Tenancy
+from harness.gateway import FakeClock, RunningGateway
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import FakeClock, RunningGateway
 
 TTL = 3600
 EDGE = f"max-age={TTL}, stale-if-error=600"

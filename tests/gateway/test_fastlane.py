@@ -19,10 +19,10 @@ import orjson
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
+from harness.gateway import RunningGateway
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.gateway.test_metrics import scrape, value
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import RunningGateway
 
 RAW = orjson.dumps(CHAT)
 OTHER = orjson.dumps({**CHAT, "messages": [{"role": "user", "content": "And 3+3?"}]})

@@ -22,8 +22,8 @@ import pytest
 
 from gateway.edge.fastlane import header_kinds, plain_head
 from gateway.keys.parts import header_part
+from harness.gateway import RunningGateway
 from tests.gateway.conftest import GatewayFactory
-from tests.support.gateway import RunningGateway
 
 BODY = orjson.dumps(
     {"model": "test-model", "temperature": 0, "messages": [{"role": "user", "content": "hi there"}]}

@@ -21,12 +21,12 @@ from aiohttp import web
 
 from gateway.hits import headers as hdr
 from gateway.upstream.http import relay_headers
+from harness.gateway import RunningGateway
+from harness.replicas import replicas
 from tests.gateway.conftest import AUTH_A, AUTH_B, CHAT, GatewayFactory
 from tests.gateway.test_lease import env as lease_env
 from tests.gateway.test_lease import until_waiting
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import RunningGateway
-from tests.support.replicas import replicas
 
 PUBLIC = {"chat/completions": {"scope": "public"}}
 LEADER_ONLY = ("x-ratelimit-remaining-requests", "openai-organization", "x-request-id")

@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from backend.engine.outputs import EngineStats
 from backend.metrics import BackendMetrics
+from harness.gateway import RunningGateway
 from tests.gateway.conftest import AUTH_A, CHAT
-from tests.support.gateway import RunningGateway
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "configs" / "grafana" / "tokenedge.json"

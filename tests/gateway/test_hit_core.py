@@ -26,10 +26,10 @@ import orjson
 import pytest
 from aiohttp import web
 
+from harness.gateway import RunningGateway
+from harness.services import MemcachedServer, serving
 from tests.gateway.conftest import GatewayFactory
 from tests.support.cluster import LocalCluster
-from tests.support.gateway import RunningGateway
-from tests.support.services import MemcachedServer, serving
 
 MODEL = "echo-model"
 # TOKENEDGE_PROPERTY_SCALE=N runs N times the requests (the acceptance run of issue 26: N=16, ~20,000 pipelined).

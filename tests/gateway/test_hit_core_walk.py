@@ -11,6 +11,7 @@ import random
 import orjson
 import pytest
 
+from harness.gateway import FakeClock
 from tests.gateway.conftest import GatewayFactory
 from tests.gateway.test_hit_core import (
     QUESTIONS,
@@ -22,7 +23,6 @@ from tests.gateway.test_hit_core import (
     echo_url,
     post,
 )
-from tests.support.gateway import FakeClock
 
 __all__ = ["cluster", "echo_url"]  # fixtures, shared
 

@@ -22,8 +22,8 @@ from gateway.hits import render
 from gateway.hits.verdict import Condition, Verdict, condition, judge
 from gateway.keys.cache_control import RequestDirectives
 from gateway.keys.entry import Entry, make_etag
+from harness.gateway import FakeClock, gateway_config
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
-from tests.support.gateway import FakeClock, gateway_config
 
 JSON = {**AUTH_A, "Content-Type": "application/json"}
 RAW = orjson.dumps(CHAT)

@@ -21,11 +21,11 @@ from typing import Any
 import orjson
 import redis
 
+from harness.gateway import RunningGateway
+from harness.services import MemcachedServer, RedisServer
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import RunningGateway
 from tests.support.mc_proxy import CountingProxy
-from tests.support.services import MemcachedServer, RedisServer
 
 RAW = orjson.dumps(CHAT)
 HEADERS = {**AUTH_A, "Content-Type": "application/json"}

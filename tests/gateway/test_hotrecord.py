@@ -19,7 +19,7 @@ from gateway.tiers.hotrecord import (
     decode_request,
     encode_request,
 )
-from tests.support.gateway import FakeClock
+from harness.gateway import FakeClock
 
 HALF_LIFE_S = 100.0
 

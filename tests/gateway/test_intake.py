@@ -23,12 +23,12 @@ from gateway.keys.parts import (
     wire_parts,
 )
 from gateway.keys.policy import Bypass, Reason, RoutePolicy, decide
+from harness.engines import Engine
+from harness.gateway import FakeClock, RunningGateway
+from harness.services import serving
 from tests.gateway.conftest import CHAT, GatewayFactory
-from tests.support.engines import Engine
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import FakeClock, RunningGateway
 from tests.support.rawhttp import ask_kept_alive
-from tests.support.services import serving
 
 AUTH = {"Authorization": "Bearer tenant-a-key"}
 HTTP_IMAGE = {"type": "image_url", "image_url": {"url": "https://example.test/cat.png"}}

@@ -1,6 +1,6 @@
 """The key corpus against the real SmolLM2 backend: at the default level, a shared key means the same answer.
 
-313 committed variants (tests/gateway/data/key_corpus.json, tests/support/key_corpus.py) are explained through a
+313 committed variants (harness/data/key_corpus.json, harness/key_corpus.py) are explained through a
 real gateway (default `auto` level) in front of the real backend app with SmolLM2-135M (GGUF dequantized to fp32,
 the reference mode). The oracle for what the model sees is the backend's own tokenizer and chat template; the
 oracle for the answer is the backend itself, asked directly (greedy, 24 tokens), all requests at once so the
@@ -27,8 +27,8 @@ from backend.loader import load_model
 from backend.model.llama import LlamaModel
 from backend.server import ServedModel, create_app
 from backend.tokenizer import Tokenizer
-from tests.support.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
-from tests.support.key_corpus import load
+from harness.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
+from harness.key_corpus import load
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 CORPUS = load()

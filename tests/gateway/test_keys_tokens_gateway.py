@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from gateway.tokens.encoder import ModelEncoder
-from tests.support.gateway import RunningGateway
-from tests.support.services import serving
+from harness.gateway import RunningGateway
+from harness.services import serving
 from tests.support.token_backend import EchoEngine, backend_app, chatml_byte_tokenizer, oracle_ids
 
 CHAT = "chat/completions"

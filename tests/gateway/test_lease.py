@@ -17,10 +17,10 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter
 
 from gateway.misses.lease import LEASE_PREFIX, Lease, Leases, LeaseSettings
+from harness.gateway import RunningGateway
+from harness.replicas import replicas
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import RunningGateway
-from tests.support.replicas import replicas
 
 LEASE_TTL_S = 1.0
 HEADERS = {"Authorization": "Bearer sk-lease-test", "Content-Type": "application/json"}

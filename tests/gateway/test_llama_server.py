@@ -1,8 +1,8 @@
 """llama.cpp's own `llama-server` as a real third-party upstream: the gateway in front of it, driven by the real
 `openai` client, on the SmolLM2 GGUF served as an org/name alias.
 
-The server is built natively once per machine (bench/llamacpp_build.py; `make llama` does it before the suite, and
-the cache makes every later session instant) and started once per session. Where it cannot be built the fixture
+The server is built natively once per machine (harness/peers/llamacpp_build.py; `make llama` does it before the
+suite, and the cache makes every later session instant) and started once per session. Where it cannot be built the fixture
 errors with the reason: this upstream is part of the suite, not optional. Whether a request reached llama-server is
 read from llama-server itself (`llamacpp:tokens_predicted_total` on its `/metrics`), not from the gateway.
 """
@@ -17,9 +17,9 @@ import pytest
 from openai import AsyncOpenAI
 
 from backend.loader import default_model_path
-from bench.llama_server import LlamaServer, llama_server
-from bench.llamacpp_build import ensure_build
-from tests.support.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
+from harness.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
+from harness.peers.llama_server import LlamaServer, llama_server
+from harness.peers.llamacpp_build import ensure_build
 
 ALIAS = "HuggingFaceTB/SmolLM2-135M-Instruct"
 MESSAGES = [{"role": "user", "content": "Name three colours of the rainbow."}]

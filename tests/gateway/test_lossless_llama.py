@@ -15,12 +15,12 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench.llama_server import LlamaServer
+from harness.gateway import RunningGateway
+from harness.peers.llama_server import LlamaServer
 from tests.gateway.conftest import AUTH_A
 from tests.gateway.test_llama_server import GREEDY, gw, llama
 from tests.gateway.test_lossless import solid
 from tests.gateway.test_stream import stored
-from tests.support.gateway import RunningGateway
 
 __all__ = ["gw", "llama"]  # the fixtures of tests/gateway/test_llama_server.py
 RUN_MEASURES = ("id", "created", "timings")  # the fill's own, documented

@@ -9,12 +9,12 @@ from typing import Any
 import aiohttp
 import pytest
 
+from harness.gateway import FakeClock, RunningGateway
+from harness.services import MemcachedServer
+from harness.workers import gateway_workers
 from tests.gateway.conftest import AUTH_A, AUTH_B, CHAT, GatewayFactory
 from tests.gateway.test_redis_tier import sample
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import FakeClock, RunningGateway
-from tests.support.services import MemcachedServer
-from tests.support.workers import gateway_workers
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
 OTHER = {**CHAT, "messages": [{"role": "user", "content": "other"}]}

@@ -12,7 +12,7 @@ import orjson
 from gateway.keys.derive import entry_tags
 from gateway.keys.entry import Entry, make_etag
 from gateway.tiers.memory import MemoryTier
-from tests.support.gateway import FakeClock
+from harness.gateway import FakeClock
 
 
 def entry(n: int, size: int = 100, ttl_s: int = 60, tags: tuple[str, ...] = ()) -> Entry:
@@ -173,7 +173,7 @@ def test_bodies_are_exact_size_copies() -> None:
 
 
 def test_short_soak_stays_within_the_budget() -> None:
-    """Many more unique entries than fit: memory held stays at the budget (the long run is bench/soak.py)."""
+    """Many more unique entries than fit: memory held stays at the budget (the long run is bench/scenarios/soak.py)."""
     budget = 1 << 20
 
     def fill() -> MemoryTier:

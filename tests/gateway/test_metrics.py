@@ -7,9 +7,9 @@ from collections import defaultdict
 from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 
+from harness.gateway import FakeClock, RunningGateway
+from harness.services import RedisServer
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
-from tests.support.gateway import FakeClock, RunningGateway
-from tests.support.services import RedisServer
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 

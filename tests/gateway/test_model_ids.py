@@ -11,10 +11,10 @@ import pytest
 from openai import AsyncOpenAI
 
 from gateway.web.paths import check_path
+from harness.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
+from harness.services import serving
 from tests.gateway.test_relay import exchange, request_bytes
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
-from tests.support.services import serving
 from tests.support.token_backend import EchoEngine, backend_app, chatml_byte_tokenizer
 
 ID_PATHS = [

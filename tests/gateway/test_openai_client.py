@@ -13,8 +13,8 @@ import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
+from harness.gateway import RunningGateway
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import RunningGateway
 
 MESSAGES = [{"role": "user", "content": "What is 2+2?"}]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]

@@ -16,10 +16,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from harness.gateway import RunningGateway
+from harness.services import free_port
 from tests.gateway.conftest import AUTH_A, CHAT
 from tests.gateway.test_grafana import DASHBOARD, expressions
-from tests.support.gateway import RunningGateway
-from tests.support.services import free_port
 
 SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "prometheus" / "prometheus.yml"
 HIT_RATIO = 'sum(tokenedge_requests_total{result="hit"}) / sum(tokenedge_requests_total)'

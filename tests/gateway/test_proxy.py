@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+from harness.gateway import FakeClock, RunningGateway
 from tests.gateway.conftest import AUTH_A, AUTH_B, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import FakeClock, RunningGateway
 from tests.support.transports import DeadUpstream
 
 

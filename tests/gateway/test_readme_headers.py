@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from harness.gateway import RunningGateway
 from tests.gateway.conftest import AUTH_A, CHAT
-from tests.support.gateway import RunningGateway
 
 README = Path(__file__).resolve().parents[2] / "docs" / "request-flow.md"
 

@@ -12,9 +12,9 @@ import pytest
 from gateway.misses.reask import main, reask, select
 from gateway.misses.warm import hot_record_of
 from gateway.tiers.hotrecord import Replayable
+from harness.gateway import FakeClock, RunningGateway
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import FakeClock, RunningGateway
 
 JSON = {"Content-Type": "application/json"}
 

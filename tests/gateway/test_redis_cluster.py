@@ -12,10 +12,10 @@ import redis
 
 from gateway.misses.warm import hot_record_of
 from gateway.tiers.redis_cluster import RedisClusterTier, stored_name
+from harness.gateway import FakeClock, RunningGateway
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.cluster import LocalCluster
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import FakeClock, RunningGateway
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
 

@@ -17,7 +17,7 @@ from redis.exceptions import RedisError
 
 from gateway.tiers.redis_reads import BatchReads, batch_reads_for, pack
 from gateway.tiers.redis_tier import RedisTier
-from tests.support.services import RedisServer
+from harness.services import RedisServer
 
 VALUES = {"te1:a": b"x" * 3000, "te1:b": bytes(range(256)), "te1:\u00e9": b"\r\n$-1\r\n"}
 

@@ -11,11 +11,11 @@ from prometheus_client.samples import Sample
 
 from gateway.keys.entry import Entry
 from gateway.tiers.redis_tier import EPOCH_KEY, TAG_PREFIX, RedisTier
+from harness.gateway import FakeClock, RunningGateway
+from harness.services import RedisServer
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.gateway.test_entry import entry
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import FakeClock, RunningGateway
-from tests.support.services import RedisServer
 
 
 def sample(gw: RunningGateway, name: str, **labels: str) -> float:

@@ -10,9 +10,9 @@ import orjson
 import pytest
 from aiohttp import web
 
+from harness.services import serving
 from tests.gateway.conftest import CHAT, GatewayFactory
 from tests.support.rawhttp import exchange, request_bytes
-from tests.support.services import serving
 
 OPERATOR_KEY = "sk-operator-secret"
 

@@ -24,14 +24,14 @@ from backend.loader import default_model_path, gguf_tokenizer
 from backend.server.completions import prompts_of
 from backend.server.protocol import parse_request
 from backend.server.state import ServedModel
-from bench.llama_server import LlamaServer, llama_server
-from bench.llamacpp_build import ensure_build
 from gateway.keys.canonical import Level, canonicalize
 from gateway.keys.derive import derive_key
 from gateway.tokens.cache import TokenCache
 from gateway.tokens.encoder import ModelEncoder
 from gateway.tokens.keyform import canonical_form
 from gateway.tokens.registry import spec_from_export
+from harness.peers.llama_server import LlamaServer, llama_server
+from harness.peers.llamacpp_build import ensure_build
 
 CHAT = "chat/completions"
 TOOLS_TEMPLATE = Path(__file__).parent / "data" / "qwen25_tools.jinja"

@@ -16,9 +16,9 @@ from openai import AsyncOpenAI
 from gateway.keys.cache_control import RequestDirectives
 from gateway.keys.policy import Bypass, Lookup, Reason, RoutePolicy, decide
 from gateway.misses.streaming.responses import ResponsesRecorder, events
+from harness.gateway import RunningGateway
 from tests.gateway.conftest import AUTH_A
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import RunningGateway
 
 ASK: dict[str, Any] = {"model": "test-model", "input": "What is 2+2?", "temperature": 0, "store": False}
 OPENAI_ORDER = [

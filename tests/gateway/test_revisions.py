@@ -17,10 +17,10 @@ from aiohttp.test_utils import TestServer
 
 from backend.server import revisions
 from gateway.upstream.catalog import REVISION_HEADER
+from harness.gateway import RunningGateway
+from harness.services import serving
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import RunningGateway
-from tests.support.services import serving
 
 OTHER = {**CHAT, "messages": [{"role": "user", "content": "a different question"}]}
 HOUR = {"models_ttl_s": 3600.0}

@@ -1,7 +1,7 @@
 """Many upstreams, end to end with real processes on loopback: three fake prefix-cache backends
-(tests/support/prefix_backend.py, each its own process with a bounded LRU prefix cache) behind one gateway process.
+(harness/prefix_backend.py, each its own process with a bounded LRU prefix cache) behind one gateway process.
 
-20 conversations x 5 turns with 4 shared system prompts, turn by turn (tests/support/conversations.py): prefix
+20 conversations x 5 turns with 4 shared system prompts, turn by turn (harness/conversations.py): prefix
 affinity through the gateway must at least double the prefix-hit tokens of direct round-robin over the same
 backends (request n to backend n % 3), keep every backend within 1.5x the mean load, and, with one backend
 SIGKILLed mid-run, lose no client request (the retry on another backend, then its ejection).
@@ -16,8 +16,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.conversations import BackendProc, post_chat, prefix_backends, run_conversations, stats
-from tests.support.replicas import Replica, start_replica, stop_replica
+from harness.conversations import BackendProc, post_chat, prefix_backends, run_conversations, stats
+from harness.replicas import Replica, start_replica, stop_replica
 
 CONVERSATIONS, TURNS = 20, 5
 # Caches big enough for the whole workload on every backend (8192 blocks of 16 characters; the workload is ~70k

@@ -24,12 +24,12 @@ import aiohttp
 import pytest
 
 from backend.loader import default_model_path
-from bench.llama_server import LlamaServer, llama_server
-from bench.llamacpp_build import ensure_build
 from gateway.upstream.routing.attempt import BACKEND_HEADER
 from gateway.upstream.routing.breaker import BreakerState
 from gateway.upstream.routing.pool import UpstreamPool
-from tests.support.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
+from harness.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
+from harness.peers.llama_server import LlamaServer, llama_server
+from harness.peers.llamacpp_build import ensure_build
 
 ALIAS = "HuggingFaceTB/SmolLM2-135M-Instruct"
 FIRST_BYTE_S = 6.0

@@ -24,9 +24,9 @@ from gateway.upstream.routing import health
 from gateway.upstream.routing.build import build_upstream, connect
 from gateway.upstream.routing.pool import UpstreamPool
 from gateway.web.errors import UpstreamError, UpstreamTimeout
+from harness.gateway import FakeClock
+from harness.services import free_port
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
-from tests.support.gateway import FakeClock
-from tests.support.services import free_port
 
 
 @dataclass

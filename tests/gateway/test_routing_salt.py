@@ -14,8 +14,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from gateway.upstream.routing.salt import engine_salt, salted
+from harness.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
 from tests.gateway.conftest import AUTH_A, AUTH_B
-from tests.support.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
 
 SYSTEM = "Clause {}: the licensee shall keep the rainbow clean. "
 PREFIX = "".join(SYSTEM.format(i) for i in range(40))

@@ -12,7 +12,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from gateway.upstream.routing.pool import UpstreamPool
-from tests.support.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
+from harness.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
 from tests.support.token_backend import EchoEngine, backend_app, chatml_byte_tokenizer
 
 TOKENIZER = chatml_byte_tokenizer()

@@ -13,10 +13,10 @@ import pytest
 from openai import AsyncOpenAI
 
 from gateway.upstream.catalog import parse_models
+from harness.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
+from harness.services import serving
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
-from tests.support.services import serving
 from tests.support.token_backend import EchoEngine, backend_app, chatml_byte_tokenizer
 
 SEEDED = {**CHAT, "temperature": 0.7, "seed": 42}

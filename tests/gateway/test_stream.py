@@ -13,9 +13,9 @@ import aiohttp
 import orjson
 
 from gateway.keys.entry import Entry
+from harness.gateway import FakeClock, RunningGateway
 from tests.gateway.conftest import AUTH_A, AUTH_B, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import FakeClock, RunningGateway
 from tests.support.transports import DeadUpstream
 
 STREAM = {**CHAT, "stream": True}

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 
+from harness.gateway import RunningGateway
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.gateway.test_stream import sse, text_of
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import RunningGateway
 from tests.support.transports import CountingUpstream
 
 KEYS = 5

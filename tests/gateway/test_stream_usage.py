@@ -16,12 +16,12 @@ import pytest
 from openai import AsyncOpenAI
 
 from gateway.misses.streaming.usage import asking_usage
+from harness.gateway import RunningGateway
 from tests.gateway.conftest import AUTH_A, CHAT
 from tests.gateway.test_openai_client import KINDS, MESSAGES, ask
 from tests.gateway.test_redis_tier import sample
 from tests.gateway.test_stream import STREAM, collect, post, sse, stored
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import RunningGateway
 
 WITH_USAGE = {"stream_options": {"include_usage": True}}
 STREAM_USAGE = 14  # the fake upstream's stream usage for the chat request: prompt 10 + completion 4

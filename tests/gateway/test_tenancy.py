@@ -19,9 +19,9 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from gateway.hits.secret import SECRET_FILE, SECRET_KEY
+from harness.services import serving
 from tests.gateway.conftest import AUTH_A, AUTH_B, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.services import serving
 
 CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key", "openai-organization", "openai-project")
 

@@ -15,7 +15,7 @@ from gateway.ops.metrics import GatewayMetrics
 from gateway.tiers.base import L2Unavailable, LocalTier, Tier
 from gateway.tiers.memory import MemoryTier
 from gateway.tiers.tiered import TieredCache
-from tests.support.gateway import FakeClock
+from harness.gateway import FakeClock
 
 
 def entry(key: str) -> Entry:

@@ -13,8 +13,8 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
-from tests.support.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
-from tests.support.services import serving
+from harness.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
+from harness.services import serving
 from tests.support.token_backend import EchoEngine, backend_app, chatml_byte_tokenizer
 
 TOKENIZER = chatml_byte_tokenizer()

@@ -1,6 +1,6 @@
 """Token-exact keys in front of third-party engines (gateway/tokens/remote.py), through the real openai client.
 
-The fakes (tests/support/engines.py) render ChatML and tokenize with cl100k_base as vLLM's and llama.cpp's
+The fakes (harness/engines.py) render ChatML and tokenize with cl100k_base as vLLM's and llama.cpp's
 servers do, and answer with a checksum of the ids their model was fed, so a wrong hit would show. The verdicts
 themselves (what a probe must show): test_tokens_probe.py.
 """
@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from openai import AsyncOpenAI
 
-from tests.support.engines import Engine
-from tests.support.gateway import FakeClock, RunningGateway
-from tests.support.services import serving
+from harness.engines import Engine
+from harness.gateway import FakeClock, RunningGateway
+from harness.services import serving
 
 Make = Callable[..., Awaitable[RunningGateway]]
 HELLO = [{"role": "user", "content": "Say hello."}]

@@ -14,8 +14,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from backend.tokenizer import Tokenizer
+from harness.gateway import FakeClock, gateway_config, start_gateway
 from tests.gateway.test_tokens_path import answer
-from tests.support.gateway import FakeClock, gateway_config, start_gateway
 from tests.support.token_backend import EchoEngine, backend_app
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -26,9 +26,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from gateway.config.sections import ConfigError, TracingConfig
 from gateway.ops.tracing import TraceSettings, settings_from
+from harness.gateway import RunningGateway
 from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import RunningGateway
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"

@@ -14,9 +14,9 @@ from gateway.misses.warm import hot_record_of
 from gateway.state import GatewayState
 from gateway.tiers.hotrecord import HotRecord, Warmup
 from gateway.tiers.redis_tier import RedisTier
+from harness.gateway import RunningGateway
 from tests.gateway.conftest import CHAT, GatewayFactory
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import RunningGateway
 
 JSON = {"Content-Type": "application/json"}
 

@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from harness.workers import gateway_workers
 from tests.gateway.conftest import AUTH_A, CHAT
 from tests.gateway.test_metrics import parse, value
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.workers import gateway_workers
 
 N = 24
 WORKERS = 2

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import redis
 
-from tests.support.services import end_process, free_port, redis_process
+from harness.services import end_process, free_port, redis_process
 
 # node timeout 1 s: a failover within a test's patience; no sync delay: a replica is usable as soon as it is up
 CLUSTER_OPTIONS = [

@@ -19,7 +19,7 @@ from cdn.nginx.render import NginxEdgeConfig
 from cdn.nginx.render import render as render_nginx
 from cdn.varnish.render import VarnishEdgeConfig
 from cdn.varnish.render import render as render_vcl
-from tests.support.services import free_port
+from harness.services import free_port
 
 START_TIMEOUT_S = 15.0
 

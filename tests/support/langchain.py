@@ -24,9 +24,9 @@ from aiohttp.test_utils import TestServer
 from backend.engine.async_engine import AsyncEngine
 from backend.engine.config import EngineConfig
 from backend.server import ServedModel, ServerLimits, create_app
+from harness.gateway import RunningGateway, gateway_config, start_gateway
+from harness.models.tiny import tiny_model
 from tests.backend.test_server_engine import EOS, byte_tokenizer
-from tests.backend.tiny import tiny_model
-from tests.support.gateway import RunningGateway, gateway_config, start_gateway
 
 MODEL = "tiny"
 T = TypeVar("T")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.support.services import free_port
+from harness.services import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
