@@ -33,6 +33,7 @@ from gateway.tiers.coherence.local_bus import LocalBus, LocalBusEnd
 from gateway.tiers.coherence.redis_bus import RedisBus
 from gateway.tiers.coherence.revisions import RevisionWatcher
 from gateway.tiers.factory import build_l1, build_l2
+from gateway.tiers.placement import placement_store
 from gateway.tiers.redis_cluster import is_cluster_url, node_urls
 from gateway.tiers.tiered import TieredCache
 from gateway.tokens.path import tokens_ctx
@@ -224,8 +225,15 @@ def create_app(
     )
     app.cleanup_ctx.append(_cache_ctx(metrics or GatewayMetrics(), clock, config, local_bus))
     app.cleanup_ctx.append(
-        _on_state(lambda s: routing_ctx(s.upstream, s.catalog))
-    )  # many backends: health checks, revisions into the catalog
+        _on_state(
+            lambda s: routing_ctx(
+                s.upstream,
+                s.catalog,
+                placement_store(config.cache, config.upstream),
+                config.cache.redis_retry_after_s,
+            )
+        )
+    )  # many backends: health checks, revisions into the catalog, placement shared through a Redis L2
     app.cleanup_ctx.append(_on_state(lease_ctx))  # cross-replica leases on L2 misses (Redis L2 only)
     app.cleanup_ctx.append(
         _on_state(tenancy.tenancy_ctx)

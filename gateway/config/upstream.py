@@ -72,6 +72,12 @@ class UpstreamConfig:
     routing_policy: Literal["cost", "affinity", "least_loaded", "round_robin", "random"] = (
         "cost"  # cost: the least expected time to first token (queue wait + unmatched prefill); others for A/B
     )
+    queue_beside_idle_share: float = 0.1  # cost: wait for a busy engine holding the prefix beside an idle one at most this share of busy time
+    share_placement: bool = True  # with a Redis L2: prefix placements shared by every worker and replica
+    placement_ttl_s: float = 300.0  # a shared placement is forgotten this long after it was last published
+    placement_wait_s: float = (
+        0.02  # a miss waits at most this long for the shared placement (late: next time)
+    )
     first_byte_timeout_s: float = 30.0  # a stream's first byte; missed: retried elsewhere, counts to ejection
     health_timeout_s: float = 2.0  # one check's own limit (a hung engine accepts connections, then stalls)
     engine_state: bool = True  # read llama-server's /slots with each health check (busy slots, slot count)
@@ -108,6 +114,9 @@ class UpstreamConfig:
         require(self.affinity_block_tokens >= 1, "upstream.affinity_block_tokens must be >= 1")
         require(self.affinity_table_blocks >= 1, "upstream.affinity_table_blocks must be >= 1")
         require(self.affinity_load_factor >= 1.0, "upstream.affinity_load_factor must be >= 1")
+        require(0 <= self.queue_beside_idle_share <= 1, "upstream.queue_beside_idle_share must be in [0, 1]")
+        require(self.placement_ttl_s > 0, "upstream.placement_ttl_s must be > 0")
+        require(self.placement_wait_s >= 0, "upstream.placement_wait_s must be >= 0")
         require(self.first_byte_timeout_s >= 0, "upstream.first_byte_timeout_s must be >= 0 (0: off)")
         require(self.health_timeout_s > 0, "upstream.health_timeout_s must be > 0")
         require(self.admission_wait_s >= 0, "upstream.admission_wait_s must be >= 0")

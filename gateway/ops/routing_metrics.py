@@ -72,6 +72,13 @@ class RoutingMetrics:
             ["backend", "kind"],
             registry=registry,
         )
+        self.placement = Counter(
+            "tokenedge_routing_placement",
+            "Shared placement (Redis) by operation (read, write) and outcome (read: hit, miss, late, error,"
+            " skipped while off after an error; write: ok, error, skipped)",
+            ["op", "outcome"],
+            registry=registry,
+        )
         self.rejected = Counter(
             "tokenedge_routing_rejected",
             "Misses answered 503 (Retry-After) because every backend stayed at max_outstanding for admission_wait_s",

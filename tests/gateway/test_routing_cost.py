@@ -14,16 +14,14 @@ from gateway.upstream.routing.facts import facts_of
 from gateway.upstream.routing.policy import Policy, decide
 
 
-def view(
-    index: int, load: float = 0, matched: int = 0, *, slots: int = 1, service_s: float = 0.5
-) -> EngineView:
-    return EngineView(index, load, slots, service_s, 1000.0, matched)
+def view(index: int, load: float = 0, matched: int = 0, *, slots: int = 1, wait_s: float = 0.0) -> EngineView:
+    return EngineView(index, load, slots, wait_s, 1000.0, matched)
 
 
 def test_expected_ttft_is_the_queue_wait_plus_the_unmatched_prefill() -> None:
-    e = view(0, load=2, matched=300, slots=2, service_s=0.4)
+    e = view(0, load=2, matched=300, slots=2, wait_s=0.4)
     got = estimate(e, prompt_tokens=800)
-    assert got.wait_s == pytest.approx(0.4)  # 2 requests x 0.4 s over 2 slots
+    assert got.wait_s == pytest.approx(0.4)
     assert got.prefill_s == pytest.approx(0.5)  # 500 unmatched tokens at 1000 tokens/s
     assert estimate(view(0, matched=900), prompt_tokens=800).prefill_s == 0
 
@@ -31,16 +29,18 @@ def test_expected_ttft_is_the_queue_wait_plus_the_unmatched_prefill() -> None:
 @pytest.mark.parametrize(
     ("engines", "prompt", "chosen", "reason"),
     [
-        # an idle engine wins over a busy one holding the whole prefix: affinity never leaves one idle
-        ([view(0, load=1, matched=10_000), view(1)], 10_000, 1, Reason.SPILL),
+        # a busy engine holding the whole prefix, free in 0.2 s, beats an idle one that must prefill for 10 s
+        ([view(0, load=1, matched=10_000, wait_s=0.2), view(1)], 10_000, 0, Reason.PREFIX),
+        # ... but not with a queue of 5 s when the idle one prefills in 0.3 s
+        ([view(0, load=3, matched=300, wait_s=5.0), view(1)], 300, 1, Reason.SPILL),
         # both free: the matched prefix decides
         ([view(0, matched=200), view(1)], 300, 0, Reason.PREFIX),
-        # both busy: a long matched prefix is worth a short queue ...
-        ([view(0, load=1, matched=3000), view(1, load=1)], 3000, 0, Reason.PREFIX),
+        # both busy: a long matched prefix is worth a little more queue ...
+        ([view(0, load=1, matched=3000, wait_s=0.6), view(1, load=1, wait_s=0.4)], 3000, 0, Reason.PREFIX),
         # ... a short one is not worth a long queue
-        ([view(0, load=3, matched=100), view(1, load=1)], 300, 1, Reason.SPILL),
+        ([view(0, load=3, matched=100, wait_s=1.5), view(1, load=1, wait_s=0.5)], 300, 1, Reason.SPILL),
         # nothing matched anywhere: the least expected wait
-        ([view(0, load=1, slots=2), view(1, load=1)], 300, 0, Reason.BALANCE),
+        ([view(0, load=1, slots=2), view(1, load=1, wait_s=0.5)], 300, 0, Reason.BALANCE),
     ],
 )
 def test_cost_choices(engines: list[EngineView], prompt: int, chosen: int, reason: Reason) -> None:
@@ -50,8 +50,8 @@ def test_cost_choices(engines: list[EngineView], prompt: int, chosen: int, reaso
 
 def test_cost_ties_go_to_the_most_credit_so_new_prefixes_spread() -> None:
     engines = [
-        EngineView(0, 0, 1, 0.5, 1000.0, 0, credit=0.0),
-        EngineView(1, 0, 1, 0.5, 1000.0, 0, credit=1.0),
+        EngineView(0, 0, 1, 0.0, 1000.0, 0, credit=0.0),
+        EngineView(1, 0, 1, 0.0, 1000.0, 0, credit=1.0),
     ]
     assert cheapest(engines, 300)[0].engine.index == 1
 
@@ -62,7 +62,7 @@ engines_st = st.lists(
         index=st.just(0),
         load=st.integers(0, 6),
         slots=st.integers(1, 4),
-        service_s=st.floats(0.01, 5.0),
+        wait_s=st.floats(0.0, 10.0),
         prefill_tokens_per_s=st.floats(10.0, 10_000.0),
         matched_tokens=st.integers(0, 5000),
     ),
@@ -72,28 +72,38 @@ engines_st = st.lists(
 
 
 def _renumber(e: EngineView, i: int) -> EngineView:
-    return EngineView(i, e.load, e.slots, e.service_s, e.prefill_tokens_per_s, e.matched_tokens)
+    return EngineView(i, e.load, e.slots, e.wait_s, e.prefill_tokens_per_s, e.matched_tokens)
 
 
-def _never_queues_beside_an_idle_slot(engines: list[EngineView], prompt: int) -> None:
-    best, _ = cheapest(engines, prompt)
-    if any(e.load < e.slots for e in engines):
-        assert best.engine.load < best.engine.slots
+def _waits_only_where_waiting_is_cheaper(engines: list[EngineView], prompt: int) -> None:
+    """The chosen engine's expected TTFT is the least of all; so an engine with a queue is chosen over an idle one
+    only when its wait is less than the prefill its matched prefix saves."""
+    best, _ = cost.cheapest(engines, prompt)
+    assert best.ttft_s <= min(estimate(e, prompt).ttft_s for e in engines) + 1e-6
+    for idle in (e for e in engines if e.wait_s == 0):
+        if best.engine.wait_s > 0:
+            saved_s = estimate(idle, prompt).prefill_s - best.prefill_s
+            assert best.engine.wait_s <= saved_s + 1e-6
 
 
 @settings(max_examples=200, deadline=None)
 @given(engines=engines_st, prompt=st.integers(0, 5000))
-def test_property_no_engine_queues_while_another_has_a_free_slot(
+def test_property_an_engine_is_waited_for_only_when_that_is_cheaper_than_prefilling_elsewhere(
     engines: list[EngineView], prompt: int
 ) -> None:
-    _never_queues_beside_an_idle_slot(engines, prompt)
+    _waits_only_where_waiting_is_cheaper(engines, prompt)
 
 
-def test_mutation_without_the_free_slot_rule_the_property_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cost, "free", lambda e: True)
-    engines = [view(0, load=1, matched=5000), view(1)]
+def test_mutation_the_old_free_slot_rule_fails_the_property(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: only engines with a free slot were considered, so a one-slot engine holding the prefix and free in
+    a moment lost every request to the idle one (cost behaved as least-loaded on one-slot fleets)."""
+    real = cost.cheapest
+    monkeypatch.setattr(
+        cost, "cheapest", lambda es, p: real([e for e in es if e.load < e.slots] or list(es), p)
+    )
+    engines = [view(0, load=1, matched=5000, wait_s=0.1), view(1)]
     with pytest.raises(AssertionError):
-        _never_queues_beside_an_idle_slot(engines, 5000)
+        _waits_only_where_waiting_is_cheaper(engines, 5000)
 
 
 def _decide(policy: Policy, engines: list[EngineView], turn: int = 0, draw: float = 0.0) -> tuple[int, str]:
@@ -104,7 +114,7 @@ def _decide(policy: Policy, engines: list[EngineView], turn: int = 0, draw: floa
 
 
 def test_the_selector_runs_each_policy() -> None:
-    engines = [view(0, load=2), view(1, load=1), view(2, load=0)]
+    engines = [view(0, load=2, wait_s=1.0), view(1, load=1, wait_s=0.5), view(2, load=0)]
     assert [_decide(Policy.ROUND_ROBIN, engines, turn=t)[0] for t in range(4)] == [0, 1, 2, 0]
     assert (
         _decide(Policy.RANDOM, engines, draw=0.0)[0] == 0

@@ -232,8 +232,12 @@ async def test_answers_name_their_engine_and_why(
 async def test_after_recovery_new_and_idle_prefixes_move_back(
     session: aiohttp.ClientSession, engines: list[Engine]
 ) -> None:
+    """With the pile-up budget spent (here: none, `queue_beside_idle_share = 0`), an engine is never waited for while
+    another is idle. How the budget is spent is tested in test_routing_pace.py."""
     _, b = engines
-    pool, _ = make_pool(session, engines, eject_base_s=0.05, eject_after_failures=1)
+    pool, _ = make_pool(
+        session, engines, eject_base_s=0.05, eject_after_failures=1, queue_beside_idle_share=0.0
+    )
     groups = [f"group {g} " * 40 for g in range(4)]
     pool.backends[0].fault("test: down")
     for g in groups:  # the outage: every group placed on b

@@ -5,8 +5,9 @@ only for an identical prefix, so the router hashes the prompt the same way: fixe
 the previous one, so block i's hash names the whole prefix up to it. The table remembers which backend was last
 sent each chain hash; the longest match names the backend most likely to hold the request's prefix (the anchor:
 the SGLang router's per-worker prefix tree, here flattened to a hash table). Only whole blocks are hashed, as an
-engine caches only whole blocks. Hashes use Python's per-process `hash`: the table lives in one process only.
-A tenant's engine salt (`cache_salt`, gateway/upstream/routing/salt.py) seeds the chain, so one tenant's prefix
+engine caches only whole blocks. Text blocks are hashed with BLAKE2b (8 bytes) and token-id blocks with Python's
+hash of an int tuple, both the same in every process, so the placement one worker or replica learns can be shared
+with the others (`share`, by chain hash). A tenant's engine salt (`cache_salt`, gateway/upstream/routing/salt.py) seeds the chain, so one tenant's prefix
 never matches another's, as in the engine.
 
 Each entry also keeps every backend that was sent the prefix (a bit mask): the cost policy weighs each
@@ -15,33 +16,49 @@ candidate's own matched depth, and an ejected backend is forgotten (`forget`), s
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-_TEXT_SEED = 0x7465787400  # text chains and token chains never share a hash by construction
+_TEXT_PERSON = b"te-text-chain"  # text chains and token chains never share a hash by construction
 _IDS_SEED = 0x69647300
 
 
+def _seed(person: bytes, salt: str) -> bytes:
+    return hashlib.blake2b(salt.encode("utf-8", "surrogatepass"), digest_size=8, person=person).digest()
+
+
 def text_chain(text: str, block_chars: int, salt: str = "") -> list[int]:
-    """Chained hashes of every whole `block_chars` block of `text` (seeded by the tenant's engine salt)."""
+    """Chained hashes of every whole `block_chars` block of `text` (seeded by the tenant's engine salt); the same
+    in every process (about 1 us a block)."""
     out: list[int] = []
-    h = hash((_TEXT_SEED, salt)) if salt else _TEXT_SEED
+    h, blake, to_int = _seed(_TEXT_PERSON, salt), hashlib.blake2b, int.from_bytes
     for start in range(0, len(text) - block_chars + 1, block_chars):
-        h = hash((h, text[start : start + block_chars]))
-        out.append(h)
+        h = blake(
+            h + text[start : start + block_chars].encode("utf-8", "surrogatepass"), digest_size=8
+        ).digest()
+        out.append(to_int(h, "little"))
     return out
 
 
 def ids_chain(ids: Sequence[int], block_tokens: int, salt: str = "") -> list[int]:
-    """Chained hashes of every whole `block_tokens` block of token ids (the binary token path)."""
+    """Chained hashes of every whole `block_tokens` block of token ids (the binary token path). A tuple of ints
+    hashes the same in every process; the salt (a string, whose `hash` does not) enters through BLAKE2b."""
     out: list[int] = []
-    h = hash((_IDS_SEED, salt)) if salt else _IDS_SEED
+    h = hash((_IDS_SEED, int.from_bytes(_seed(b"te-ids-chain", salt), "little"))) if salt else _IDS_SEED
     for start in range(0, len(ids) - block_tokens + 1, block_tokens):
         h = hash((h, tuple(ids[start : start + block_tokens])))
         out.append(h)
     return out
+
+
+def checkpoints(blocks: int) -> list[int]:
+    """The chain depths (1-based) shared with other processes: every one below 16, then 8 per doubling (a match
+    found through them is at most 1/8 shallower than the real one), so a chain of n blocks has about
+    15 + 8 log2(n / 16) of them: bounded reads and writes for any prompt length."""
+    return [d for d in range(1, blocks + 1) if d < 16 or d % (1 << (d.bit_length() - 4)) == 0]
 
 
 def prompt_text(body: Mapping[str, Any]) -> str | None:
@@ -114,9 +131,11 @@ class AffinityTable:
                 del left[b]
         return out
 
-    def record(self, chain: Sequence[int], backend: int) -> None:
+    def record(self, chain: Sequence[int], backend: int, *, ends: bool = True) -> None:
+        """`backend` was sent `chain` (`ends`: a prompt ended at its last block; False for what another process
+        reports, which says where a prefix went, not where a prompt ended)."""
         owner = self._owner
-        last, bit = len(chain) - 1, 1 << backend
+        last, bit = len(chain) - 1 if ends else -1, 1 << backend
         for i, h in enumerate(chain):
             before = owner.get(h)
             owner[h] = (backend, i == last, (before[2] if before else 0) | bit)

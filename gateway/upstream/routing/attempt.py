@@ -57,7 +57,11 @@ def route_headers(
     """The engine's headers plus the two naming where this answer came from and why."""
     out = CIMultiDict(upstream)
     out[BACKEND_HEADER] = backend.name
-    estimate = f"; ttft_ms={decision.ttft_s * 1000:.0f}" if decision.ttft_s is not None else ""
+    estimate = (
+        f"; ttft_ms={decision.ttft_s * 1000:.0f}; wait_ms={decision.wait_s * 1000:.0f}"
+        if decision.ttft_s is not None
+        else ""
+    )
     out[ROUTE_HEADER] = (
         f"backend={backend.name}; policy={policy.value}; reason={decision.reason}; "
         f"matched_tokens={decision.matched_tokens}{estimate}"

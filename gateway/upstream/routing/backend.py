@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -17,6 +18,7 @@ from gateway.config.upstream import BackendConfig, UpstreamConfig
 from gateway.ops.routing_metrics import RoutingMetrics
 from gateway.upstream.http import Upstream
 from gateway.upstream.routing.breaker import Breaker, BreakerState
+from gateway.upstream.routing.pace import Pace, Ticket
 
 log = logging.getLogger("tokenedge.routing")
 
@@ -40,6 +42,7 @@ class Backend:
         self.name = target.name or urlsplit(target.url).netloc or target.url
         self.outstanding = 0
         self.service_s = SERVICE_SEED_S
+        self.pace = Pace(1.0 / target.prefill_tokens_per_s)  # its queue and prefill rate (the cost policy's)
         self.foreign_busy = (
             0  # busy slots the engine reported beyond our own requests (other replicas, clients)
         )
@@ -83,18 +86,27 @@ class Backend:
             self._ejection = asyncio.get_running_loop().create_future()
         return self._ejection
 
-    def begin(self) -> None:
+    def begin(self, unmatched: int = 0) -> Ticket:
+        """One attempt sent, with `unmatched` prompt tokens the engine is expected to prefill."""
+        idle = self.outstanding == 0 and self.foreign_busy == 0
         self.outstanding += 1
         self._outstanding_gauge.inc()
         self.breaker.begin()
+        return self.pace.begin(time.monotonic(), unmatched, idle=idle)
 
-    def end(self) -> None:
+    def end(self, ticket: Ticket) -> None:
         self.outstanding -= 1
         self._outstanding_gauge.dec()
+        self.pace.end(ticket, time.monotonic())
 
-    def served(self, seconds: float) -> None:
-        """One answer took `seconds` from send to its end: the service time the cost policy expects."""
-        self.service_s += SERVICE_ALPHA * (seconds - self.service_s)
+    def first_byte(self, ticket: Ticket) -> None:
+        """A stream's first body chunk came (its time to first token teaches the prefill rate)."""
+        ticket.first_byte = time.monotonic()
+
+    def served(self, ticket: Ticket) -> None:
+        """The attempt was answered (below 500), now: the mean service time behind the engine's other load."""
+        ticket.ok = True
+        self.service_s += SERVICE_ALPHA * (time.monotonic() - ticket.sent - self.service_s)
 
     def succeeded(self) -> None:
         self._metrics.requests.labels(self.url, "ok").inc()

@@ -20,6 +20,7 @@ from gateway.upstream.http import Upstream
 from gateway.upstream.routing import health
 from gateway.upstream.routing.backend import Backend
 from gateway.upstream.routing.pool import UpstreamPool
+from gateway.upstream.routing.share import PlacementStore, SharedPlacement
 from gateway.upstream.transport import UpstreamTransport
 
 
@@ -54,11 +55,36 @@ def connect(pool: UpstreamPool, catalog: ModelCatalog) -> None:
     catalog.arbiter = pool.book.arbitrate
 
 
-async def routing_ctx(pool: UpstreamTransport, catalog: ModelCatalog) -> AsyncIterator[None]:
+def share(pool: UpstreamPool, store: PlacementStore, retry_after_s: float) -> SharedPlacement:
+    """Placements shared through `store` (gateway/upstream/routing/share.py): published on every choice, read
+    before one, and distrusted for an engine from its ejection on."""
+    c = pool.config
+    shared = SharedPlacement(
+        store,
+        [b.name for b in pool.backends],
+        ttl_s=c.placement_ttl_s,
+        wait_s=c.placement_wait_s,
+        retry_after_s=retry_after_s,
+        outcomes=pool.metrics.placement,
+    )
+    pool.share = shared
+    return shared
+
+
+async def routing_ctx(
+    pool: UpstreamTransport,
+    catalog: ModelCatalog,
+    store: PlacementStore | None = None,
+    retry_after_s: float = 1.0,
+) -> AsyncIterator[None]:
+    """For a pool: the catalog connection, the health checks and, with `store`, shared placement."""
     if not isinstance(pool, UpstreamPool):
+        if store is not None:
+            await store.close()
         yield
         return
     connect(pool, catalog)
+    shared = share(pool, store, retry_after_s) if store is not None else None
     headers = {"Authorization": f"Bearer {pool.config.api_key}"} if pool.config.api_key else {}
     task = asyncio.ensure_future(health.run(pool, headers)) if pool.config.health_path else None
     try:
@@ -67,3 +93,6 @@ async def routing_ctx(pool: UpstreamTransport, catalog: ModelCatalog) -> AsyncIt
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        if shared is not None:
+            pool.share = None
+            await shared.close()

@@ -1,11 +1,12 @@
 """The cost policy: send a miss where its first token is expected soonest.
 
 expected TTFT = queue wait + the prompt tokens that engine would still have to prefill (its matched prefix
-subtracted) / its prefill rate. The queue wait is the engine's load (the larger of this process's outstanding
-requests and the busy slots the engine itself reports, so other replicas and direct clients count) times its
-observed service time, over its slots. Prefix affinity is one term of that sum, never a reason to queue: while
-any candidate has a free slot only those with one are considered (an engine never holds a queue while another
-sits idle), and among them the matched prefix decides. Pure: no I/O, no clock.
+subtracted) / its prefill rate. The queue wait and the rate come from the engine's pace (`pace`: its queue played
+forward with each request's expected service time, this process's requests and the busy slots the engine itself
+reports, so other replicas and direct clients count; the rate from the engine's own counters or its observed first
+bytes). Prefix affinity is one term of that sum: a busy engine that holds the prefix wins when waiting for it is
+expected to cost less than prefilling the prompt elsewhere (on one-slot engines, a short cached request ahead is
+worth waiting for; a long queue is not), and an idle engine wins otherwise. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ class EngineView:
     """One candidate as the policies see it."""
 
     index: int
-    load: float  # requests it is running or queueing (max of ours and what it reports)
+    load: float  # requests it is running or queueing (ours plus what it reports beyond them)
     slots: int  # requests it runs at once
-    service_s: float  # observed seconds per request (moving average)
+    wait_s: float  # expected seconds before a request sent now starts (`pace.Pace.wait_s`)
     prefill_tokens_per_s: float
     matched_tokens: int  # prompt tokens it already holds (the router's record of what it was sent)
     weight: float = 1.0
@@ -46,22 +47,23 @@ class Estimate:
         return self.wait_s + self.prefill_s
 
 
-def free(e: EngineView) -> bool:
-    return e.load < e.slots
-
-
 def estimate(e: EngineView, prompt_tokens: int) -> Estimate:
-    """The expected time to first token on `e` for a prompt of `prompt_tokens`."""
-    wait_s = e.load * e.service_s / max(e.slots, 1) / e.weight
+    """The expected time to first token on `e` for a prompt of `prompt_tokens` (a weight above 1 shortens its
+    queue: a bigger engine's share)."""
     prefill_s = max(prompt_tokens - e.matched_tokens, 0) / e.prefill_tokens_per_s
-    return Estimate(e, wait_s, prefill_s)
+    return Estimate(e, e.wait_s / e.weight, prefill_s)
 
 
-def cheapest(engines: Sequence[EngineView], prompt_tokens: int) -> tuple[Estimate, Reason]:
-    """The engine with the least expected TTFT among those with a free slot (all of them when none has one);
-    ties go to the lower load per weight, then the most credit."""
+def cheapest(
+    engines: Sequence[EngineView], prompt_tokens: int, *, queue_beside_idle: bool = True
+) -> tuple[Estimate, Reason]:
+    """The engine with the least expected TTFT; ties go to the lower load per weight, then the most credit. Without
+    `queue_beside_idle` (the fleet's pile-up budget is spent, `pace.PileUp`), while an engine is idle only engines
+    with a free slot are considered."""
     assert engines, "cheapest needs at least one engine"
-    pool = [e for e in engines if free(e)] or list(engines)
+    pool = list(engines)
+    if not queue_beside_idle and any(e.load == 0 for e in engines):
+        pool = [e for e in engines if e.load < e.slots]
     estimates = [estimate(e, prompt_tokens) for e in pool]
     best = min(
         estimates, key=lambda x: (round(x.ttft_s, 6), x.engine.load / x.engine.weight, -x.engine.credit)

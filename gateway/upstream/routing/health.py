@@ -7,7 +7,8 @@ a half-open circuit (the probe that lets an ejected backend back in) and, for `/
 models and revisions to the book. A connect failure, timeout or 5xx counts towards ejection like a failed request.
 With `engine_state`, a passing check also reads what the engine says of itself: llama-server's `/slots` (its slot
 count and busy slots), and the Prometheus `/metrics` of llama-server (`--metrics`), vLLM, SGLang and the tokenedge
-backend (requests running + waiting, `ENGINE_LOAD`). The load beyond this process's own outstanding requests is other
+backend (requests running + waiting, `ENGINE_LOAD`), and llama-server's prompt tokens and seconds (its prefill rate,
+`PROMPT_COUNTERS`). The load beyond this process's own outstanding requests is other
 workers', replicas' or direct clients', which the cost policy adds. A route that answers with anything else is not
 asked again.
 """
@@ -37,6 +38,8 @@ ENGINE_LOAD: dict[str, tuple[str, str]] = {
     "tokenedge": ("tokenedge_backend_running_requests", "tokenedge_backend_waiting_requests"),
 }
 _LOAD_NAMES = frozenset(name for pair in ENGINE_LOAD.values() for name in pair)
+# Prompt tokens computed (cached ones excluded) and the seconds spent on them, cumulative: the prefill rate.
+PROMPT_COUNTERS = ("llamacpp:prompt_tokens_total", "llamacpp:prompt_seconds_total")
 
 
 async def check(pool: UpstreamPool, backend: Backend, path: str, headers: Mapping[str, str]) -> bool:
@@ -94,6 +97,22 @@ def metrics_load(text: str) -> int | None:
     return round(total) if seen else None
 
 
+def prompt_counters(text: str) -> tuple[float, float] | None:
+    """(prompt tokens computed, seconds spent computing them) from an engine's Prometheus text; None when it
+    reports no such pair (`PROMPT_COUNTERS`)."""
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(" ")
+        if name in PROMPT_COUNTERS:
+            try:
+                found[name] = float(rest.split()[0])
+            except (ValueError, IndexError):
+                return None
+    if len(found) != len(PROMPT_COUNTERS):
+        return None
+    return found[PROMPT_COUNTERS[0]], found[PROMPT_COUNTERS[1]]
+
+
 async def _get(pool: UpstreamPool, backend: Backend, path: str, headers: Mapping[str, str]) -> bytes | None:
     """A 200 answer's body; b"" when it failed or timed out (ask again next time), None for another status (the
     engine does not serve this route). Bounded like a check; never a health failure."""
@@ -117,9 +136,13 @@ async def read_state(pool: UpstreamPool, backend: Backend, headers: Mapping[str,
             load, backend.reported_slots = report
     if backend.has_metrics:
         body = await _get(pool, backend, METRICS_PATH, headers)
-        counted = metrics_load(body.decode("utf-8", "replace")) if body else None
+        text = body.decode("utf-8", "replace") if body else ""
+        counted = metrics_load(text) if text else None
         backend.has_metrics = body == b"" or counted is not None
         load = counted if counted is not None else load
+        counters = prompt_counters(text) if counted is not None else None
+        if counters is not None:  # the engine's own prefill rate, for the cost policy
+            backend.pace.engine_counters(*counters)
     if load is not None:
         backend.foreign_busy = max(0, load - backend.outstanding)
 

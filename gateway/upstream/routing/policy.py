@@ -35,6 +35,7 @@ class Decision:
     reason: str  # cost: prefix/spill/balance; affinity: hit/guarded/miss; the others: their own name
     matched_tokens: int = 0  # of the prompt, on the chosen engine
     ttft_s: float | None = None  # the cost policy's estimate
+    wait_s: float = 0.0  # of which the queue wait
 
 
 def decide(
@@ -46,14 +47,18 @@ def decide(
     load_factor: float,
     turn: int,
     rng: Callable[[], float],
+    queue_beside_idle: bool = True,
 ) -> Decision:
     """Choose one of `engines` (non-empty). `legacy` is the affinity table's longest match (the `affinity`
-    policy's input); `turn` counts this pool's decisions (round-robin)."""
+    policy's input); `turn` counts this pool's decisions (round-robin); `queue_beside_idle`: the cost policy may
+    still wait for a busy engine while another is idle (the pile-up budget is not spent)."""
     assert engines, "decide needs at least one engine"
     match policy:
         case Policy.COST:
-            best, why = cheapest(engines, prompt_tokens)
-            return Decision(best.engine.index, why.value, best.engine.matched_tokens, best.ttft_s)
+            best, why = cheapest(engines, prompt_tokens, queue_beside_idle=queue_beside_idle)
+            return Decision(
+                best.engine.index, why.value, best.engine.matched_tokens, best.ttft_s, best.wait_s
+            )
         case Policy.AFFINITY:
             chosen, how = choose(_candidates(engines), legacy.backend, load_factor, extends=legacy.extends)
             return Decision(chosen.index, how.value, _matched(engines, chosen.index))

@@ -35,7 +35,9 @@ from gateway.upstream.routing.backend import Backend
 from gateway.upstream.routing.book import RevisionBook, merge, only, served_models
 from gateway.upstream.routing.cost import EngineView
 from gateway.upstream.routing.facts import Facts, facts_of
+from gateway.upstream.routing.pace import PileUp, Ticket
 from gateway.upstream.routing.policy import Decision, Policy, decide
+from gateway.upstream.routing.share import SharedPlacement
 from gateway.web.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
 
 RETRY_STATUSES = frozenset({502, 503, 504})  # the backend could not answer: nothing was generated
@@ -78,8 +80,16 @@ class UpstreamPool:
         self.rng = random.Random().random  # the `random` policy's draw (a test injects its own)
         self._turn = 0  # the `round_robin` policy's counter
         self._freed: asyncio.Event | None = None  # set when a request ends (admission waiters)
+        self.pile_up = PileUp()  # how long engines queued beside idle ones lately (the cost policy's budget)
+        self.share: SharedPlacement | None = None  # placements shared with other processes (`share`)
         for b in backends:
-            b.on_eject = self.affinity.forget
+            b.on_eject = self.ejected
+
+    def ejected(self, backend: int) -> None:
+        """`backend` may come back empty: forget what it was sent, here and in what other processes report."""
+        self.affinity.forget(backend)
+        if self.share is not None:
+            self.share.ejected(backend)
 
     def facts(self, method: str, path_qs: str, body: bytes | None) -> Facts:
         c = self.config
@@ -112,15 +122,15 @@ class UpstreamPool:
         return up or sorted(pool, key=lambda b: b.breaker.open_until)[:1]
 
     def _views(self, facts: Facts, candidates: list[Backend]) -> list[EngineView]:
-        indices = [b.index for b in candidates]
+        indices, now = [b.index for b in candidates], time.monotonic()
         depths = self.affinity.depths(facts.chain, indices) if facts.chain else dict.fromkeys(indices, 0)
         return [
             EngineView(
                 b.index,
                 b.load,
                 b.slots,
-                b.service_s,
-                b.target.prefill_tokens_per_s,
+                b.pace.wait_s(now, b.slots, b.foreign_busy, b.service_s),
+                1.0 / b.pace.s_per_token,
                 min(int(depths[b.index] * facts.block_tokens), facts.prompt_tokens),
                 b.target.weight,
                 self._credit[b.index],
@@ -146,6 +156,7 @@ class UpstreamPool:
             load_factor=self.config.affinity_load_factor,
             turn=self._turn,
             rng=self.rng,
+            queue_beside_idle=self.pile_up.share(time.monotonic()) < self.config.queue_beside_idle_share,
         )
         self._turn += 1
         # Smooth weighted round-robin: every candidate earns its weight, the chosen one pays the total.
@@ -155,6 +166,8 @@ class UpstreamPool:
         chosen = self.backends[decision.index]
         if facts.chain:
             self.affinity.record(facts.chain, chosen.index)
+            if self.share is not None:
+                self.share.publish(facts.chain, chosen.index)
             if self.policy is Policy.AFFINITY:
                 self.metrics.affinity.labels(decision.reason).inc()
         self.metrics.decisions.labels(chosen.url, self.policy.value, decision.reason).inc()
@@ -163,6 +176,8 @@ class UpstreamPool:
 
     async def _first(self, facts: Facts) -> Route | None:
         """The first attempt's route, after waiting (bounded) for a backend below its cap."""
+        if self.share is not None and facts.chain:
+            await self.share.learn(facts.chain, self.affinity)  # bounded: placement_wait_s
         loop = asyncio.get_running_loop()
         until = loop.time() + self.config.admission_wait_s
         while True:
@@ -179,8 +194,23 @@ class UpstreamPool:
             with suppress(TimeoutError):
                 await asyncio.wait_for(self._freed.wait(), left)
 
-    def _release(self, backend: Backend) -> None:
-        backend.end()
+    def _begin(self, route: Route, facts: Facts) -> Ticket:
+        ticket = route[0].begin(facts.prompt_tokens - route[1].matched_tokens)
+        self._observe()
+        return ticket
+
+    def _observe(self) -> None:
+        """The fleet's pile-up state after a request began or ended: some engine queueing beside an idle one."""
+        up = [b for b in self.backends if b.breaker.available()]
+        self.pile_up.observe(
+            time.monotonic(),
+            busy=any(b.load > 0 for b in up),
+            piled=any(b.load > b.slots for b in up) and any(b.load == 0 for b in up),
+        )
+
+    def _release(self, backend: Backend, ticket: Ticket) -> None:
+        backend.end(ticket)
+        self._observe()
         freed, self._freed = self._freed, None
         if freed is not None:
             freed.set()
@@ -237,18 +267,18 @@ class UpstreamPool:
         while route is not None:
             current = route[0]  # `route` moves on to the retry's; `current` is the one this attempt holds
             tried.add(current.index)
-            current.begin()
-            started = time.monotonic()
+            ticket = self._begin(route, facts)
             try:  # a whole answer: only the ejection bounds it (a long generation is not cut)
                 resp = await bounded(current.upstream.request(method, path_qs, headers, body), current, 0)
+                if resp.status < 500:
+                    current.served(ticket)
             except UpstreamError as exc:
                 route = self._after_error(current, exc, facts, tried)
                 continue
             finally:
-                self._release(current)
+                self._release(current, ticket)
             again = self._after_head(current, resp.status, resp.headers, facts, tried)
             if again is None:
-                current.served(time.monotonic() - started)
                 return dataclasses.replace(resp, headers=self._headers(resp.headers, route))
             route = again
         raise UpstreamUnavailable("upstream unavailable: no backend")
@@ -272,7 +302,7 @@ class UpstreamPool:
         while route is not None:
             current = route[0]  # `route` moves on to the retry's; `current` is the one this attempt holds
             tried.add(current.index)
-            current.begin()
+            ticket = self._begin(route, facts)
             started = time.monotonic()
             try:
                 async with AsyncExitStack() as stack:
@@ -285,6 +315,8 @@ class UpstreamPool:
                             deadline_s,
                         )
                         first = await self._prime(resp, current, deadline_s, started)
+                        if first:
+                            current.first_byte(ticket)
                     except UpstreamError as exc:
                         route = self._after_error(current, exc, facts, tried)
                         continue
@@ -303,10 +335,10 @@ class UpstreamPool:
                         yield routed
                     finally:
                         cut.remove_done_callback(routed.close)
-                    current.served(time.monotonic() - started)
+                    current.served(ticket)
                     return
             finally:
-                self._release(current)
+                self._release(current, ticket)
         raise UpstreamUnavailable("upstream unavailable: no backend")
 
     async def _models_of(self, backend: Backend, headers: Mapping[str, str]) -> UpstreamResponse | None:

@@ -1,0 +1,243 @@
+"""What the cost policy expects of an engine's time (gateway/upstream/routing/pace.py), and the choices that follow
+on real loopback engines whose answers are held by gates (never sleeps): a one-slot engine that holds the prefix and
+is busy with a short request is waited for (re-prefilling elsewhere costs more), one busy with a long request is
+not, and the pile-up budget ends the waiting while another engine sits idle. The mutation checks run the same
+workloads under the old rule (never wait beside a free slot), which spills the request that should stay."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from prometheus_client import CollectorRegistry
+
+from gateway.config.upstream import BackendConfig, UpstreamConfig
+from gateway.ops.routing_metrics import RoutingMetrics
+from gateway.upstream.routing import health
+from gateway.upstream.routing.attempt import BACKEND_HEADER, ROUTE_HEADER
+from gateway.upstream.routing.build import build_upstream
+from gateway.upstream.routing.pace import OVERRUN_SHARE, Pace, PileUp
+from gateway.upstream.routing.pool import UpstreamPool
+
+PATH = "/v1/chat/completions"
+PREFIX = "rule " * 800  # 4000 characters: about 1000 tokens, 1 s of prefill at 1000 tokens/s
+
+
+def test_the_wait_plays_a_one_slot_queue_forward() -> None:
+    pace = Pace(s_per_token=0.001, fixed_s=0.1)
+    assert pace.wait_s(0.0, 1, 0, 1.0) == 0.0  # idle
+    short = pace.begin(0.0, 0, idle=True)  # 0.1 s expected
+    assert pace.wait_s(0.05, 1, 0, 1.0) == pytest.approx(0.05)  # the rest of the short one, not a mean
+    pace.begin(0.01, 900, idle=False)  # 1.0 s expected, queued behind it
+    assert pace.wait_s(0.05, 1, 0, 1.0) == pytest.approx(1.05)
+    assert pace.wait_s(0.05, 2, 0, 1.0) == pytest.approx(0.05)  # two slots: the short one's slot frees first
+    assert pace.wait_s(0.05, 2, 1, 1.0) == pytest.approx(
+        0.55
+    )  # ... unless another's request (half a mean) takes it next
+    pace.end(short, 0.5)
+    # the long one started at 0.01 and is expected until 1.01; past that it still needs a quarter of its time
+    assert pace.wait_s(0.5, 1, 0, 1.0) == pytest.approx(0.51)
+    assert pace.wait_s(2.0, 1, 0, 1.0) == pytest.approx(OVERRUN_SHARE * 1.0)
+
+
+def test_fixed_time_and_the_prefill_rate_are_learnt_from_requests_sent_idle() -> None:
+    pace = Pace(s_per_token=0.01)  # configured: 100 tokens/s, ten times too slow
+    for i, unmatched in enumerate([0, 500, 100, 800, 50, 300] * 4):
+        t0 = float(i)
+        ticket = pace.begin(t0, unmatched, idle=True)
+        ticket.first_byte = t0 + 0.02 + unmatched * 0.001  # really: 20 ms + 1 ms a token
+        ticket.ok = True
+        pace.end(ticket, ticket.first_byte + 0.03)
+    assert pace.s_per_token == pytest.approx(0.001, rel=0.01)
+    assert pace.fixed_s == pytest.approx(0.05, rel=0.2)
+    busy = pace.begin(100.0, 10_000, idle=False)  # not idle: its times say nothing of the engine alone
+    busy.ok, busy.first_byte = True, 200.0
+    pace.end(busy, 300.0)
+    assert pace.s_per_token == pytest.approx(0.001, rel=0.01) and pace.fixed_s < 0.1
+
+
+def test_the_engines_own_counters_set_the_rate_and_a_restart_starts_over() -> None:
+    pace = Pace(s_per_token=0.0005)
+    pace.engine_counters(10, 1.0)  # too few tokens to say
+    assert pace.s_per_token == 0.0005 and not pace.reported
+    pace.engine_counters(1000, 2.0)  # 990 more tokens in 1 s
+    assert pace.s_per_token == pytest.approx(1 / 990) and pace.reported
+    pace.engine_counters(0, 0.0)  # restarted: counters went back
+    pace.engine_counters(2000, 4.0)
+    assert pace.s_per_token == pytest.approx(1 / 990 + 0.2 * (0.002 - 1 / 990))
+    text = "# TYPE x counter\nllamacpp:prompt_tokens_total 1234\nllamacpp:prompt_seconds_total 2.5\n"
+    assert health.prompt_counters(text) == (1234.0, 2.5)
+    assert health.prompt_counters("llamacpp:prompt_tokens_total 1\n") is None
+
+
+def test_pile_up_is_the_decayed_share_of_busy_time_spent_queueing_beside_an_idle_engine() -> None:
+    p = PileUp(horizon_s=10.0)
+    p.observe(0.0, busy=True, piled=False)
+    p.observe(3.0, busy=True, piled=True)
+    p.observe(4.0, busy=False, piled=False)
+    busy = 10 * (1 - math.exp(-0.4))  # 4 s busy, seen from t = 4
+    piled = 10 * (1 - math.exp(-0.1))  # the last 1 s of it piled
+    assert p.share(4.0) == pytest.approx(piled / busy)
+    assert p.share(100.0) == pytest.approx(piled / busy)  # idle time does not dilute it
+    p.observe(100.0, busy=True, piled=False)
+    assert p.share(200.0) < 0.01  # a long spell without pile-up: forgotten
+
+
+@dataclass
+class Engine:
+    name: str
+    gate: asyncio.Event = field(default_factory=asyncio.Event)  # set: it answers; clear: it holds answers
+    calls: int = 0
+    url: str = ""
+
+    def __post_init__(self) -> None:
+        self.gate.set()
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "m"}]})
+
+    async def chat(self, request: web.Request) -> web.Response:
+        await request.read()
+        self.calls += 1
+        await self.gate.wait()
+        return web.json_response({"choices": [{"message": {"content": self.name}, "finish_reason": "stop"}]})
+
+
+@pytest.fixture
+async def engines() -> AsyncIterator[list[Engine]]:
+    made, servers = [Engine("a"), Engine("b")], []
+    for e in made:
+        app = web.Application()
+        app.router.add_get("/v1/models", e.models)
+        app.router.add_post(PATH, e.chat)
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        e.url = str(server.make_url("")).rstrip("/")
+        servers.append(server)
+    yield made
+    for e in made:
+        e.gate.set()
+    for server in servers:
+        await server.close()
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+def make_pool(session: aiohttp.ClientSession, engines: list[Engine], **extra: Any) -> UpstreamPool:
+    backends = tuple(BackendConfig(e.url, name=e.name, prefill_tokens_per_s=1000.0) for e in engines)
+    config = UpstreamConfig(url=tuple(e.url for e in engines), backends=backends, health_path="", **extra)
+    pool = build_upstream(config, session, RoutingMetrics(CollectorRegistry()))
+    assert isinstance(pool, UpstreamPool)
+    return pool
+
+
+def ask(pool: UpstreamPool, text: str) -> asyncio.Future[Any]:
+    body = orjson.dumps({"model": "m", "messages": [{"role": "system", "content": text}]})
+    return asyncio.ensure_future(pool.request("POST", PATH, {}, body))
+
+
+async def until(condition: Any, *, limit_s: float = 10.0) -> None:
+    """Poll `condition` (bounded): for state another task changes."""
+    end = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < end, "condition not reached in time"
+        await asyncio.sleep(0.005)
+
+
+async def _busy_with(pool: UpstreamPool, a: Engine, text: str) -> asyncio.Future[Any]:
+    """`a` holds PREFIX (answered once), then is held busy answering `text`."""
+    assert (await ask(pool, PREFIX + "q0")).headers[BACKEND_HEADER] == "a"
+    a.gate.clear()
+    held = ask(pool, text)
+    await until(lambda: a.calls == 2)
+    return held
+
+
+@pytest.mark.parametrize(("budget", "expected"), [(0.1, "a"), (0.0, "b")])
+async def test_a_one_slot_engine_busy_with_a_short_request_is_waited_for(
+    session: aiohttp.ClientSession, engines: list[Engine], budget: float, expected: str
+) -> None:
+    """Waiting for the short cached request ahead costs less than prefilling the 1000-token prefix on the idle
+    engine (1 s), so the request stays. Budget 0 is the mutation: the old rule spills it."""
+    a, b = engines
+    pool = make_pool(session, engines, queue_beside_idle_share=budget)
+    held = await _busy_with(pool, a, PREFIX + "q1")
+    follower = ask(pool, PREFIX + "q2")
+    await until(lambda: a.calls + b.calls == 3)
+    a.gate.set()
+    first, second = await asyncio.gather(held, follower)
+    assert first.headers[BACKEND_HEADER] == "a"
+    assert second.headers[BACKEND_HEADER] == expected
+    if expected == "a":
+        assert "reason=prefix" in second.headers[ROUTE_HEADER] and "wait_ms=" in second.headers[ROUTE_HEADER]
+
+
+async def test_a_one_slot_engine_busy_with_a_long_request_is_not_waited_for(
+    session: aiohttp.ClientSession, engines: list[Engine]
+) -> None:
+    """Ahead of it: 8000 characters it never saw (2 s of prefill); prefilling the prefix elsewhere costs 1 s."""
+    a, _ = engines
+    pool = make_pool(session, engines)
+    held = await _busy_with(pool, a, PREFIX + "new " * 2000)
+    spilled = await ask(pool, PREFIX + "q2")
+    assert spilled.headers[BACKEND_HEADER] == "b" and "reason=spill" in spilled.headers[ROUTE_HEADER]
+    a.gate.set()
+    assert (await held).headers[BACKEND_HEADER] == "a"
+
+
+async def test_waiting_beside_an_idle_engine_stops_once_the_pile_up_budget_is_spent(
+    session: aiohttp.ClientSession, engines: list[Engine]
+) -> None:
+    a, b = engines
+    pool = make_pool(session, engines, queue_beside_idle_share=0.1)
+    held = await _busy_with(pool, a, PREFIX + "q1")
+    queued = ask(pool, PREFIX + "q2")  # waits for a: the budget is untouched
+    await until(lambda: a.calls == 3)
+    await until(lambda: pool.pile_up.share(time.monotonic()) >= 0.1)  # a holds 2, b idle: the share grows
+    moved = await ask(pool, PREFIX + "q3")
+    assert moved.headers[BACKEND_HEADER] == "b" and b.calls == 1
+    a.gate.set()
+    assert {r.headers[BACKEND_HEADER] for r in await asyncio.gather(held, queued)} == {"a"}
+
+
+async def test_the_prefill_rate_comes_from_the_engines_own_counters(session: aiohttp.ClientSession) -> None:
+    totals = [(100.0, 1.0)]
+
+    async def metrics(request: web.Request) -> web.Response:
+        tokens, seconds = totals[-1]
+        text = (
+            "llamacpp:requests_processing 0\nllamacpp:requests_deferred 0\n"
+            f"llamacpp:prompt_tokens_total {tokens}\nllamacpp:prompt_seconds_total {seconds}\n"
+        )
+        return web.Response(text=text)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        url = str(server.make_url("")).rstrip("/")
+        config = UpstreamConfig(url=(url, url + "/"), health_path="")
+        pool = build_upstream(config, session, RoutingMetrics(CollectorRegistry()))
+        assert isinstance(pool, UpstreamPool)
+        backend = pool.backends[0]
+        await health.read_state(pool, backend, {})
+        assert backend.pace.s_per_token == pytest.approx(0.01)  # 100 tokens in 1 s so far
+        totals.append((1100.0, 3.0))
+        await health.read_state(pool, backend, {})
+        assert backend.pace.reported and 1 / backend.pace.s_per_token < 150  # 500 tokens/s since, averaged in
+    finally:
+        await server.close()
