@@ -98,20 +98,23 @@ CREDENTIAL_HEADERS: Final = (
     "cookie",
 )
 # Credential-looking names (headers and query parameters): scope material by default. A false positive costs
-# nothing but a finer scope; a false negative would cross callers.
-_CREDENTIAL_SUFFIXES: Final = ("-key", "_key", "-token", "_token", "-secret", "_secret", "-signature")
+# nothing but a finer scope; a false negative would cross callers. Besides keys and tokens, this covers what an
+# authenticating proxy in front forwards as the caller's identity: signed assertions (Cloudflare Access's
+# `Cf-Access-Jwt-Assertion`, IAP's `X-Goog-Iap-Jwt-Assertion`, ALB's `X-Amzn-Oidc-Data`), identities
+# (`X-Forwarded-User`/`-Email`, `Remote-User`, Azure's `X-Ms-Client-Principal`, IAP's `...-User-Email`), client
+# certificates (Envoy's `X-Forwarded-Client-Cert`, `Ssl-Client-Cert`) and sessions.
+_CREDENTIAL_SUFFIXES: Final = (
+    *("-key", "_key", "-token", "_token", "-secret", "_secret", "-signature"),
+    *("-user", "_user", "-user-id", "-email", "-groups"),
+)
 _CREDENTIAL_INFIXES: Final = (
-    "apikey",
-    "api-key",
-    "api_key",
-    "token",
-    "secret",
-    "password",
-    "passwd",
-    "credential",
+    *("apikey", "api-key", "api_key", "token", "secret", "password", "passwd", "credential"),
+    *("jwt", "assertion", "oidc", "session", "signature", "principal", "client-cert", "ssl-client", "cookie"),
 )
 _CREDENTIAL_PREFIXES: Final = ("x-auth", "auth")
-_CREDENTIAL_NAMES: Final = frozenset({"key", "sig", "signature", "code", "session", "sessionid", "jwt"})
+_CREDENTIAL_NAMES: Final = frozenset(
+    {"key", "sig", "signature", "code", "sessionid", "remote-user", "x-user"}
+)
 
 
 def credential_looking(name: str) -> bool:
