@@ -14,11 +14,12 @@ import logging
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from gateway.edge.needs import EDGE_STATE
 from gateway.edge.server import EdgeRequestHandler
 from gateway.web import aioseam
-from gateway.web.errors import GatewayError, PayloadTooLarge
+from gateway.web.errors import BadRequest, GatewayError, PayloadTooLarge
 
 log = logging.getLogger("tokenedge.edge")
 
@@ -40,6 +41,12 @@ async def edge_middleware(request: web.Request, handler: Any) -> web.StreamRespo
         if request.body_exists:
             try:
                 await read_body_within_deadlines(request)
+            except RequestPayloadError:  # a body its Content-Encoding does not decode (aiohttp decodes it)
+                encoding = request.headers.get("Content-Encoding", "")
+                raise BadRequest(
+                    f"the request body could not be decoded as Content-Encoding {encoding!r}",
+                    code="invalid_body_encoding",
+                ) from None
             except SlowClient as exc:
                 if edge is not None:
                     edge.drop_after_response()

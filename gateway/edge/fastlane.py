@@ -81,6 +81,7 @@ SLOW_HEADERS = (
     "Pragma",
     DEBUG_HEADER,
     "Expect",
+    "Content-Encoding",  # the body on the wire is not the body: aiohttp decodes it (gateway.edge.bodies)
     "Transfer-Encoding",
     "Upgrade",
 )

@@ -56,9 +56,15 @@ HOP_BY_HOP: Final = frozenset(
     }
 )
 # Request fields the gateway consumes itself (RFC 9111 directives, conditionals, its own controls).
+# `Expect: 100-continue` is answered by the gateway's own server, which has the whole body before it forwards;
+# a request body's `Content-Encoding` is decoded by it too (aiohttp), and the decoded body is what is keyed and
+# forwarded, so the field no longer describes it.
 GATEWAY_ONLY: Final = frozenset(
-    {"cache-control", "pragma", "x-tokenedge-debug", "if-none-match", "x-tokenedge-proxy-secret", "expect"}
-)  # `Expect: 100-continue` is answered by the gateway's own server, which has the whole body before it forwards
+    {
+        *("cache-control", "pragma", "x-tokenedge-debug", "if-none-match", "x-tokenedge-proxy-secret"),
+        *("expect", "content-encoding"),
+    }
+)
 # Rewritten to one value on every cacheable request, so the upstream sees the same whatever the client sent.
 REWRITTEN: Final = frozenset({"accept-encoding"})
 # The client's address as proxies pass it on: per client, never an input to the answer. Not forwarded on a
