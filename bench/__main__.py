@@ -29,6 +29,7 @@ SCENARIOS = (
     "warmup",
     "scale",
     "fleet",  # routing policies on two real llama-server engines, arms alternated: not in `all`
+    "failover",  # SIGKILL, then a 15 s SIGSTOP, on two real llama-server engines under load: not in `all`
 )
 
 
@@ -38,7 +39,7 @@ def main() -> None:
         raise SystemExit(2)
     # `all`: every scenario once (gateway_hit is a subset of the gateway suite; gateway_ab needs a second tree;
     # backend_profile is a diagnostic; engines installs vLLM into its own venv)
-    skipped = ("gateway_hit", "gateway_ab", "backend_profile", "engines", "fleet")
+    skipped = ("gateway_hit", "gateway_ab", "backend_profile", "engines", "fleet", "failover")
     names = [n for n in SCENARIOS if n not in skipped] if sys.argv[1] == "all" else [sys.argv[1]]
     for name in names:
         importlib.import_module(f"bench.scenarios.{name}").main(sys.argv[2:] if len(names) == 1 else [])

@@ -30,6 +30,7 @@ class LlamaServer:
     url: str  # http://127.0.0.1:PORT, without /v1
     build: LlamaBuild
     argv: list[str]
+    pid: int = 0  # the process (for signals: a test stops, continues or kills it)
     log: list[str] = field(default_factory=list)
 
 
@@ -58,11 +59,13 @@ def llama_server(
     metrics: bool = False,
     ready_timeout_s: float = 180.0,
     extra_args: tuple[str, ...] = (),
+    port: int = 0,
 ) -> Iterator[LlamaServer]:
-    """`llama-server` serving `model` as `alias` with `slots` parallel sequences (and its Prometheus `/metrics` where
-    `metrics`, and `extra_args` after the rest, e.g. `--chat-template-file`); raises RuntimeError with its log
+    """`llama-server` serving `model` as `alias` with `slots` parallel sequences (and its Prometheus
+    `/metrics` where `metrics`, and `extra_args` after the rest, e.g. `--chat-template-file`), on `port` (0: a
+    free one; a fixed one restarts an engine where its clients expect it); raises RuntimeError with its log
     when it exits or stays silent instead of listening."""
-    port = free_port()
+    port = port or free_port()
     argv = [
         str(build.server),
         *("-m", str(model), "--alias", alias, "--host", "127.0.0.1", "--port", str(port)),
@@ -71,7 +74,7 @@ def llama_server(
         *extra_args,
     ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-    running = LlamaServer(f"http://127.0.0.1:{port}", build, argv)
+    running = LlamaServer(f"http://127.0.0.1:{port}", build, argv, proc.pid)
     outcome: list[str] = []
     told = threading.Event()
     drainer = threading.Thread(target=_drain, args=(proc, running.log, outcome, told), daemon=True)
