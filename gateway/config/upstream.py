@@ -72,7 +72,7 @@ class UpstreamConfig:
     routing_policy: Literal["cost", "affinity", "least_loaded", "round_robin", "random"] = (
         "cost"  # cost: the least expected time to first token (queue wait + unmatched prefill); others for A/B
     )
-    queue_beside_idle_share: float = 0.1  # cost: wait for a busy engine holding the prefix beside an idle one at most this share of busy time
+    queue_beside_idle_share: float = 0.15  # cost: queue beside an idle engine at most this share of busy time
     share_placement: bool = True  # with a Redis L2: prefix placements shared by every worker and replica
     placement_ttl_s: float = 300.0  # a shared placement is forgotten this long after it was last published
     placement_wait_s: float = (

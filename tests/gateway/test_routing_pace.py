@@ -1,8 +1,10 @@
 """What the cost policy expects of an engine's time (gateway/upstream/routing/pace.py), and the choices that follow
 on real loopback engines whose answers are held by gates (never sleeps): a one-slot engine that holds the prefix and
 is busy with a short request is waited for (re-prefilling elsewhere costs more), one busy with a long request is
-not, and the pile-up budget ends the waiting while another engine sits idle. The mutation checks run the same
-workloads under the old rule (never wait beside a free slot), which spills the request that should stay."""
+not, the pile-up budget ends the waiting while another engine sits idle, and so does an engine's share of recent
+requests far above its fair share (after an outage). The mutation checks run the same workloads under the old rule
+(never wait beside a free slot), which spills the request that should stay, and without the share guard, which
+leaves the recovered engine idle."""
 
 from __future__ import annotations
 
@@ -22,58 +24,59 @@ from prometheus_client import CollectorRegistry
 
 from gateway.config.upstream import BackendConfig, UpstreamConfig
 from gateway.ops.routing_metrics import RoutingMetrics
-from gateway.upstream.routing import health
+from gateway.upstream.routing import health, pace
 from gateway.upstream.routing.attempt import BACKEND_HEADER, ROUTE_HEADER
 from gateway.upstream.routing.build import build_upstream
-from gateway.upstream.routing.pace import OVERRUN_SHARE, Pace, PileUp
+from gateway.upstream.routing.pace import OVERRUN_SHARE, Pace, PileUp, Recent
 from gateway.upstream.routing.pool import UpstreamPool
 
 PATH = "/v1/chat/completions"
 PREFIX = "rule " * 800  # 4000 characters: about 1000 tokens, 1 s of prefill at 1000 tokens/s
+OTHER = "norm " * 800
 
 
 def test_the_wait_plays_a_one_slot_queue_forward() -> None:
-    pace = Pace(s_per_token=0.001, fixed_s=0.1)
-    assert pace.wait_s(0.0, 1, 0, 1.0) == 0.0  # idle
-    short = pace.begin(0.0, 0, idle=True)  # 0.1 s expected
-    assert pace.wait_s(0.05, 1, 0, 1.0) == pytest.approx(0.05)  # the rest of the short one, not a mean
-    pace.begin(0.01, 900, idle=False)  # 1.0 s expected, queued behind it
-    assert pace.wait_s(0.05, 1, 0, 1.0) == pytest.approx(1.05)
-    assert pace.wait_s(0.05, 2, 0, 1.0) == pytest.approx(0.05)  # two slots: the short one's slot frees first
-    assert pace.wait_s(0.05, 2, 1, 1.0) == pytest.approx(
+    p = Pace(s_per_token=0.001, fixed_s=0.1)
+    assert p.wait_s(0.0, 1, 0, 1.0) == 0.0  # idle
+    short = p.begin(0.0, 0, idle=True)  # 0.1 s expected
+    assert p.wait_s(0.05, 1, 0, 1.0) == pytest.approx(0.05)  # the rest of the short one, not a mean
+    p.begin(0.01, 900, idle=False)  # 1.0 s expected, queued behind it
+    assert p.wait_s(0.05, 1, 0, 1.0) == pytest.approx(1.05)
+    assert p.wait_s(0.05, 2, 0, 1.0) == pytest.approx(0.05)  # two slots: the short one's slot frees first
+    assert p.wait_s(0.05, 2, 1, 1.0) == pytest.approx(
         0.55
     )  # ... unless another's request (half a mean) takes it next
-    pace.end(short, 0.5)
+    p.end(short, 0.5)
     # the long one started at 0.01 and is expected until 1.01; past that it still needs a quarter of its time
-    assert pace.wait_s(0.5, 1, 0, 1.0) == pytest.approx(0.51)
-    assert pace.wait_s(2.0, 1, 0, 1.0) == pytest.approx(OVERRUN_SHARE * 1.0)
+    assert p.wait_s(0.5, 1, 0, 1.0) == pytest.approx(0.51)
+    assert p.wait_s(2.0, 1, 0, 1.0) == pytest.approx(OVERRUN_SHARE * 1.0)
 
 
 def test_fixed_time_and_the_prefill_rate_are_learnt_from_requests_sent_idle() -> None:
-    pace = Pace(s_per_token=0.01)  # configured: 100 tokens/s, ten times too slow
+    p = Pace(s_per_token=0.01)  # configured: 100 tokens/s, ten times too slow
     for i, unmatched in enumerate([0, 500, 100, 800, 50, 300] * 4):
         t0 = float(i)
-        ticket = pace.begin(t0, unmatched, idle=True)
+        ticket = p.begin(t0, unmatched, idle=True)
         ticket.first_byte = t0 + 0.02 + unmatched * 0.001  # really: 20 ms + 1 ms a token
         ticket.ok = True
-        pace.end(ticket, ticket.first_byte + 0.03)
-    assert pace.s_per_token == pytest.approx(0.001, rel=0.01)
-    assert pace.fixed_s == pytest.approx(0.05, rel=0.2)
-    busy = pace.begin(100.0, 10_000, idle=False)  # not idle: its times say nothing of the engine alone
+        p.end(ticket, ticket.first_byte + 0.03)
+    assert p.s_per_token == pytest.approx(0.001, rel=0.01)
+    assert p.fixed_s == pytest.approx(0.05, rel=0.2)
+    busy = p.begin(100.0, 10_000, idle=False)  # not idle: its times say nothing of the engine alone
     busy.ok, busy.first_byte = True, 200.0
-    pace.end(busy, 300.0)
-    assert pace.s_per_token == pytest.approx(0.001, rel=0.01) and pace.fixed_s < 0.1
+    p.end(busy, 300.0)
+    assert p.s_per_token == pytest.approx(0.001, rel=0.01) and p.fixed_s < 0.1
 
 
 def test_the_engines_own_counters_set_the_rate_and_a_restart_starts_over() -> None:
-    pace = Pace(s_per_token=0.0005)
-    pace.engine_counters(10, 1.0)  # too few tokens to say
-    assert pace.s_per_token == 0.0005 and not pace.reported
-    pace.engine_counters(1000, 2.0)  # 990 more tokens in 1 s
-    assert pace.s_per_token == pytest.approx(1 / 990) and pace.reported
-    pace.engine_counters(0, 0.0)  # restarted: counters went back
-    pace.engine_counters(2000, 4.0)
-    assert pace.s_per_token == pytest.approx(1 / 990 + 0.2 * (0.002 - 1 / 990))
+    p = Pace(s_per_token=0.0005)
+    p.engine_counters(10, 1.0)  # too few tokens to say
+    assert p.s_per_token == 0.0005 and not p.reported
+    p.engine_counters(1000, 2.0)  # 990 more tokens in 1 s
+    assert p.s_per_token == pytest.approx(1 / 990) and p.reported
+    p.engine_counters(0, 0.0)  # restarted: counters went back
+    p.engine_counters(2000, 4.0)
+    assert p.s_per_token == pytest.approx(1 / 990 + 0.2 * (0.002 - 1 / 990))
     text = "# TYPE x counter\nllamacpp:prompt_tokens_total 1234\nllamacpp:prompt_seconds_total 2.5\n"
     assert health.prompt_counters(text) == (1234.0, 2.5)
     assert health.prompt_counters("llamacpp:prompt_tokens_total 1\n") is None
@@ -158,8 +161,11 @@ async def until(condition: Any, *, limit_s: float = 10.0) -> None:
 
 
 async def _busy_with(pool: UpstreamPool, a: Engine, text: str) -> asyncio.Future[Any]:
-    """`a` holds PREFIX (answered once), then is held busy answering `text`."""
+    """`a` holds PREFIX (answered once) and b another prefix (answered twice: the two share the recent requests
+    evenly), then `a` is held busy answering `text`."""
     assert (await ask(pool, PREFIX + "q0")).headers[BACKEND_HEADER] == "a"
+    for q in range(2):
+        assert (await ask(pool, OTHER + f"q{q}")).headers[BACKEND_HEADER] == "b"
     a.gate.clear()
     held = ask(pool, text)
     await until(lambda: a.calls == 2)
@@ -176,7 +182,7 @@ async def test_a_one_slot_engine_busy_with_a_short_request_is_waited_for(
     pool = make_pool(session, engines, queue_beside_idle_share=budget)
     held = await _busy_with(pool, a, PREFIX + "q1")
     follower = ask(pool, PREFIX + "q2")
-    await until(lambda: a.calls + b.calls == 3)
+    await until(lambda: a.calls + b.calls == 5)
     a.gate.set()
     first, second = await asyncio.gather(held, follower)
     assert first.headers[BACKEND_HEADER] == "a"
@@ -208,9 +214,46 @@ async def test_waiting_beside_an_idle_engine_stops_once_the_pile_up_budget_is_sp
     await until(lambda: a.calls == 3)
     await until(lambda: pool.pile_up.share(time.monotonic()) >= 0.1)  # a holds 2, b idle: the share grows
     moved = await ask(pool, PREFIX + "q3")
-    assert moved.headers[BACKEND_HEADER] == "b" and b.calls == 1
+    assert moved.headers[BACKEND_HEADER] == "b" and b.calls == 3
     a.gate.set()
     assert {r.headers[BACKEND_HEADER] for r in await asyncio.gather(held, queued)} == {"a"}
+
+
+@pytest.mark.parametrize(("factor", "expected"), [(pace.SHARE_FACTOR, "b"), (100.0, "a")])
+async def test_an_engine_that_took_all_recent_requests_is_not_waited_for_beside_an_idle_one(
+    session: aiohttp.ClientSession,
+    engines: list[Engine],
+    monkeypatch: pytest.MonkeyPatch,
+    factor: float,
+    expected: str,
+) -> None:
+    """b was out (every request went to a), so a holds every prefix: with the pile-up budget never spent, the share
+    guard still sends the request waiting for a to idle b, which then holds the prefix too. Factor 100 is the
+    mutation: without the guard it stays on a, and b would stay empty."""
+    monkeypatch.setattr(pace, "SHARE_FACTOR", factor)
+    a, b = engines
+    pool = make_pool(session, engines, queue_beside_idle_share=1.0, eject_after_failures=1, eject_base_s=0.05)
+    pool.backends[1].fault("test: down")
+    for q in range(3):
+        assert (await ask(pool, PREFIX + f"q{q}")).headers[BACKEND_HEADER] == "a"
+    await until(lambda: pool.backends[1].breaker.available())
+    a.gate.clear()
+    held = ask(pool, PREFIX + "held")
+    await until(lambda: a.calls == 4)
+    waiting = ask(pool, PREFIX + "next")
+    await until(lambda: a.calls + b.calls == 5)
+    a.gate.set()
+    assert [r.headers[BACKEND_HEADER] for r in await asyncio.gather(held, waiting)] == ["a", expected]
+
+
+def test_recent_shares_decay_and_are_weighed() -> None:
+    recent = Recent([0.0, 0.0])
+    for t in range(3):
+        recent.sent(float(t), 0)
+    assert recent.over(0, {0: 1.0, 1: 1.0}) and not recent.over(1, {0: 1.0, 1: 1.0})
+    assert not recent.over(0, {0: 5.0, 1: 1.0})  # its weight makes 100% within 1.25 x its share (5/6)
+    recent.sent(300.0, 1)  # ten horizons later: the old requests weigh nothing
+    assert recent.over(1, {0: 1.0, 1: 1.0}) and not recent.over(0, {0: 1.0, 1: 1.0})
 
 
 async def test_the_prefill_rate_comes_from_the_engines_own_counters(session: aiohttp.ClientSession) -> None:

@@ -34,6 +34,7 @@ class EngineView:
     matched_tokens: int  # prompt tokens it already holds (the router's record of what it was sent)
     weight: float = 1.0
     credit: float = 0.0  # smooth weighted round-robin credit: ties go to the most
+    may_queue: bool = True  # may be chosen to queue while another engine is idle (`pool`: budget and share)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,16 +55,13 @@ def estimate(e: EngineView, prompt_tokens: int) -> Estimate:
     return Estimate(e, e.wait_s / e.weight, prefill_s)
 
 
-def cheapest(
-    engines: Sequence[EngineView], prompt_tokens: int, *, queue_beside_idle: bool = True
-) -> tuple[Estimate, Reason]:
-    """The engine with the least expected TTFT; ties go to the lower load per weight, then the most credit. Without
-    `queue_beside_idle` (the fleet's pile-up budget is spent, `pace.PileUp`), while an engine is idle only engines
-    with a free slot are considered."""
+def cheapest(engines: Sequence[EngineView], prompt_tokens: int) -> tuple[Estimate, Reason]:
+    """The engine with the least expected TTFT; ties go to the lower load per weight, then the most credit. While an
+    engine is idle, one without a free slot is considered only if it `may_queue`."""
     assert engines, "cheapest needs at least one engine"
     pool = list(engines)
-    if not queue_beside_idle and any(e.load == 0 for e in engines):
-        pool = [e for e in engines if e.load < e.slots]
+    if any(e.load == 0 for e in engines):
+        pool = [e for e in engines if e.load < e.slots or e.may_queue]
     estimates = [estimate(e, prompt_tokens) for e in pool]
     best = min(
         estimates, key=lambda x: (round(x.ttft_s, 6), x.engine.load / x.engine.weight, -x.engine.credit)

@@ -15,6 +15,9 @@ engine reports beyond this process's requests (other workers, replicas, direct c
 the observed mean service time (how far along they are is unknown). On a one-slot engine (llama-server `-np 1`)
 this is its real queue: a request behind a short cached one waits that long, not a mean service time, so the cost
 policy can tell a momentarily busy engine that holds the prefix from one with a long queue.
+
+The fleet's recent history bounds that waiting while another engine sits idle: `PileUp` (the share of busy time
+spent so) and `Recent` (each engine's share of the requests sent).
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ MIN_SPREAD_TOKENS = 32.0  # the fit's samples must spread at least this much (st
 MIN_REPORT_TOKENS = 64.0  # the engine's counters say a rate once this many more tokens were computed
 FIT_DECAY = 0.95  # the fit forgets old samples at this rate per sample
 S_PER_TOKEN_BOUNDS = (1e-7, 1.0)  # seconds per prefilled token: anything outside is a bad sample
+SHARE_FACTOR = (
+    1.25  # above this x its fair share of recent requests, an engine is not waited for beside an idle one
+)
 
 
 @dataclass(slots=True)
@@ -163,3 +169,30 @@ class PileUp:
     def share(self, now: float) -> float:
         busy, piled = self._decayed(now)
         return piled / busy if busy > 0 else 0.0
+
+
+@dataclass(slots=True)
+class Recent:
+    """Each engine's share of the requests sent lately (counts decayed over `horizon_s`). An engine whose share is
+    above SHARE_FACTOR (1.25) x its fair share (its weight over the candidates') is not waited for beside an idle one: a
+    fleet whose prefixes all sit on one engine (the survivor of an outage, a hot prefix) spreads again, while one
+    whose prefixes are spread keeps waiting for the engine that holds them."""
+
+    counts: list[float]
+    horizon_s: float = 30.0
+    since: float | None = None
+
+    def sent(self, now: float, index: int) -> None:
+        if self.since is not None:
+            keep = math.exp(-max(now - self.since, 0.0) / self.horizon_s)
+            self.counts = [c * keep for c in self.counts]
+        self.since = now
+        self.counts[index] += 1.0
+
+    def over(self, index: int, weights: dict[int, float]) -> bool:
+        """Is `index`'s share of the requests sent to `weights`' engines above SHARE_FACTOR x its weight's share?"""
+        total = sum(self.counts[i] for i in weights)
+        if total <= 0:
+            return False
+        fair = weights[index] / sum(weights.values())
+        return self.counts[index] / total > SHARE_FACTOR * fair

@@ -47,15 +47,13 @@ def decide(
     load_factor: float,
     turn: int,
     rng: Callable[[], float],
-    queue_beside_idle: bool = True,
 ) -> Decision:
     """Choose one of `engines` (non-empty). `legacy` is the affinity table's longest match (the `affinity`
-    policy's input); `turn` counts this pool's decisions (round-robin); `queue_beside_idle`: the cost policy may
-    still wait for a busy engine while another is idle (the pile-up budget is not spent)."""
+    policy's input); `turn` counts this pool's decisions (round-robin)."""
     assert engines, "decide needs at least one engine"
     match policy:
         case Policy.COST:
-            best, why = cheapest(engines, prompt_tokens, queue_beside_idle=queue_beside_idle)
+            best, why = cheapest(engines, prompt_tokens)
             return Decision(
                 best.engine.index, why.value, best.engine.matched_tokens, best.ttft_s, best.wait_s
             )

@@ -35,7 +35,7 @@ from gateway.upstream.routing.backend import Backend
 from gateway.upstream.routing.book import RevisionBook, merge, only, served_models
 from gateway.upstream.routing.cost import EngineView
 from gateway.upstream.routing.facts import Facts, facts_of
-from gateway.upstream.routing.pace import PileUp, Ticket
+from gateway.upstream.routing.pace import PileUp, Recent, Ticket
 from gateway.upstream.routing.policy import Decision, Policy, decide
 from gateway.upstream.routing.share import SharedPlacement
 from gateway.web.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
@@ -81,6 +81,7 @@ class UpstreamPool:
         self._turn = 0  # the `round_robin` policy's counter
         self._freed: asyncio.Event | None = None  # set when a request ends (admission waiters)
         self.pile_up = PileUp()  # how long engines queued beside idle ones lately (the cost policy's budget)
+        self.recent = Recent([0.0] * len(backends))  # each engine's share of recent requests
         self.share: SharedPlacement | None = None  # placements shared with other processes (`share`)
         for b in backends:
             b.on_eject = self.ejected
@@ -122,8 +123,12 @@ class UpstreamPool:
         return up or sorted(pool, key=lambda b: b.breaker.open_until)[:1]
 
     def _views(self, facts: Facts, candidates: list[Backend]) -> list[EngineView]:
+        """What the policies see of each candidate. It may be waited for beside an idle engine while the pile-up
+        budget is unspent and its share of recent requests is not far above its fair share (`pace`)."""
         indices, now = [b.index for b in candidates], time.monotonic()
         depths = self.affinity.depths(facts.chain, indices) if facts.chain else dict.fromkeys(indices, 0)
+        budget = self.pile_up.share(now) < self.config.queue_beside_idle_share
+        weights = {b.index: b.target.weight for b in candidates}
         return [
             EngineView(
                 b.index,
@@ -134,6 +139,7 @@ class UpstreamPool:
                 min(int(depths[b.index] * facts.block_tokens), facts.prompt_tokens),
                 b.target.weight,
                 self._credit[b.index],
+                budget and not self.recent.over(b.index, weights),
             )
             for b in candidates
         ]
@@ -156,7 +162,6 @@ class UpstreamPool:
             load_factor=self.config.affinity_load_factor,
             turn=self._turn,
             rng=self.rng,
-            queue_beside_idle=self.pile_up.share(time.monotonic()) < self.config.queue_beside_idle_share,
         )
         self._turn += 1
         # Smooth weighted round-robin: every candidate earns its weight, the chosen one pays the total.
@@ -164,6 +169,7 @@ class UpstreamPool:
             self._credit[b.index] += b.target.weight
         self._credit[decision.index] -= sum(b.target.weight for b in candidates)
         chosen = self.backends[decision.index]
+        self.recent.sent(time.monotonic(), chosen.index)
         if facts.chain:
             self.affinity.record(facts.chain, chosen.index)
             if self.share is not None:
