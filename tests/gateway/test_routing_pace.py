@@ -246,6 +246,44 @@ async def test_an_engine_that_took_all_recent_requests_is_not_waited_for_beside_
     assert [r.headers[BACKEND_HEADER] for r in await asyncio.gather(held, waiting)] == ["a", expected]
 
 
+@pytest.mark.parametrize("restart", [True, False])
+async def test_after_a_short_outage_nothing_queues_beside_the_idle_readmitted_engine(
+    session: aiohttp.ClientSession, engines: list[Engine], monkeypatch: pytest.MonkeyPatch, restart: bool
+) -> None:
+    """The shares were even (4 and 4) when b was ejected; a took the one request of a short outage and holds every
+    prefix. Once b is back and idle while a is busy, each request of a steady stream goes to b (prefilling there)
+    instead of queueing on a, with the default pile-up budget unspent: the ejection started the share guard's
+    window again, so a holds all of it. The mutation keeps the old window (restart a no-op): a's 6 of 10 is under
+    1.25 x its fair share, and the first request queues on a beside idle b."""
+    if not restart:
+        monkeypatch.setattr(Recent, "restart", lambda self: None)
+    a, b = engines
+    pool = make_pool(session, engines, eject_after_failures=1, eject_base_s=0.05)
+    for q in range(4):
+        assert (await ask(pool, PREFIX + f"q{q}")).headers[BACKEND_HEADER] == "a"
+    for q in range(4):
+        assert (await ask(pool, OTHER + f"q{q}")).headers[BACKEND_HEADER] == "b"
+    pool.backends[1].fault("test: down")
+    assert (await ask(pool, PREFIX + "alone")).headers[BACKEND_HEADER] == "a"
+    await until(lambda: pool.backends[1].breaker.available())
+    a.gate.clear()
+    held = ask(pool, PREFIX + "held")
+    await until(lambda: a.calls == 6)
+    went, queued = [], []
+    for q in range(3):  # one at a time: b has answered the one before, so it is idle when the next is sent
+        calls = (a.calls, b.calls)
+        answer = ask(pool, PREFIX + f"next{q}")
+        await until(lambda: a.calls + b.calls > sum(calls))  # noqa: B023 (awaited within the iteration)
+        went.append("a" if a.calls > calls[0] else "b")
+        if went[-1] == "b":
+            assert (await answer).headers[BACKEND_HEADER] == "b"
+        else:
+            queued.append(answer)  # a holds it until its gate opens
+    a.gate.set()
+    await asyncio.gather(held, *queued)
+    assert went == (["b", "b", "b"] if restart else ["a", "b", "b"])
+
+
 def test_recent_shares_decay_and_are_weighed() -> None:
     recent = Recent([0.0, 0.0])
     for t in range(3):

@@ -176,7 +176,10 @@ class Recent:
     """Each engine's share of the requests sent lately (counts decayed over `horizon_s`). An engine whose share is
     above SHARE_FACTOR (1.25) x its fair share (its weight over the candidates') is not waited for beside an idle one: a
     fleet whose prefixes all sit on one engine (the survivor of an outage, a hot prefix) spreads again, while one
-    whose prefixes are spread keeps waiting for the engine that holds them."""
+    whose prefixes are spread keeps waiting for the engine that holds them. The window starts again at each
+    ejection (`restart`): the shares before it describe a fleet whose ejected engine may come back empty, and
+    kept, they hide a short outage (a survivor that took every request for 3 s of a 30 s window stays under the
+    factor, and is waited for beside the idle restored engine)."""
 
     counts: list[float]
     horizon_s: float = 30.0
@@ -188,6 +191,10 @@ class Recent:
             self.counts = [c * keep for c in self.counts]
         self.since = now
         self.counts[index] += 1.0
+
+    def restart(self) -> None:
+        """Count from now on only: an engine was ejected."""
+        self.counts = [0.0] * len(self.counts)
 
     def over(self, index: int, weights: dict[int, float]) -> bool:
         """Is `index`'s share of the requests sent to `weights`' engines above SHARE_FACTOR x its weight's share?"""

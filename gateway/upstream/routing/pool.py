@@ -87,8 +87,10 @@ class UpstreamPool:
             b.on_eject = self.ejected
 
     def ejected(self, backend: int) -> None:
-        """`backend` may come back empty: forget what it was sent, here and in what other processes report."""
+        """`backend` may come back empty: forget what it was sent, here and in what other processes report, and
+        start the share guard's window again (`pace.Recent`), so that it refills the engine when it is back."""
         self.affinity.forget(backend)
+        self.recent.restart()
         if self.share is not None:
             self.share.ejected(backend)
 
