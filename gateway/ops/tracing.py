@@ -2,17 +2,20 @@
 
 Off (the default), nothing here is imported from OpenTelemetry and a request pays one check (`state.tracing is
 None`) in the handler or the fast lane; the deeper hooks (`span`, `active`) read one context variable that is
-then None. On, the handler opens the request's root span as a child of the client's `traceparent` (W3C Trace Context) and makes it
+then None. On, a request first draws once at `sample_rate` (`keeps`); a dropped one (99 in 100 at 1%) creates
+no OpenTelemetry object, attaches no context and is forwarded with the client's own `traceparent`. A kept one:
+the handler opens the request's root span as a child of the client's `traceparent` (W3C Trace Context) and makes it
 current; the intake, each cache read, the lease wait, the upstream call (a `first_token` event) and the store open
 children of it, in the request's task and in the single-flight task it starts (asyncio copies the context). The
 upstream receives a child `traceparent` naming the upstream-call span (`inject`), so an engine's own spans join the
 trace; `traceparent` is transport in the request table (gateway/keys/parts.py), never key material.
 
 A fast-lane hit is answered before any of this runs: the lane (gateway/edge/fastlane.py) calls `lane_hit` after
-writing it (one check when off), which traces it only under a caller's `traceparent` the sampler keeps.
+writing it (one check when off), which traces a kept hit only under a caller's sampled `traceparent`, its spans
+built finished (gateway/ops/spans.py).
 
-Export is OTLP/HTTP through a batch processor (`flush` drains it). The standard `OTEL_*` variables, where set, win
-over `[tracing]` (`settings_from`), as every OTel SDK reads them. An unsampled request gets no trace object at all.
+Export is OTLP/HTTP through the SDK's batch processor on its own thread (`flush` drains it; `OTEL_BSP_*` tune it).
+The standard `OTEL_*` variables, where set, win over `[tracing]` (`settings_from`), as every OTel SDK reads them.
 """
 
 from __future__ import annotations
@@ -20,38 +23,22 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import re
-import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
-from time import perf_counter, perf_counter_ns
+from time import perf_counter
 from typing import Any, Protocol
 
-import orjson
 from multidict import CIMultiDict
 
 from gateway.config.sections import ConfigError, TracingConfig
 from gateway.config.settings import GatewayConfig
 from gateway.keys.entry import Entry
 from gateway.keys.memo import ParsedRequest
+from gateway.ops.spans import OPERATIONS, TRACER_NAME, answer_attributes, lane_spans, sampled_parent
 from gateway.ops.timing import StageTimer
 
-# https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-spans/: gen_ai.operation.name per route
-OPERATIONS: dict[str, str] = {
-    "chat/completions": "chat",
-    "completions": "text_completion",
-    "embeddings": "embeddings",
-    "responses": "chat",
-}
-TRACER_NAME = "tokenedge.gateway"
-LANE = "tokenedge.lane"  # on a fast-lane hit's root span: "fast"
-# W3C Trace Context §3.2: version-traceid-parentid-flags, read from a request head's raw bytes by the fast lane
-_TRACEPARENT = re.compile(
-    rb"\r\ntraceparent:[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})[ \t]*\r\n",
-    re.IGNORECASE,
-)
 EXPORTERS = frozenset({"otlp", "none"})
 
 
@@ -80,39 +67,6 @@ def settings_from(config: TracingConfig, environ: Mapping[str, str]) -> TraceSet
     return TraceSettings(endpoint, service, rate)
 
 
-def gen_ai_usage(usage: Mapping[str, Any] | None) -> dict[str, int]:
-    """`gen_ai.usage.*` from an OpenAI usage object (Chat Completions' or Responses' names)."""
-    if not usage:
-        return {}
-    out: dict[str, int] = {}
-    for attr, names in (
-        ("gen_ai.usage.input_tokens", ("prompt_tokens", "input_tokens")),
-        ("gen_ai.usage.output_tokens", ("completion_tokens", "output_tokens")),
-    ):
-        value = next((usage[n] for n in names if isinstance(usage.get(n), int)), None)
-        if value is not None:
-            out[attr] = value
-    return out
-
-
-def _json_object(body: bytes) -> dict[str, Any]:
-    try:
-        doc = orjson.loads(body) if body else None
-    except orjson.JSONDecodeError:
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
-def finish_reasons(doc: Mapping[str, Any]) -> list[str]:
-    """`gen_ai.response.finish_reasons` of a JSON answer (empty when it names none)."""
-    choices = doc.get("choices")
-    if not isinstance(choices, list):
-        return []
-    return [
-        c["finish_reason"] for c in choices if isinstance(c, dict) and isinstance(c.get("finish_reason"), str)
-    ]
-
-
 class Tracing:
     """One per process, built at startup when tracing is on: the tracer provider, its exporter, the propagator."""
 
@@ -120,25 +74,33 @@ class Tracing:
         """`processor`: a span processor to use instead of OTLP/HTTP through a batch processor (tests)."""
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+        from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         attributes = {} if settings.service_name is None else {"service.name": settings.service_name}
-        self.rate = rate = settings.sample_rate
+        self.rate = settings.sample_rate
         self.draw = random.random
-        # The gateway's own traces: by trace id (the SDK's ids are random). A caller's sampled trace: a draw per
-        # request (`_CallerSampled`): a caller's ids need not be random in their low bits (a counter, as the
-        # bench's ingress adds), which would keep all or none of them. An unsampled one is never kept.
-        sampler = None
-        if rate is not None:
-            sampler = ParentBased(TraceIdRatioBased(rate), remote_parent_sampled=_caller_sampled(self))
+        # With a rate, the gateway samples: one draw per request (`keeps`) before any OpenTelemetry object exists,
+        # for its own traces and a caller's sampled ones alike (a caller's ids need not be random in their low
+        # bits: a counter, as the bench's ingress adds, would keep all or none of them by the trace-id rule).
+        # The SDK's sampler then keeps what the draw kept, except under a caller's unsampled `traceparent`.
+        sampler = None if self.rate is None else ParentBased(ALWAYS_ON)
         self.provider = TracerProvider(resource=Resource.create(attributes), sampler=sampler)
-        self.provider.add_span_processor(processor or _batch_processor(settings))
+        self.processor = processor or _batch_processor(settings)
+        self.provider.add_span_processor(self.processor)
         self.tracer = self.provider.get_tracer(TRACER_NAME)
         self.propagator = TraceContextTextMapPropagator()
 
+    def keeps(self) -> bool:
+        """The request's one draw at `sample_rate` (the environment's sampler decides alone when it names one)."""
+        return self.rate is None or self.draw() < self.rate
+
     def begin(self, headers: Mapping[str, str], endpoint: str) -> RequestTrace | None:
-        """The request's root span, a child of the client's `traceparent`, made current; None when unsampled."""
+        """The request's root span, a child of the client's `traceparent`, made current; None when unsampled.
+        The draw comes first: a dropped request creates nothing, attaches no context, and is forwarded with the
+        client's own `traceparent` (`inject` leaves the headers as they are)."""
+        if not self.keeps():
+            return None
         from opentelemetry import context, trace
 
         parent = self.propagator.extract(headers)
@@ -146,65 +108,28 @@ class Tracing:
         root = self.tracer.start_span(
             operation, parent, kind=trace.SpanKind.SERVER, attributes={"gen_ai.operation.name": operation}
         )
-        if not root.is_recording():
+        if not root.is_recording():  # a caller's unsampled traceparent, or the environment's sampler said no
             return None
         request_trace = RequestTrace(self, root)
         request_trace.otel_token = context.attach(trace.set_span_in_context(root, parent))
         request_trace.token = _ACTIVE.set(request_trace)
         return request_trace
 
-    def keeps(self) -> bool:
-        """One draw of the caller-sampled decision (the environment's sampler decides alone when it names one)."""
-        return self.rate is None or self.draw() < self.rate
-
     def lane_hit(
         self, raw: bytes, endpoint: str, parsed: ParsedRequest, entry: Entry, timer: StageTimer
     ) -> None:
         """A fast-lane hit (gateway/edge/fastlane.py) as a root span with its intake and cache-read children, when
-        the request carries a sampled `traceparent`; the lane's timer gives the times. Without one, the hit is
-        answered untraced: the lane never starts a trace of its own."""
-        if not self.keeps():  # drawn first: the 99 in 100 hits a 1% rate drops read no header at all
+        the request carries a sampled `traceparent` (`spans.lane_spans`); the lane's timer gives the times.
+        Without one, the hit is answered untraced: the lane never starts a trace of its own."""
+        # `keeps`, inline: the 99 in 100 hits a 1% rate drops pay these three lines and read no header
+        rate = self.rate
+        if rate is not None and self.draw() >= rate:
             return
-        match = _TRACEPARENT.search(raw, 0, raw.find(b"\r\n\r\n") + 2)
-        if match is None or not int(match[4], 16) & 1:
-            return  # the sampler below keeps a span the lane marks as drawn (`_caller_sampled`)
-        from opentelemetry import trace
-
-        parent = self.propagator.extract({"traceparent": b"-".join(match.groups()).decode()})
-        to_ns = time.time_ns() - perf_counter_ns()  # perf_counter seconds -> epoch nanoseconds
-        at = [to_ns + int(timer.started * 1e9)]
-        for seconds in timer.stages.values():
-            at.append(at[-1] + int(seconds * 1e9))
-        operation = OPERATIONS.get(endpoint, endpoint)
-        root = self.tracer.start_span(
-            operation, parent, trace.SpanKind.SERVER, start_time=at[0], attributes={LANE: "fast"}
-        )
-        if not root.is_recording():  # the environment's sampler (OTEL_TRACES_SAMPLER) said no
-            return
-        request_trace = RequestTrace(self, root)
-        request_trace.set({"gen_ai.operation.name": operation})
-        request_trace.model(parsed.body.get("model"))
-        if parsed.key_level is not None:
-            request_trace.set({"tokenedge.key.level": parsed.key_level.value})
-        request_trace.answered(entry.usage, entry.body)
-        tier = "l2" if "l2" in timer.stages else "l1"
-        request_trace.set({"tokenedge.cache.tier": tier, "tokenedge.cache.status": timer.result})
-        request_trace.set({"tokenedge.cache.reason": timer.reason})
-        inside = trace.set_span_in_context(root, parent)
-        for name, start, end, attributes in (
-            ("tokenedge.intake", at[0], at[1], {}),
-            (
-                "tokenedge.cache.read",
-                at[1],
-                at[2],
-                {
-                    "tokenedge.cache.tiers_read": "l1" if tier == "l1" else "l1,l2",
-                    "tokenedge.cache.tier": tier,
-                },
-            ),
-        ):
-            self.tracer.start_span(name, inside, start_time=start, attributes=attributes).end(end)
-        root.end(at[-1])
+        parent = sampled_parent(raw)
+        if parent is not None:
+            lane_spans(
+                self.tracer, self.processor, parent, (endpoint, parsed, entry, timer), self.rate is not None
+            )
 
     def flush(self, timeout_ms: int = 10_000) -> bool:
         """Export every finished span now (blocking: call it off the event loop when the receiver is on it)."""
@@ -214,39 +139,14 @@ class Tracing:
         self.provider.shutdown()
 
 
-def _caller_sampled(tracing: Tracing) -> Any:
-    """The sampler for a caller's sampled `traceparent`: a draw at `sample_rate` per request, or the lane's draw
-    (a span it starts carries `tokenedge.lane`: it drew already, in `lane_hit`)."""
-    from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
-    from opentelemetry.trace import get_current_span
-
-    class CallerSampled(Sampler):
-        def should_sample(
-            self,
-            parent_context: Any,
-            trace_id: int,
-            name: str,
-            kind: Any = None,
-            attributes: Any = None,
-            links: Any = None,
-            trace_state: Any = None,
-        ) -> SamplingResult:
-            keep = (attributes is not None and LANE in attributes) or tracing.keeps()
-            state = get_current_span(parent_context).get_span_context().trace_state
-            return SamplingResult(Decision.RECORD_AND_SAMPLE if keep else Decision.DROP, attributes, state)
-
-        def get_description(self) -> str:
-            return f"CallerSampled{{{tracing.rate}}}"
-
-    return CallerSampled()
-
-
 def _batch_processor(settings: TraceSettings) -> Any:
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    """The SDK's batch processor (its own thread; `OTEL_BSP_*`) over OTLP/HTTP with the lean encoder (ops.otlp)."""
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+    from gateway.ops.otlp import LeanSpanExporter
+
     exporter = (
-        OTLPSpanExporter() if settings.endpoint is None else OTLPSpanExporter(endpoint=settings.endpoint)
+        LeanSpanExporter() if settings.endpoint is None else LeanSpanExporter(endpoint=settings.endpoint)
     )
     return BatchSpanProcessor(exporter)
 
@@ -273,13 +173,7 @@ class RequestTrace:
 
     def answered(self, usage: Mapping[str, Any] | None, body: bytes) -> None:
         """The answer's usage and finish reasons (a hit's or a stored miss's entry, or an upstream JSON body)."""
-        doc = _json_object(body)
-        if usage is None and isinstance(doc.get("usage"), dict):
-            usage = doc["usage"]
-        self.root.set_attributes(gen_ai_usage(usage))
-        reasons = finish_reasons(doc)
-        if reasons:
-            self.root.set_attribute("gen_ai.response.finish_reasons", reasons)
+        self.root.set_attributes(answer_attributes(usage, body))
 
     def child(self, name: str, attributes: Mapping[str, Any] | None) -> AbstractContextManager[Any]:
         return self.tracing.tracer.start_as_current_span(name, attributes=attributes)

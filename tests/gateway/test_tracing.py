@@ -51,6 +51,8 @@ class Span:
     kind: int
     attributes: dict[str, Any]
     events: list[str]
+    start: int = 0
+    end: int = 0
 
 
 @dataclass
@@ -76,6 +78,8 @@ class Receiver:
                             s.kind,
                             {a.key: _value(a.value) for a in s.attributes},
                             [e.name for e in s.events],
+                            s.start_time_unix_nano,
+                            s.end_time_unix_nano,
                         )
                     )
         body = ExportTraceServiceResponse().SerializeToString()
@@ -186,6 +190,10 @@ async def test_a_miss_and_a_hit_are_spans_under_the_callers_traceparent(
 
     hit_children = got.under(hit)
     assert {"tokenedge.intake", "tokenedge.cache.read"} <= set(hit_children)
+    intake, read = hit_children["tokenedge.intake"], hit_children["tokenedge.cache.read"]
+    assert (
+        hit.start <= intake.start <= intake.end <= read.start <= read.end <= hit.end
+    )  # in order, inside the hit
     assert ("tokenedge.intake.key" in hit_children) is not fast_lane  # the lane's intake is the memo's key
     assert "tokenedge.upstream" not in hit_children
     assert hit_children["tokenedge.cache.read"].attributes["tokenedge.cache.tier"] == "l1"
@@ -248,6 +256,44 @@ async def test_a_callers_sampled_traces_are_kept_at_the_sample_rate_on_either_pa
     assert [r.attributes["tokenedge.cache.status"] for r in got.roots()] == kept
     lane = [r for r in got.spans if r.attributes.get("tokenedge.lane") == "fast"]
     assert len(lane) == (2 if fast_lane and kept else 0)
+
+
+@pytest.mark.parametrize("fast_lane", [True, False])
+async def test_each_request_draws_once_and_a_dropped_one_is_forwarded_with_the_callers_traceparent(
+    make_gateway: GatewayFactory, fake: FakeUpstream, receiver: tuple[Receiver, str], fast_lane: bool
+) -> None:
+    got, url = receiver
+    gw = await make_gateway(
+        server={"fast_lane": fast_lane}, tracing={"enabled": True, "endpoint": url, "sample_rate": 0.01}
+    )
+    assert gw.state.tracing is not None
+    draws = iter([0.5, 0.009, 0.5, 0.0])  # one per request: dropped miss, kept hit, dropped hit, kept hit
+    gw.state.tracing.draw = draws.__next__
+    statuses = [(await ask(gw, CHAT))[0] for _ in range(4)]
+    assert next(draws, None) is None  # each request drew exactly once, the spans inside it none
+    await flush(gw)
+    assert "fwd=miss" in statuses[0] and all("hit" in s for s in statuses[1:])
+    assert [r.attributes["tokenedge.cache.status"] for r in got.roots()] == ["hit", "hit"]
+    assert fake.headers[0]["traceparent"] == TRACEPARENT  # the dropped miss: the caller's own, unchanged
+
+
+@pytest.mark.parametrize("fast_lane", [True, False])
+@pytest.mark.parametrize(("sampler", "kept"), [("always_off", []), ("always_on", ["miss", "hit"])])
+async def test_the_environments_sampler_decides_on_either_path_when_it_names_one(
+    make_gateway: GatewayFactory,
+    receiver: tuple[Receiver, str],
+    monkeypatch: pytest.MonkeyPatch,
+    fast_lane: bool,
+    sampler: str,
+    kept: list[str],
+) -> None:
+    got, url = receiver
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", sampler)
+    gw = await make_gateway(server={"fast_lane": fast_lane}, tracing={"enabled": True, "endpoint": url})
+    for _ in range(2):
+        await ask(gw, CHAT)
+    await flush(gw)
+    assert [r.attributes["tokenedge.cache.status"] for r in got.roots()] == kept
 
 
 OFF_PROBE = """
