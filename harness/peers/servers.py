@@ -1,7 +1,9 @@
-"""Tiny loopback servers the benchmarks compare against: a zero-latency OpenAI-style upstream and a bare aiohttp
-app that returns fixed bytes (the floor any aiohttp-based gateway is measured against).
+"""Tiny loopback servers the benchmarks compare against: a zero-latency OpenAI-style upstream, a bare aiohttp
+app that returns fixed bytes (the floor any aiohttp-based gateway is measured against for hits) and a bare aiohttp
+streaming reverse proxy (the floor for misses: one more hop, nothing else).
 
 `python -m harness.peers.servers upstream PORT` / `python -m harness.peers.servers bare PORT BODY_FILE` /
+`python -m harness.peers.servers proxy PORT UPSTREAM_URL` /
 `python -m harness.peers.servers sink PORT` (an OTLP/HTTP trace collector that keeps nothing).
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import orjson
@@ -88,6 +91,39 @@ def sink_app() -> web.Application:
     return app
 
 
+def proxy_app(upstream: str) -> web.Application:
+    """POST bodies relayed to `upstream` (same path) with the caller's Content-Type and Authorization, and the
+    answer streamed back chunk by chunk as it arrives: what any aiohttp proxy pays for a miss, and nothing more."""
+    import aiohttp
+
+    session_key = web.AppKey("session", aiohttp.ClientSession)
+
+    async def session_ctx(app: web.Application) -> AsyncIterator[None]:
+        app[session_key] = aiohttp.ClientSession(auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar())
+        yield
+        await app[session_key].close()
+
+    async def relay(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "authorization")}
+        async with request.app[session_key].post(upstream + request.path, data=body, headers=headers) as resp:
+            out = web.StreamResponse(status=resp.status, headers={"Content-Type": resp.content_type})
+            await out.prepare(request)
+            async for chunk in resp.content.iter_any():
+                await out.write(chunk)
+            await out.write_eof()
+            return out
+
+    async def health(_request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.cleanup_ctx.append(session_ctx)
+    app.router.add_post("/v1/{endpoint:.+}", relay)
+    app.router.add_get("/health", health)
+    return app
+
+
 def serve(kind: str, port: int, body_file: str, reuse_port: bool) -> None:
     try:
         import uvloop
@@ -96,7 +132,10 @@ def serve(kind: str, port: int, body_file: str, reuse_port: bool) -> None:
     except ImportError:
         pass
     apps = {"upstream": upstream_app, "sink": sink_app}
-    app = apps[kind]() if kind in apps else bare_app(Path(body_file).read_bytes())
+    if kind == "proxy":  # its third argument is the upstream's URL
+        app = proxy_app(body_file.rstrip("/"))
+    else:
+        app = apps[kind]() if kind in apps else bare_app(Path(body_file).read_bytes())
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, reuse_port=reuse_port)
 
 
