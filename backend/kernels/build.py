@@ -18,7 +18,7 @@ _LOG = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("int4_amx.cpp")
 # compiled together into one library; hashed with the header they share
 SOURCES = (SOURCE, *(Path(__file__).with_name(n) for n in ("decoder_step.cpp", "rescore.cpp")))
-HEADERS = (Path(__file__).with_name("int4_core.h"),)
+HEADERS = tuple(Path(__file__).with_name(n) for n in ("int4_core.h", "team.h"))
 _ISA = [
     "-mavx512f",
     "-mavx512bw",

@@ -21,9 +21,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "int4_core.h"
+#include "team.h"
 
 namespace {
 
@@ -65,11 +67,35 @@ void rms_norm_row(const float* x, const float* w, int64_t h, float eps, uint16_t
     store_bf16(y + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), s), _mm512_loadu_ps(w + i)));
 }
 
-// Steps of fewer tokens run on the calling thread alone: a decode step's 150 fork/joins (4 projections and the
-// attention per layer) cost more than a second thread gains on a shared 2-core machine, where the other core is
-// also the server's event loop's (SmolLM2 batch 1 over HTTP, 2 threads: 60 tok/s with them, against 1 thread's
-// 172). A row's bits never depend on the threads: each output is computed by one thread, in one fixed order.
+// How the step's ops spread over the threads (team.h). Fork: at::parallel_for per op, and steps of fewer tokens
+// on the calling thread alone: a decode step's 150 fork/joins (4 projections and the attention per layer) cost
+// more than a second thread gains on a shared 2-core machine, where the other core is also the server's event
+// loop's (SmolLM2 batch 1 over HTTP, 2 threads: 60 tok/s with them, against 1 thread's 172). A team (pool or
+// region) posts each op to threads already running instead, at every token count. A row's bits never depend on
+// the threads: each output is computed by one thread, in one fixed order.
 constexpr int64_t kParallelTokens = 16;
+// a team's runs of a projection hold at least this many bytes of codes and factors: a run claimed costs a cache
+// line passed between cores, worth it for a few microseconds of streaming, not for one block of a small model's
+// projection (SmolLM2's are 5.6 KB a block)
+constexpr int64_t kRunBytes = 64 * 1024;
+
+struct Exec {
+  Team* team;  // null: fork
+  int threads;
+  int64_t tokens;
+  // fn(begin, end) over [0, n) items of the op's own kind (column blocks, (token, KV head) pairs)
+  template <class F>
+  void run(int64_t n, int64_t grain, const F& fn) const {
+    if (team != nullptr) return team->run(n, grain, threads, fn);
+    at::parallel_for(0, n, tokens >= kParallelTokens ? grain : n, fn);
+  }
+  // fn(begin, end) over [0, n) items of work too small to fork for: the calling thread alone unless a team runs
+  template <class F>
+  void light(int64_t n, int64_t grain, const F& fn) const {
+    if (team != nullptr) return team->run(n, grain, threads, fn);
+    fn(int64_t{0}, n);
+  }
+};
 
 struct Int4Weight {
   Panel panel;
@@ -87,19 +113,32 @@ struct Scratch {
   std::vector<float> s;
 };
 
-// y [m, n] bf16 = x [m, k] bf16 @ W.T: int4_mm's VNNI product (the same bits)
-void project(const uint16_t* x, int64_t m, int64_t k, const Int4Weight& w, Scratch& sc, uint16_t* y) {
+// x [T, H] fp32 += bf16 y, columns [begin, end) of each row (ld: the row length of both)
+void residual(float* x, const uint16_t* y, int64_t rows, int64_t ld, int64_t begin, int64_t end) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = r * ld + begin; i < r * ld + end; i += 16)
+      _mm512_storeu_ps(x + i, _mm512_add_ps(_mm512_loadu_ps(x + i), load_bf16(y + i)));
+}
+
+// y [m, n] bf16 = x [m, k] bf16 @ W.T: int4_mm's VNNI product (the same bits); with `sum`, sum [m, n] fp32 += y
+// too, each thread over the columns it computed
+void project(const Exec& ex, const uint16_t* x, int64_t m, int64_t k, const Int4Weight& w, Scratch& sc, uint16_t* y,
+             float* sum = nullptr) {
   const int64_t groups = k / kGroup;
   sc.a.resize(m * 2 * k);
   sc.s.resize(m * groups * 3);
   float* xs = sc.s.data() + m * groups * 2;
-  for (int64_t r = 0; r < m; ++r)
-    quantize_row(x + r * k, groups, sc.a.data() + r * 2 * k, sc.a.data() + (r * 2 + 1) * k,
-                 sc.s.data() + r * groups * 2, xs + r * groups);
+  ex.light(m, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      quantize_row(x + r * k, groups, sc.a.data() + r * 2 * k, sc.a.data() + (r * 2 + 1) * k,
+                   sc.s.data() + r * groups * 2, xs + r * groups);
+  });
   const Quantized q{sc.a.data(), sc.s.data(), xs, k, groups};
-  const int64_t blocks = w.n / kLanes;
-  at::parallel_for(0, blocks, m >= kParallelTokens ? 1 : blocks,
-                   [&](int64_t begin, int64_t end) { vnni_blocks(w.panel, q, m, begin, end, y, w.n); });
+  ex.run(w.n / kLanes, std::max<int64_t>(1, kRunBytes / (groups * (kGroupBytes + 4 * kLanes))),
+         [&](int64_t begin, int64_t end) {
+    vnni_blocks(w.panel, q, m, begin, end, y, w.n);
+    if (sum != nullptr) residual(sum, y, m, w.n, begin * kLanes, end * kLanes);
+  });
 }
 
 struct Dims {
@@ -117,22 +156,22 @@ struct Paged {
 // RoPE on q and k (half split: x * [cos | cos] + [x2 | x1] * [-sin | sin], in fp32), q into `q`, k and v
 // into the caches at each token's slot
 void rope_and_write(const uint16_t* qkv, const float* cos, const float* sin, const Dims& d, const Paged& pg,
-                    uint16_t* q, uint16_t* kc, uint16_t* vc) {
+                    uint16_t* q, uint16_t* kc, uint16_t* vc, int64_t begin, int64_t end) {
   const int64_t dim = d.head_dim, half = dim / 2, width = (d.heads + 2 * d.kv_heads) * dim;
-  std::vector<float> xf(2 * dim);  // the head's values twice: [x1 | x2 | x1 | x2], so [x2 | x1] starts at half
-  for (int64_t t = 0; t < d.tokens; ++t) {
+  float xf[256];  // the head's values twice: [x1 | x2 | x1 | x2], so [x2 | x1] starts at half (dim <= 128)
+  for (int64_t t = begin; t < end; ++t) {
     const float* c = cos + t * dim;
     const float* s = sin + t * dim;
     for (int64_t h = 0; h < d.heads + d.kv_heads; ++h) {
       const uint16_t* src = qkv + t * width + h * dim;
       for (int64_t i = 0; i < dim; i += 16) {
-        _mm512_storeu_ps(xf.data() + i, load_bf16(src + i));
-        _mm512_storeu_ps(xf.data() + dim + i, load_bf16(src + i));
+        _mm512_storeu_ps(xf + i, load_bf16(src + i));
+        _mm512_storeu_ps(xf + dim + i, load_bf16(src + i));
       }
       uint16_t* dst = h < d.heads ? q + (t * d.heads + h) * dim : kc + (pg.slots[t] * d.kv_heads + h - d.heads) * dim;
       for (int64_t i = 0; i < dim; i += 16) {
-        const __m512 a = _mm512_mul_ps(_mm512_loadu_ps(xf.data() + i), _mm512_loadu_ps(c + i));
-        const __m512 b = _mm512_mul_ps(_mm512_loadu_ps(xf.data() + half + i), _mm512_loadu_ps(s + i));
+        const __m512 a = _mm512_mul_ps(_mm512_loadu_ps(xf + i), _mm512_loadu_ps(c + i));
+        const __m512 b = _mm512_mul_ps(_mm512_loadu_ps(xf + half + i), _mm512_loadu_ps(s + i));
         store_bf16(dst + i, _mm512_add_ps(a, b));
       }
     }
@@ -141,15 +180,16 @@ void rope_and_write(const uint16_t* qkv, const float* cos, const float* sin, con
   }
 }
 
-// one token's G query heads of KV head g against its L keys: softmax(q.k / sqrt(D)) . v, out in bf16
+// one token's query heads [h_begin, h_end) of KV head g's group against its L keys: softmax(q.k / sqrt(D)) . v,
+// out in bf16
 void attend_one(const uint16_t* q, const uint16_t* kc, const uint16_t* vc, const Dims& d, const Paged& pg, int64_t t,
-                int64_t g, std::vector<float>& scores, uint16_t* out) {
+                int64_t g, int64_t h_begin, int64_t h_end, std::vector<float>& scores, uint16_t* out) {
   const int64_t dim = d.head_dim, group = d.heads / d.kv_heads, len = pg.keys[t], lanes = dim / 16;
   const int32_t* table = pg.block_tables + pg.seq[t] * pg.max_blocks;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
   scores.resize(group * ((len + 15) / 16 * 16));
   const int64_t stride = (len + 15) / 16 * 16;
-  for (int64_t h = 0; h < group; ++h) {
+  for (int64_t h = h_begin; h < h_end; ++h) {
     __m512 qv[8];
     const uint16_t* qh = q + (t * d.heads + g * group + h) * dim;
     for (int64_t i = 0; i < lanes; ++i) qv[i] = load_bf16(qh + i * 16);
@@ -184,23 +224,20 @@ void attend_one(const uint16_t* q, const uint16_t* kc, const uint16_t* vc, const
   }
 }
 
-// y = bf16(bf16(silu(gate)) * up) over [T, 2I] rows [gate | up] -> [T, I] (SiLU as g / (1 + exp(-g)))
-void silu_gate(const uint16_t* gu, int64_t tokens, int64_t inter, uint16_t* y) {
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t i = 0; i < inter; i += 16) {
-      const __m512 g = load_bf16(gu + t * 2 * inter + i);
-      const __m512 e = exp_neg(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));  // exp(-|g|)
-      const __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
-      // sigmoid(g) = 1 / (1 + exp(-g)) for g >= 0, exp(g) / (1 + exp(g)) below
-      const __m512 r = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-      const __m512 act = round_bf16(_mm512_mul_ps(g, _mm512_mask_mul_ps(r, neg, r, e)));  // F.silu's bf16 output
-      store_bf16(y + t * inter + i, _mm512_mul_ps(act, load_bf16(gu + t * 2 * inter + inter + i)));
-    }
-}
-
-// x [T, H] fp32 += bf16 y
-void residual(float* x, const uint16_t* y, int64_t n) {
-  for (int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(x + i, _mm512_add_ps(_mm512_loadu_ps(x + i), load_bf16(y + i)));
+// y = bf16(bf16(silu(gate)) * up) over [T, 2I] rows [gate | up] -> [T, I] (SiLU as g / (1 + exp(-g))), items
+// [begin, end) of 16 columns each, row after row
+void silu_gate(const uint16_t* gu, int64_t inter, uint16_t* y, int64_t begin, int64_t end) {
+  const int64_t per_row = inter / 16;
+  for (int64_t item = begin; item < end; ++item) {
+    const int64_t t = item / per_row, i = item % per_row * 16;
+    const __m512 g = load_bf16(gu + t * 2 * inter + i);
+    const __m512 e = exp_neg(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));  // exp(-|g|)
+    const __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+    // sigmoid(g) = 1 / (1 + exp(-g)) for g >= 0, exp(g) / (1 + exp(g)) below
+    const __m512 r = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+    const __m512 act = round_bf16(_mm512_mul_ps(g, _mm512_mask_mul_ps(r, neg, r, e)));  // F.silu's bf16 output
+    store_bf16(y + t * inter + i, _mm512_mul_ps(act, load_bf16(gu + t * 2 * inter + inter + i)));
+  }
 }
 
 // one layer over every token of the step, x updated in place; w: norm_in, norm_post, then (codes, factors) of
@@ -210,26 +247,39 @@ struct Buffers {
   Scratch scratch;
 };
 
-void layer(float* x, const at::Tensor* w, const float* cos, const float* sin, const Dims& d, const Paged& pg,
-           uint16_t* kc, uint16_t* vc, Buffers& b) {
+void layer(const Exec& ex, float* x, const at::Tensor* w, const float* cos, const float* sin, const Dims& d,
+           const Paged& pg, uint16_t* kc, uint16_t* vc, Buffers& b) {
   const int64_t t = d.tokens, hid = d.hidden, q_dim = d.heads * d.head_dim;
   const Int4Weight qkv = weight_of(w[2], w[3]), o = weight_of(w[4], w[5]);
   const Int4Weight gate_up = weight_of(w[6], w[7]), down = weight_of(w[8], w[9]);
-  for (int64_t r = 0; r < t; ++r) rms_norm_row(x + r * hid, w[0].data_ptr<float>(), hid, d.eps, b.h.data() + r * hid);
-  project(b.h.data(), t, hid, qkv, b.scratch, b.qkv.data());
-  rope_and_write(b.qkv.data(), cos, sin, d, pg, b.q.data(), kc, vc);
-  at::parallel_for(0, t * d.kv_heads, t >= kParallelTokens ? 1 : t * d.kv_heads, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> scores;
-    for (int64_t i = begin; i < end; ++i)
-      attend_one(b.q.data(), kc, vc, d, pg, i / d.kv_heads, i % d.kv_heads, scores, b.attn.data());
+  const auto norm = [&](const float* weight) {
+    ex.light(t, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) rms_norm_row(x + r * hid, weight, hid, d.eps, b.h.data() + r * hid);
+    });
+  };
+  norm(w[0].data_ptr<float>());
+  project(ex, b.h.data(), t, hid, qkv, b.scratch, b.qkv.data());
+  ex.light(t, 1, [&](int64_t begin, int64_t end) {
+    rope_and_write(b.qkv.data(), cos, sin, d, pg, b.q.data(), kc, vc, begin, end);
   });
-  project(b.attn.data(), t, q_dim, o, b.scratch, b.out.data());
-  residual(x, b.out.data(), t * hid);
-  for (int64_t r = 0; r < t; ++r) rms_norm_row(x + r * hid, w[1].data_ptr<float>(), hid, d.eps, b.h.data() + r * hid);
-  project(b.h.data(), t, hid, gate_up, b.scratch, b.gu.data());
-  silu_gate(b.gu.data(), t, d.inter, b.act.data());
-  project(b.act.data(), t, d.inter, down, b.scratch, b.out.data());
-  residual(x, b.out.data(), t * hid);
+  // items: (token, query head); a head's scores, softmax and sum are its own, whoever runs its neighbours
+  const int64_t group = d.heads / d.kv_heads;
+  ex.run(t * d.heads, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> scores;
+    for (int64_t i = begin; i < end;) {  // the run's heads of one (token, KV head) at a time
+      const int64_t token = i / d.heads, head = i % d.heads, g = head / group;
+      const int64_t stop = std::min(end, token * d.heads + (g + 1) * group);
+      attend_one(b.q.data(), kc, vc, d, pg, token, g, head % group, head % group + stop - i, scores, b.attn.data());
+      i = stop;
+    }
+  });
+  project(ex, b.attn.data(), t, q_dim, o, b.scratch, b.out.data(), x);  // and the residual
+  norm(w[1].data_ptr<float>());
+  project(ex, b.h.data(), t, hid, gate_up, b.scratch, b.gu.data());
+  ex.light(t * d.inter / 16, 32, [&](int64_t begin, int64_t end) {
+    silu_gate(b.gu.data(), d.inter, b.act.data(), begin, end);
+  });
+  project(ex, b.act.data(), t, d.inter, down, b.scratch, b.out.data(), x);  // and the residual
 }
 
 // per token: its sequence (by query_start) and its key count, context_len - (tokens of its sequence after it)
@@ -275,15 +325,49 @@ at::Tensor decoder_step(const at::Tensor& x, const at::Tensor& cos, const at::Te
   b.out.resize(t * d.hidden);
   b.gu.resize(t * 2 * d.inter);
   b.act.resize(t * d.inter);
-  for (int64_t l = 0; l < layers; ++l) {
+  for (int64_t l = 0; l < layers; ++l)
     TORCH_CHECK(k_caches[l].scalar_type() == at::kBFloat16 && k_caches[l].is_contiguous() &&
                     v_caches[l].scalar_type() == at::kBFloat16 && v_caches[l].is_contiguous(), "caches: bf16");
-    layer(out.data_ptr<float>(), weights.data() + 10 * l, cos.data_ptr<float>(), sin.data_ptr<float>(), d, pg,
-          reinterpret_cast<uint16_t*>(k_caches[l].data_ptr()), reinterpret_cast<uint16_t*>(v_caches[l].data_ptr()),
-          b);
+  const auto stack = [&](const Exec& ex) {
+    for (int64_t l = 0; l < layers; ++l)
+      layer(ex, out.data_ptr<float>(), weights.data() + 10 * l, cos.data_ptr<float>(), sin.data_ptr<float>(), d,
+            pg, reinterpret_cast<uint16_t*>(k_caches[l].data_ptr()),
+            reinterpret_cast<uint16_t*>(v_caches[l].data_ptr()), b);
+  };
+  const int threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  switch (threading_mode()) {
+    case Threading::kFork:
+      stack(Exec{nullptr, threads, t});
+      break;
+    case Threading::kPool:
+      stack(Exec{threads > 1 ? &pool_team(threads) : nullptr, threads, t});
+      break;
+    case Threading::kRegion: {
+      Team team;
+      if (threads > 1)
+        in_region(threads, team, [&] { stack(Exec{&team, threads, t}); });
+      else
+        stack(Exec{&team, 1, t});
+      break;
+    }
   }
   return out;
 }
+
+// the threading of the step and of the head's VNNI rows (team.h), and its tuning: how long an idle worker spins
+// (microseconds) and the runs' split (items of a run: at most the items left / (split * threads))
+void set_step_threading(const std::string& mode, int64_t spin_us, int64_t split) {
+  TORCH_CHECK(mode == "fork" || mode == "pool" || mode == "region", "threading: fork, pool or region, not ", mode);
+  TORCH_CHECK(spin_us >= 0 && split >= 1, "spin_us >= 0, split >= 1");
+  threading().mode.store(static_cast<int>(mode == "fork" ? Threading::kFork
+                                          : mode == "pool" ? Threading::kPool
+                                                           : Threading::kRegion));
+  threading().spin_us.store(static_cast<int>(spin_us));
+  threading().split.store(static_cast<int>(split));
+}
+
+// items of the teams' ops run by their workers since the library loaded (a test sees the second thread work)
+int64_t step_threading_worker_items() { return threading().worker_items.load(); }
 
 }  // namespace
 
@@ -295,6 +379,9 @@ TORCH_LIBRARY_FRAGMENT(TE_NAMESPACE, m) {
   m.def(
       "decoder_step(Tensor x, Tensor cos, Tensor sin, Tensor slots, Tensor query_start, Tensor context_lens, "
       "Tensor block_tables, Tensor[] k_caches, Tensor[] v_caches, Tensor[] weights, int[] dims, float eps) -> Tensor");
+  // no tensor argument to dispatch on: a catch-all kernel
+  m.def("set_step_threading(str mode, int spin_us=100, int split=1) -> ()", &set_step_threading);
+  m.def("step_threading_worker_items() -> int", &step_threading_worker_items);
 }
 
 TORCH_LIBRARY_IMPL(TE_NAMESPACE, CPU, m) { m.impl("decoder_step", &decoder_step); }

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "int4_core.h"
+#include "team.h"
 
 namespace {
 
@@ -347,11 +348,26 @@ at::Tensor int8_vnni(const at::Tensor& u, const at::Tensor& row_scales, const at
   const uint8_t* up = u.data_ptr<uint8_t>();
   const float* rs = row_scales.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  // a few rows on the calling thread alone: the fork/join of a second thread costs a decode step more than it
-  // saves on a shared 2-core machine (decoder_step.cpp: kParallelTokens); the blocking never changes a sum
-  at::parallel_for(0, blocks, m >= 16 ? 64 : blocks, [&](int64_t begin, int64_t end) {
+  const auto span = [&](int64_t begin, int64_t end) {
     vnni_span(cp, csp, sp, quads, begin, end, up, rs, m, yp, blocks * kLanes);
-  });
+  };
+  // the blocking never changes a sum. Fork: a few rows on the calling thread alone, as the decoder step's
+  // (decoder_step.cpp: kParallelTokens); a pool: its team at every row count; region: one fork/join
+  const int threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  switch (threading_mode()) {
+    case Threading::kFork:
+      at::parallel_for(0, blocks, m >= 16 ? 64 : blocks, span);
+      break;
+    case Threading::kPool:
+      if (threads > 1)
+        pool_team(threads).run(blocks, 16, threads, span);
+      else
+        span(0, blocks);
+      break;
+    case Threading::kRegion:
+      at::parallel_for(0, blocks, 64, span);
+      break;
+  }
   return y;
 }
 

@@ -3,7 +3,9 @@
 (int4_mm from 4 rows, int8_mm) only where the CPU also has AMX (tile, int8, bf16), the VNNI ones for every row
 count elsewhere (an AMD EPYC); anywhere else the model keeps torch's int4 kernel. The two differ in their last bits, so the kernel in
 use, down to a hash of its source, is part of the served model revision (`kernel_id`).
-`TOKENEDGE_INT4_KERNEL=torch` forces torch's kernel, `=amx` makes a failure to use this one an error."""
+`TOKENEDGE_INT4_KERNEL=torch` forces torch's kernel, `=amx` makes a failure to use this one an error.
+`TOKENEDGE_STEP_THREADS` picks how the native decoder step and the head's VNNI rows spread over torch's threads
+(team.h: `fork`, `pool` or `region`); every choice gives the same bits, so it is no part of the revision."""
 
 from __future__ import annotations
 
@@ -24,6 +26,9 @@ _CPU_FLAGS = ("avx512_bf16", "avx512_vnni", "avx512bw", "avx512vl", "f16c")
 _AMX_FLAGS = ("amx_tile", "amx_bf16", "amx_int8")
 ENV = "TOKENEDGE_INT4_KERNEL"
 KERNELS = ("auto", "amx", "torch")
+THREADING_ENV = "TOKENEDGE_STEP_THREADS"
+THREADINGS = ("fork", "pool", "region")
+DEFAULT_THREADING = "region"  # measured best: docs/performance.md, "Threads"
 
 
 class KernelUnavailable(RuntimeError):
@@ -73,12 +78,22 @@ def amx_unavailable() -> str | None:
     missing = [f for f in _CPU_FLAGS if f not in cpu_flags()]
     if missing:
         return f"this CPU lacks {', '.join(missing)}"
+    threading = step_threading()  # a misspelt choice is an error, not a fallback
     try:
         torch.ops.load_library(str(build()))
         _self_check()
+        torch.ops.tokenedge.set_step_threading(threading)
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         return str(exc)
     return None
+
+
+def step_threading() -> str:
+    """How the native step spreads over the threads, by $TOKENEDGE_STEP_THREADS (team.h says what each does)."""
+    choice = os.environ.get(THREADING_ENV, DEFAULT_THREADING).strip().lower() or DEFAULT_THREADING
+    if choice not in THREADINGS:
+        raise ValueError(f"{THREADING_ENV}={choice!r}: expected one of {', '.join(THREADINGS)}")
+    return choice
 
 
 @functools.cache
