@@ -9,6 +9,7 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported (it reads it when a kernel is defined)
 
+import numpy as np
 import pytest
 import torch
 
@@ -17,7 +18,32 @@ from backend.attention.context import AttentionContext
 from backend.attention.reference import reference_paged_attention
 from backend.attention.triton_paged import TritonPagedBackend
 
-MIXED = ([1, 1, 20, 7, 1], [1, 37, 20, 40, 16])  # decodes, a fresh prefill, a chunk over a cached prefix
+MIXED = ([1, 1, 20, 7, 1], [1, 37, 20, 40, 16])
+
+
+@pytest.fixture(autouse=True)
+def row_wise_interpreter_dot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interpreter's `tl.dot` as a GPU's MMA computes it: each output row alone, whatever its place in the tile.
+
+    Triton's interpreter hands a whole tile to `np.matmul`, i.e. to the BLAS numpy was built with, whose kernel is
+    chosen by the CPU at hand (OpenBLAS's DYNAMIC_ARCH): its Haswell kernel rounds a row differently by its position
+    in a 16-row tile (its SkylakeX and Sandybridge kernels do not), which a GPU never does. The emulation, not the
+    kernel, would then decide the bit-equality checks below: they run the tile row by row."""
+    from triton.runtime import interpreter
+
+    original = interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):  # type: ignore[no-untyped-def]
+        if a.data.ndim != 2 or a.dtype.primitive_bitwidth == 8:
+            return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+        rows = [np.matmul(a.data[i : i + 1], b.data, dtype=d.data.dtype) for i in range(a.data.shape[0])]
+        return interpreter.TensorHandle(np.concatenate(rows) + d.data, d.dtype.scalar)
+
+    monkeypatch.setattr(
+        interpreter.InterpreterBuilder, "create_dot", create_dot
+    )  # decodes, a fresh prefill, a chunk over a cached prefix
+
+
 GARBAGE = (float("nan"), 1e30)
 
 
