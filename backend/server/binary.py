@@ -34,6 +34,14 @@ PATH = "/v1/tokens/generate"
 ENDPOINTS = ("chat", "completion")
 
 
+class HeldHeadResponse(web.StreamResponse):
+    """A stream response whose head goes out with its first body write: the head, the meta frame and the first
+    event reach the gateway as one send, so it wakes once for its first token instead of three times (aiohttp's
+    `web.Response` holds its head the same way; where a later aiohttp drops the flag, the head goes at `prepare`)."""
+
+    _send_headers_immediately = False
+
+
 def register(app: web.Application) -> None:
     app.router.add_post(PATH, generate)
 
@@ -66,11 +74,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
             first = await anext(events)
         except EngineError as exc:
             raise translate_engine_error(exc, limits.retry_after_s) from exc
-        response = web.StreamResponse(headers={"Content-Type": EVENTS_TYPE, "X-Accel-Buffering": "no"})
+        response = HeldHeadResponse(headers={"Content-Type": EVENTS_TYPE, "X-Accel-Buffering": "no"})
         await response.prepare(request)
         try:
-            await response.write(frame({"meta": meta}))
-            await _write_choices(response, req, first, events)
+            await _write_choices(response, req, frame({"meta": meta}), first, events)
             await response.write(frame({"usage": usage.as_dict()}))
             await response.write_eof()
         except ConnectionResetError:
@@ -116,13 +123,18 @@ async def _parse(
 async def _write_choices(
     response: web.StreamResponse,
     req: GenerationRequest,
+    opening: bytes,
     first: ChoiceEvent,
     events: AsyncGenerator[ChoiceEvent, None],
 ) -> None:
+    """The choices' frames after `opening` (the meta frame), which goes out in the same write as the first."""
     event: ChoiceEvent | None = first
     if req.stream:  # one frame per event: the gateway's SSE chunks keep the JSON path's boundaries
         while event is not None:
-            await response.write(frame({"i": event.index, "t": event.text, "f": event.finish_reason}))
+            await response.write(
+                opening + frame({"i": event.index, "t": event.text, "f": event.finish_reason})
+            )
+            opening = b""
             event = await anext(events, None)
         return
     texts: list[str] = [""] * req.n  # the gateway only needs each choice's whole text: one frame per choice
@@ -132,4 +144,4 @@ async def _write_choices(
         finish[event.index] = event.finish_reason or finish[event.index]
         event = await anext(events, None)
     frames = (frame({"i": i, "t": t, "f": f}) for i, (t, f) in enumerate(zip(texts, finish, strict=True)))
-    await response.write(b"".join(frames))
+    await response.write(b"".join([opening, *frames]))

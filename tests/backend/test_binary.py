@@ -6,7 +6,9 @@ import struct
 from collections.abc import AsyncIterator
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.typedefs import Handler
 
 from tests.support.token_backend import EchoEngine, backend_app, chatml_byte_tokenizer
 from tokenedge_wire.framing import EVENTS_TYPE, MAGIC, REQUEST_TYPE, FrameReader, encode_request
@@ -95,3 +97,31 @@ async def test_other_header_problems(client: TestClient) -> None:
 async def test_the_backend_advertises_the_binary_transport(client: TestClient) -> None:
     models = await (await client.get("/v1/models")).json()
     assert "binary" in models["data"][0]["tokenedge"]["transports"]
+
+
+async def test_the_head_the_meta_and_the_first_event_leave_in_one_send() -> None:
+    """The gateway wakes once for its first token: the response head is held until the first body write, which
+    carries the meta frame and the first event (a head sent at `prepare` would be a send of its own)."""
+    sends: list[bytes] = []
+
+    @web.middleware
+    async def spy(request: web.Request, handler: Handler) -> web.StreamResponse:
+        transport = request.transport
+        assert transport is not None
+        write, writelines = transport.write, transport.writelines
+        transport.write = lambda data: (sends.append(bytes(data)), write(data))[1]  # type: ignore[method-assign]
+        transport.writelines = lambda parts: (sends.append(b"".join(parts)), writelines(parts))[1]  # type: ignore[method-assign]
+        return await handler(request)
+
+    app = backend_app(TOKENIZER, EchoEngine(TOKENIZER), max_model_len=32)
+    app.middlewares.append(spy)
+    async with TestClient(TestServer(app)) as c:
+        resp = await c.post(
+            "/v1/tokens/generate",
+            data=good([104, 105], params={**PARAMS, "stream": True}),
+            headers={"Content-Type": REQUEST_TYPE},
+        )
+        events = list(FrameReader().feed(await resp.read()))
+    assert "meta" in events[0] and events[1]["i"] == 0
+    first = sends[0]
+    assert first.startswith(b"HTTP/1.1 200") and b'{"meta":' in first and b'{"i":0,' in first
