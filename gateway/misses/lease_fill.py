@@ -126,7 +126,7 @@ def _replay_into(state: MissState, flight: StreamFlight, entry: Entry) -> None:
     chunk_chars = state.config.stream.replay_chunk_chars
     with_usage = replay_frames(entry, include_usage=True, chunk_chars=chunk_chars)
     plain = set(replay_frames(entry, include_usage=False, chunk_chars=chunk_chars))
-    flight.head.set_result(Head(200, CIMultiDictProxy(CIMultiDict({"Content-Type": "text/event-stream"}))))
+    flight.set_head(Head(200, CIMultiDictProxy(CIMultiDict({"Content-Type": "text/event-stream"}))))
     cap = state.config.cache.max_entry_bytes * 2
     for frame in with_usage[:-1]:
         flight.publish(Frame(frame, usage_only=frame not in plain), cap_bytes=cap)

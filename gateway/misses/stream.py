@@ -129,7 +129,7 @@ async def answer_flight(
     """Wait for the flight's head, then do what `after_upstream` decides about it."""
     public = req.key.scope == PUBLIC_SCOPE
     try:
-        head = await asyncio.shield(flight.head)
+        head = await flight.wait_head()
         lap(request, "upstream")  # time to the upstream's response head
     except UpstreamError as exc:
         failed = answer.after_upstream(

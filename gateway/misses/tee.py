@@ -58,10 +58,10 @@ async def tee(state: MissState, flight: StreamFlight, req: FillRequest) -> None:
             event_stream = resp.headers.get("Content-Type", "").startswith("text/event-stream")
             if resp.status != 200 or not event_stream:
                 body = await resp.read()
-                flight.head.set_result(Head(resp.status, resp.headers, body))
+                flight.set_head(Head(resp.status, resp.headers, body))
                 last, outcome = None, (Reason.STATUS if resp.status != 200 else Reason.INCOMPLETE)
                 return
-            flight.head.set_result(Head(resp.status, resp.headers))
+            flight.set_head(Head(resp.status, resp.headers))
             moved = revision_moved(state, req, resp.headers)
             closing = await _pump(resp, flight, recorder, cap)
         if flight.cancelled:  # abandoned while the last events were being read: store nothing
@@ -83,7 +83,7 @@ async def tee(state: MissState, flight: StreamFlight, req: FillRequest) -> None:
     except (TimeoutError, aiohttp.ClientError, UpstreamError) as exc:
         error = exc if isinstance(exc, UpstreamError) else translate(exc)
         if not flight.head.done():
-            flight.head.set_exception(error)  # before the first byte: the JSON path's error (or stale)
+            flight.set_head(error)  # before the first byte: the JSON path's error (or stale)
             last = None
         else:
             log.warning("upstream stream failed on %s: %s", req.path_qs, error.message)
@@ -94,7 +94,7 @@ async def tee(state: MissState, flight: StreamFlight, req: FillRequest) -> None:
     finally:
         recorder.discard()
         if not flight.head.done():
-            flight.head.set_exception(UpstreamError("the upstream stream ended before its headers"))
+            flight.set_head(UpstreamError("the upstream stream ended before its headers"))
         flight.finish(last, outcome)
 
 

@@ -62,6 +62,10 @@ class StreamFlight:
         self.key = key
         self.head: asyncio.Future[Head] = asyncio.get_running_loop().create_future()
         self.head.add_done_callback(_retrieve)
+        self.head.add_done_callback(
+            self._wake_head_waiters
+        )  # a head settled without `set_head` still wakes them
+        self._head_waiters: list[asyncio.Future[None]] = []
         self.frames: list[Frame] = []
         self.done = False
         self.cancelled = False  # abandoned: the producer must not store, even if [DONE] was already read
@@ -77,6 +81,16 @@ class StreamFlight:
     # producer side
     def start(self, producer: Callable[[StreamFlight], Coroutine[Any, Any, None]]) -> None:
         self._task = asyncio.create_task(producer(self))
+
+    def set_head(self, head: Head | BaseException) -> None:
+        """Settle the head (or the error before it) and wake its waiters in this same step: the producer goes on
+        to publish the frames that came with the head, and each waiter runs next, once (an `asyncio.shield` over
+        the future would cost each one more loop turn before its first byte)."""
+        if isinstance(head, BaseException):
+            self.head.set_exception(head)
+        else:
+            self.head.set_result(head)
+        self._wake_head_waiters(self.head)
 
     def publish(self, frame: Frame, *, cap_bytes: int) -> None:
         self.frames.append(frame)
@@ -120,6 +134,20 @@ class StreamFlight:
         """Subscribers whose connection is still open (the rest are pruned)."""
         self._prune()
         return len(self._subscribers)
+
+    async def wait_head(self) -> Head:
+        """The upstream's head, or its error raised; cancelling this wait never cancels the flight's head."""
+        if not self.head.done():
+            waiter = asyncio.get_running_loop().create_future()
+            self._head_waiters.append(waiter)
+            await waiter
+        return self.head.result()
+
+    def _wake_head_waiters(self, _: asyncio.Future[Head]) -> None:
+        waiters, self._head_waiters = self._head_waiters, []
+        for waiter in waiters:
+            if not waiter.done():  # a cancelled waiter's client is gone
+                waiter.set_result(None)
 
     async def wait(self, pos: int, timeout_s: float) -> bool:
         """True once there is a frame at `pos` or the flight is done; False after `timeout_s` of silence."""
