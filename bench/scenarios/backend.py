@@ -208,6 +208,8 @@ def http_rounds(
         urls = {ours_label: f"http://127.0.0.1:{port}"}
         argv_ours = [PYTHON, "-m", "backend", "--port", str(port), "--threads", str(setup.threads)]
         argv_ours += ["--model", str(setup.model), "--served-model-name", ALIAS]
+        if setup.marked:  # random weights repeat themselves: prompt-lookup drafts would pass for decode speed
+            argv_ours += ["--speculative-tokens", "0"]
         stack.enter_context(server(argv_ours, f"{urls[ours_label]}/health", ready_timeout_s=900))
         for label in peers:
             peer = stack.enter_context(
