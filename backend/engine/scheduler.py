@@ -134,11 +134,11 @@ class Scheduler:
         """Admit waiting sequences (their cached prefix first) while the budget, max_num_seqs and the pool allow."""
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            cached = self.kv.match_prefix(seq)
-            num_cached = len(cached) * self.kv.block_size
-            num_new = min(seq.num_tokens - num_cached, budget)
-            if not self.kv.allocate(seq, num_new, cached):
+            hit = self.kv.match_prefix(seq)  # full blocks, then a partial block's rows: token-granular
+            num_new = min(seq.num_tokens - hit.num_tokens, budget)
+            if not self.kv.allocate(seq, num_new, hit):
                 break
+            num_cached = seq.num_computed_tokens  # the hit, less a partial the pool was too tight to copy
             self.waiting.popleft()
             if not seq.admitted:
                 seq.admitted = True

@@ -52,7 +52,7 @@ def test_registered_block_is_found_and_revived_after_free() -> None:
     pool = make_pool()
     block = pool.allocate()
     h = chain_hash(None, [1, 2, 3, 4])
-    pool.register(block, h, [1, 2, 3, 4])
+    pool.register(block, h, [1, 2, 3, 4], None)
     pool.release(block)
     assert pool.is_free(block) and pool.num_cached_blocks == 1
     assert pool.lookup(h, [1, 2, 3, 4]) == block
@@ -66,7 +66,7 @@ def test_empty_blocks_go_first_then_cached_ones_least_recently_freed_first() -> 
     blocks = [pool.allocate() for _ in range(3)]
     hashes = [chain_hash(None, [i] * 4) for i in range(3)]
     for block, h, i in zip(blocks, hashes, range(3), strict=True):
-        pool.register(block, h, [i] * 4)
+        pool.register(block, h, [i] * 4, None)
     for block in (blocks[1], blocks[0], blocks[2]):  # free order: 1, 0, 2
         pool.release(block)
     assert pool.allocate() == blocks[1]  # the oldest cached block is evicted first
@@ -80,7 +80,7 @@ def test_no_leak_after_mixed_use() -> None:
     pool = make_pool(num_blocks=8)
     held = [pool.allocate() for _ in range(8)]
     for i, block in enumerate(held[:4]):
-        pool.register(block, chain_hash(None, [i] * 4), [i] * 4)
+        pool.register(block, chain_hash(None, [i] * 4), [i] * 4, None)
     for block in held[:2]:
         pool.acquire(block)
     for block in held + held[:2]:

@@ -108,7 +108,9 @@ def test_a_prefix_cached_embedding_reuses_the_blocks_and_agrees(model: LlamaMode
     first = run_to_end(engine)["first"]
     engine.add_embedding("cached", engine.prompt(ids))
     cached = run_to_end(engine)["cached"]
-    assert first.num_cached_tokens == 0 and cached.num_cached_tokens == 48  # three full blocks reused
+    # three full blocks reused, and 4 rows of the fourth, which the first left partly filled (the last token
+    # is always computed)
+    assert first.num_cached_tokens == 0 and cached.num_cached_tokens == 52
     assert_same(cached.vector, first.vector)
 
 

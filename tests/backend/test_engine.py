@@ -50,8 +50,9 @@ def test_next_turn_reuses_the_blocks_of_the_previous_turn_including_its_answer()
     turn1 = random_prompt(20, seed=4)
     (answer,) = engine.generate([turn1], params)
     engine.generate([turn1 + answer + random_prompt(5, seed=5)], params)
-    # 20 + 30 tokens: the first 49 have KV (the last sampled token was never fed back) -> 3 full blocks
-    assert engine.stats().prefix_hit_tokens_total == 48
+    # 20 + 30 tokens: the first 49 have KV (the last sampled token was never fed back) -> 3 full blocks, and
+    # the 49th from the block the first turn left partly filled (token-granular reuse)
+    assert engine.stats().prefix_hit_tokens_total == 49
 
 
 def test_seeded_sampling_is_the_same_alone_and_in_a_batch() -> None:

@@ -31,21 +31,21 @@ def computed(kv: KVCacheManager, salt: str, name: str = "a") -> Sequence:
 
 
 def matched(kv: KVCacheManager, salt: str) -> int:
-    return len(kv.match_prefix(Sequence("next", PROMPT, SamplingParams(cache_salt=salt))))
+    return kv.match_prefix(Sequence("next", PROMPT, SamplingParams(cache_salt=salt))).num_tokens
 
 
 def test_a_salted_prefix_is_reused_under_its_salt_only() -> None:
     kv = manager()
     computed(kv, "tenant-a")
-    assert matched(kv, "tenant-a") == 4  # the same tenant's next question reuses the whole prefix
+    assert matched(kv, "tenant-a") == 16  # the same tenant's next question reuses the whole prefix
     assert matched(kv, "tenant-b") == 0  # another tenant reuses none of it
     assert matched(kv, "") == 0  # nor does an unsalted request
     computed(kv, "", "public")
-    assert matched(kv, "") == 4 and matched(kv, "tenant-b") == 0
+    assert matched(kv, "") == 16 and matched(kv, "tenant-b") == 0
 
 
 def test_mutation_an_unsalted_root_shares_across_tenants(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kv_cache_manager, "salt_root", lambda salt: None)
     kv = manager()
     computed(kv, "tenant-a")
-    assert matched(kv, "tenant-b") == 4  # what the salt prevents
+    assert matched(kv, "tenant-b") == 16  # what the salt prevents

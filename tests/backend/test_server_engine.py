@@ -101,6 +101,30 @@ async def test_shared_system_prompt_hits_the_prefix_cache(client: TestClient) ->
     assert after - before == cached
 
 
+async def test_a_preamble_shared_past_a_block_boundary_is_reused_token_by_token(client: TestClient) -> None:
+    """A chat preamble that ends mid-block: the earlier request's block there is full of its own question, but
+    its leading rows are the preamble's tail, copied (backend/engine/kv_cache_manager.py)."""
+    preamble = "<system>You are a helpful assistant.\n<user>[tag"  # the rendered template's common bytes
+
+    async def ask(tag: int) -> int:
+        question = f"[tag{tag}] Write a long, detailed story about how bees build their hives."
+        messages = [{"role": "system", "content": "You are a helpful assistant."}]
+        messages.append({"role": "user", "content": question})
+        body = {"messages": messages, "temperature": 0, "max_tokens": 4}
+        doc = await (await client.post("/v1/chat/completions", json=body)).json()
+        return doc["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert len(preamble) % 16 != 0 and await ask(1) == 0
+    before = metric(
+        await (await client.get("/metrics")).text(), "tokenedge_backend_prefix_cache_hit_tokens_total"
+    )
+    assert await ask(2) == len(preamble)  # 47: two full blocks and 15 rows of the third
+    after = metric(
+        await (await client.get("/metrics")).text(), "tokenedge_backend_prefix_cache_hit_tokens_total"
+    )
+    assert after - before == len(preamble)
+
+
 async def test_stop_string_frees_the_blocks(client: TestClient) -> None:
     full = (await complete(client, "hello", max_tokens=24))["choices"][0]["text"]
     stop = full[5:7]
