@@ -30,6 +30,12 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily(
             "tokenedge_backend_waiting_requests", "Sequences waiting for a slot.", value=s.waiting
         )
+        if s.max_running:  # what a router plays a queue forward on (a batching engine is not one slot)
+            yield GaugeMetricFamily(
+                "tokenedge_backend_max_running_requests",
+                "Sequences it decodes at once (max_num_seqs).",
+                value=s.max_running,
+            )
         blocks = GaugeMetricFamily(
             "tokenedge_backend_kv_blocks", "KV-cache blocks by state.", labels=["state"]
         )

@@ -229,6 +229,7 @@ class LLMEngine:
             spec_verify_steps_total=self.spec_verify_steps_total,
             spec_draft_tokens_total=self.spec_draft_tokens_total,
             spec_accepted_tokens_total=self.spec_accepted_tokens_total,
+            max_running=self.config.max_num_seqs,
         )
 
     def generate(

@@ -41,3 +41,4 @@ class EngineStats:
     spec_verify_steps_total: int = 0  # forwards that verified drafts
     spec_draft_tokens_total: int = 0
     spec_accepted_tokens_total: int = 0
+    max_running: int = 0  # sequences it decodes at once (max_num_seqs); 0: not said

@@ -22,6 +22,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
+from backend.engine.outputs import EngineStats
+from backend.metrics import BackendMetrics
 from gateway.config.upstream import BackendConfig, UpstreamConfig
 from gateway.ops.routing_metrics import RoutingMetrics
 from gateway.upstream.routing import health, pace
@@ -101,6 +103,7 @@ class Engine:
     gate: asyncio.Event = field(default_factory=asyncio.Event)  # set: it answers; clear: it holds answers
     calls: int = 0
     url: str = ""
+    metrics: bytes = b""  # its /metrics text (none: 404)
 
     def __post_init__(self) -> None:
         self.gate.set()
@@ -114,6 +117,9 @@ class Engine:
         await self.gate.wait()
         return web.json_response({"choices": [{"message": {"content": self.name}, "finish_reason": "stop"}]})
 
+    async def prometheus(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics, status=200 if self.metrics else 404)
+
 
 @pytest.fixture
 async def engines() -> AsyncIterator[list[Engine]]:
@@ -122,6 +128,7 @@ async def engines() -> AsyncIterator[list[Engine]]:
         app = web.Application()
         app.router.add_get("/v1/models", e.models)
         app.router.add_post(PATH, e.chat)
+        app.router.add_get("/metrics", e.prometheus)
         server = TestServer(app, host="127.0.0.1")
         await server.start_server()
         e.url = str(server.make_url("")).rstrip("/")
@@ -202,6 +209,35 @@ async def test_a_one_slot_engine_busy_with_a_long_request_is_not_waited_for(
     assert spilled.headers[BACKEND_HEADER] == "b" and "reason=spill" in spilled.headers[ROUTE_HEADER]
     a.gate.set()
     assert (await held).headers[BACKEND_HEADER] == "a"
+
+
+@pytest.mark.parametrize("batch", [8, 0])
+async def test_a_batching_engine_that_says_its_batch_size_takes_its_prefix_while_busy(
+    session: aiohttp.ClientSession, engines: list[Engine], batch: int
+) -> None:
+    """Our backend batches and says how many it runs at once (`tokenedge_backend_max_running_requests`, its real
+    /metrics text here): busy with a long request, it still has a free slot, so the request sharing its prefix joins
+    it. Batch 0 is the mutation (the gauge not read, or absent): played as one slot, the request spills."""
+    a, b = engines
+    stats = EngineStats(1, 0, 64, 64, 0, 0, 0, 0, max_running=batch)
+    a.metrics = BackendMetrics(lambda: stats).render()
+    pool = make_pool(session, engines)
+    held = await _busy_with(pool, a, PREFIX + "new " * 2000)
+    await health.read_state(pool, pool.backends[0], {})
+    assert pool.backends[0].slots == (batch or 1)
+    follower = ask(pool, PREFIX + "q2")
+    await until(lambda: a.calls + b.calls == 5)
+    a.gate.set()
+    answer = await follower
+    assert answer.headers[BACKEND_HEADER] == ("a" if batch else "b")
+    assert ("reason=prefix" if batch else "reason=spill") in answer.headers[ROUTE_HEADER]
+    assert (await held).headers[BACKEND_HEADER] == "a"
+
+
+def test_engine_capacity_is_read_where_an_engine_says_it() -> None:
+    assert health.metrics_capacity("tokenedge_backend_max_running_requests 16.0\n") == 16
+    assert health.metrics_capacity("tokenedge_backend_running_requests 3.0\n") is None
+    assert health.metrics_capacity("tokenedge_backend_max_running_requests 0\n") is None
 
 
 async def test_waiting_beside_an_idle_engine_stops_once_the_pile_up_budget_is_spent(

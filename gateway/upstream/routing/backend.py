@@ -46,7 +46,7 @@ class Backend:
         self.foreign_busy = (
             0  # busy slots the engine reported beyond our own requests (other replicas, clients)
         )
-        self.reported_slots = 0  # 0: it never said
+        self.reported_slots = 0  # 0: it never said (llama-server's /slots, our backend's /metrics)
         self.has_slots = True  # False once it answered /slots with something else (not llama-server)
         self.has_metrics = True  # False once its /metrics named no engine load gauge
         self.on_eject: Callable[[int], None] | None = None

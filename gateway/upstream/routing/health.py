@@ -7,8 +7,8 @@ a half-open circuit (the probe that lets an ejected backend back in) and, for `/
 models and revisions to the book. A connect failure, timeout or 5xx counts towards ejection like a failed request.
 With `engine_state`, a passing check also reads what the engine says of itself: llama-server's `/slots` (its slot
 count and busy slots), and the Prometheus `/metrics` of llama-server (`--metrics`), vLLM, SGLang and the tokenedge
-backend (requests running + waiting, `ENGINE_LOAD`), and llama-server's prompt tokens and seconds (its prefill rate,
-`PROMPT_COUNTERS`). The load beyond this process's own outstanding requests is other
+backend (requests running + waiting, `ENGINE_LOAD`; the tokenedge backend's batch size as its slot count,
+`ENGINE_CAPACITY`), and llama-server's prompt tokens and seconds (its prefill rate, `PROMPT_COUNTERS`). The load beyond this process's own outstanding requests is other
 workers', replicas' or direct clients', which the cost policy adds. A route that answers with anything else is not
 asked again.
 """
@@ -38,6 +38,9 @@ ENGINE_LOAD: dict[str, tuple[str, str]] = {
     "tokenedge": ("tokenedge_backend_running_requests", "tokenedge_backend_waiting_requests"),
 }
 _LOAD_NAMES = frozenset(name for pair in ENGINE_LOAD.values() for name in pair)
+# How many requests an engine runs at once, where its /metrics says (a batching engine is not one slot: without
+# it the cost policy would play a one-slot queue forward and spill away from the engine holding the prefix).
+ENGINE_CAPACITY = frozenset({"tokenedge_backend_max_running_requests"})
 # Prompt tokens computed (cached ones excluded) and the seconds spent on them, cumulative: the prefill rate.
 PROMPT_COUNTERS = ("llamacpp:prompt_tokens_total", "llamacpp:prompt_seconds_total")
 
@@ -97,6 +100,20 @@ def metrics_load(text: str) -> int | None:
     return round(total) if seen else None
 
 
+def metrics_capacity(text: str) -> int | None:
+    """The requests an engine runs at once from its Prometheus text (`ENGINE_CAPACITY`); None when it names none."""
+    for line in text.splitlines():
+        name, _, rest = line.partition(" ")
+        if name.partition("{")[0] in ENGINE_CAPACITY:
+            try:
+                value = round(float(rest.split()[0]))
+            except (ValueError, IndexError):
+                continue
+            if value > 0:
+                return value
+    return None
+
+
 def prompt_counters(text: str) -> tuple[float, float] | None:
     """(prompt tokens computed, seconds spent computing them) from an engine's Prometheus text; None when it
     reports no such pair (`PROMPT_COUNTERS`)."""
@@ -140,6 +157,9 @@ async def read_state(pool: UpstreamPool, backend: Backend, headers: Mapping[str,
         counted = metrics_load(text) if text else None
         backend.has_metrics = body == b"" or counted is not None
         load = counted if counted is not None else load
+        capacity = metrics_capacity(text) if counted is not None else None
+        if capacity is not None:
+            backend.reported_slots = capacity
         counters = prompt_counters(text) if counted is not None else None
         if counters is not None:  # the engine's own prefill rate, for the cost policy
             backend.pace.engine_counters(*counters)
