@@ -20,11 +20,13 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from gateway.keys.policy import wants_usage
 from gateway.tokens.render import JSON_CONTENT_TYPE, SSE_HEADERS, Rendering
 from gateway.upstream.http import UpstreamResponse
+from gateway.upstream.routing.attempt import BACKEND_HEADER, ROUTE_HEADER
 from gateway.upstream.transport import OpenResponse, UpstreamTransport
 from gateway.web.errors import UpstreamError
 from tokenedge_wire.framing import REQUEST_TYPE, FrameReader, WireError, encode_request
 
 PATH = "/v1/tokens/generate"
+ROUTE_HEADERS = (BACKEND_HEADER, ROUTE_HEADER)
 BINARY_ENDPOINTS = {"chat/completions": "chat", "completions": "completion"}
 PROMPT_FIELDS = ("messages", "prompt")
 # Body fields the backend reads (or ignores) the same way over both transports; anything else goes as JSON.
@@ -52,8 +54,14 @@ BINARY_FIELDS = frozenset(
 )
 
 
-def _proxy(headers: Mapping[str, str]) -> CIMultiDictProxy[str]:
-    return CIMultiDictProxy(CIMultiDict(headers))
+def _proxy(headers: Mapping[str, str], upstream: Mapping[str, str] | None = None) -> CIMultiDictProxy[str]:
+    """`headers`, plus the router's two naming the engine that answered and why (from the binary response, where
+    the pool put them), so a miss over the binary transport says where it went as a JSON one does."""
+    out = CIMultiDict(headers)
+    for name in ROUTE_HEADERS if upstream is not None else ():
+        if name in upstream:
+            out[name] = upstream[name]
+    return CIMultiDictProxy(out)
 
 
 def request_body(endpoint: str, body: Mapping[str, Any], ids: array[int], tokenizer: str) -> bytes:
@@ -81,7 +89,7 @@ class RenderedStream:
     status = 200
 
     def __init__(self, upstream: OpenResponse, render: Rendering) -> None:
-        self.headers = _proxy(SSE_HEADERS)
+        self.headers = _proxy(SSE_HEADERS, upstream.headers)
         self._upstream = upstream
         self._render = render
         self.content = self
@@ -137,13 +145,15 @@ class BinaryCall:
                     render.meta = event["meta"]
                 elif "usage" in event:
                     return UpstreamResponse(
-                        200, _proxy({"Content-Type": JSON_CONTENT_TYPE}), render.body(event["usage"])
+                        200,
+                        _proxy({"Content-Type": JSON_CONTENT_TYPE}, resp.headers),
+                        render.body(event["usage"]),
                     )
                 elif "error" in event:
                     error = event["error"]
                     return UpstreamResponse(
                         int(event.get("status", 500)),
-                        _proxy({"Content-Type": JSON_CONTENT_TYPE}),
+                        _proxy({"Content-Type": JSON_CONTENT_TYPE}, resp.headers),
                         _dumps(error),
                     )
                 else:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestServer
 
+from gateway.upstream.routing.attempt import BACKEND_HEADER, ROUTE_HEADER
 from gateway.upstream.routing.pool import UpstreamPool
 from harness.gateway import FakeClock, RunningGateway, gateway_config, start_gateway
 from tests.support.token_backend import EchoEngine, backend_app, chatml_byte_tokenizer
@@ -76,3 +77,21 @@ async def test_a_conversation_follows_its_token_prefix_to_one_backend(
         assert second[: len(first)] == first  # the second turn's ids extend the first's
     assert all(len(engine.prompts) == 4 for _, engine, _ in backends)  # 2 conversations each
     assert all(set(paths) >= {"/v1/tokens/generate"} for _, _, paths in backends)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_miss_over_the_binary_transport_names_its_engine(
+    gw: RunningGateway, backends: list[tuple[str, EchoEngine, list[str]]], stream: bool
+) -> None:
+    """X-Tokenedge-Backend and X-Tokenedge-Route reach the client from a binary-transport miss, JSON or streamed,
+    as they do from a JSON one (the rendered answer used to carry only its own content headers)."""
+    body = {"model": "tiny", "temperature": 0, "max_tokens": 8, "stream": stream}
+    body["messages"] = [{"role": "user", "content": f"where did this go? stream={stream}"}]
+    resp = await gw.client.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer k"})
+    assert resp.status == 200, await resp.text()
+    await resp.read()
+    grew = [url for url, engine, paths in backends if paths and paths[-1] == "/v1/tokens/generate"]
+    assert len(grew) == 1
+    named = resp.headers[BACKEND_HEADER]
+    assert named == grew[0].removeprefix("http://")
+    assert f"backend={named}" in resp.headers[ROUTE_HEADER] and "policy=" in resp.headers[ROUTE_HEADER]
