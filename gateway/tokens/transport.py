@@ -58,9 +58,10 @@ def _proxy(headers: Mapping[str, str], upstream: Mapping[str, str] | None = None
     """`headers`, plus the router's two naming the engine that answered and why (from the binary response, where
     the pool put them), so a miss over the binary transport says where it went as a JSON one does."""
     out = CIMultiDict(headers)
-    for name in ROUTE_HEADERS if upstream is not None else ():
-        if name in upstream:
-            out[name] = upstream[name]
+    for name in ROUTE_HEADERS:
+        value = upstream.get(name) if upstream is not None else None
+        if value is not None:
+            out[name] = value
     return CIMultiDictProxy(out)
 
 
