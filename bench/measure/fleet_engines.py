@@ -18,9 +18,13 @@ from harness.peers.llamacpp_build import ensure_build
 from harness.processes import PYTHON, ROOT, free_port, stop, wait_http
 
 ALIAS = "HuggingFaceTB/SmolLM2-135M-Instruct"
-ENGINES = ("llama", "ours")
+ENGINES = (
+    "llama",
+    "llama-slot",
+    "ours",
+)  # llama-slot: llama-server with its slot cache only (`--cache-ram 0`)
 # The fallback revision a gateway arm keys with; our backend reports its own in /v1/models, which wins.
-REVISIONS = {"llama": "llama.cpp-bench", "ours": "tokenedge-bench"}
+REVISIONS = {"llama": "llama.cpp-bench", "llama-slot": "llama.cpp-bench", "ours": "tokenedge-bench"}
 
 
 @contextmanager
@@ -29,10 +33,15 @@ def fresh_engines(kind: str, count: int) -> Iterator[list[str]]:
     if kind not in ENGINES:
         raise ValueError(f"engine {kind!r}: one of {ENGINES}")
     with ExitStack() as stack:
-        if kind == "llama":
+        if kind.startswith("llama"):
             build, model = ensure_build(), default_model_path()
+            extra = ("--cache-ram", "0") if kind == "llama-slot" else ()
             servers = [
-                stack.enter_context(llama_server(build, model, alias=ALIAS, slots=1, threads=1, metrics=True))
+                stack.enter_context(
+                    llama_server(
+                        build, model, alias=ALIAS, slots=1, threads=1, metrics=True, extra_args=extra
+                    )
+                )
                 for _ in range(count)
             ]
             yield [s.url for s in servers]

@@ -1,7 +1,8 @@
 """`python -m bench fleet`: routing policies on real engines, arms alternated in one run (issue 37).
 
 Two engines, started fresh for every arm (`--engine llama`: native `llama-server`, one slot and one thread each;
-`--engine ours`: our backend, `python -m backend`, one torch thread each), serve one of two workloads
+`--engine llama-slot`: the same with its slot cache only, `--cache-ram 0`; `--engine ours`: our backend, `python -m
+backend`, one torch thread each; a comma list runs several), serve one of two workloads
 (`--workload`, harness/fleet.py): `shared_prefix`, a scaled-down SGLang "generated-shared-prefix" (GROUPS groups x
 QUESTIONS questions, a ~550-token system prompt per group, shuffled), or `multi_turn`, a scaled-down vLLM
 production-stack multi-round QA (USERS users, each with its own ~300-token document, ROUNDS rounds each sending the
@@ -17,8 +18,8 @@ Truth is the engines' own count: each answer's `usage.prompt_tokens_details.cach
 cached plus computed; "-" where an engine has none). Reported per arm: prefix reuse, the ideal reuse, TTFT
 p50/p90/mean, wall time, requests per engine, pile-up (the share of busy time in which one engine held >= 2 requests
 while the other held none, from the client's request intervals) and the gateway's reasons (`X-Tokenedge-Route`; a
-gateway answer over the binary token transport to our backend names no engine: its requests per engine then come
-from the engines' counters, its reason is "unlabelled" and its pile-up "-"); at the end a table per (workload,
+an answer that names no engine, as a binary-transport miss did before wave 7, gets its requests per engine from the
+engines' counters, the reason "unlabelled" and pile-up "-"); at the end a table per (workload,
 engine) of each arm's medians over the repeats and the cost arms' mean TTFT and wall over the better of client_rr
 and least_loaded. The ideal of shared_prefix is (questions - 1) / questions of the system prompt's share of each
 prompt; that of multi_turn is computed from the rows (harness.fleet.multi_turn_ideal), of all prompt tokens.
@@ -221,7 +222,9 @@ async def run_arm(arm: str, urls: list[str], setup: Setup, run: int, redis: Redi
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench fleet")
     parser.add_argument("--workload", choices=[*WORKLOADS, "both"], default="shared_prefix")
-    parser.add_argument("--engine", choices=[*ENGINES, "both"], default="llama")
+    parser.add_argument(
+        "--engine", default="llama", help=f"a comma list of {', '.join(ENGINES)} ('both': llama,ours)"
+    )
     parser.add_argument("--groups", type=int, default=6, help="shared_prefix: system prompts")
     parser.add_argument("--questions", type=int, default=6, help="shared_prefix: questions per system prompt")
     parser.add_argument("--users", type=int, default=6, help="multi_turn: users, each with its own document")
@@ -244,7 +247,9 @@ def main(argv: list[str]) -> None:
     arms = [a for a in args.arms.split(",") if a]
     extra: dict[str, Any] = tomllib.loads("\n".join(args.upstream))
     workloads = WORKLOADS if args.workload == "both" else (args.workload,)
-    engines = ENGINES if args.engine == "both" else (args.engine,)
+    engines = ("llama", "ours") if args.engine == "both" else tuple(args.engine.split(","))
+    if not set(engines) <= set(ENGINES):
+        raise SystemExit(f"--engine: one or more of {', '.join(ENGINES)}")
     sizes = (args.concurrency, args.groups, args.questions, args.users, args.rounds)
     results = []
     run = itertools.count()
