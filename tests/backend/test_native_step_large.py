@@ -1,54 +1,85 @@
-"""The native decoder step's second oracle check (issue 36): at SmolLM2-1.7B's layer shape (hidden 2048, 32 heads of
-64, FFN 8192), where the kernels' cache blocking and prefetch distance matter and the tiny model's checks cannot
-reach, the native step's hidden states match the model's eager layers (the same int4 products) within bf16
-rounding, and a decode row keeps the bits of the same token in a prefill. Two layers of random weights, Q4_1 as the
-shipped file; a few seconds of quantization with the gguf package."""
+"""The native decoder step against the eager layers on a real model's shape, not only the tiny one
+(tests/backend/test_native_step.py): two layers of Llama-3.2-1B's shape (2048 hidden, 8192 FFN, 32 query heads
+over 8 KV heads, head_dim 64), where the kernels' cache blocking and row tiling run at the sizes served models
+have. Random Q4_0 blocks (the dequantized weights load the same model, so eager and native multiply the same
+numbers); the same math within bf16 rounding, and a decode's row equal in bits to the prefill's."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import gguf
+import numpy as np
 import torch
 
+from backend.loader.quantized import Int4Blocks, int4_blocks
 from backend.model.llama import LlamaModel, _causal_attention
 from backend.model.native_step import PagedStep, sequence_step
 from backend.model.quant import quantize_model
 from harness.models.tiny import tiny_config, tiny_weights
-from tests.backend.test_native_step import BLOCK, caches, dataclass_ctx, native, needs_kernel, rand_ids
-from tests.backend.test_quant import Q4, gguf_blocks
+from tests.backend.test_native_step import BLOCK, caches, dataclass_ctx, native, needs_kernel
+
+Q4_0 = gguf.GGMLQuantizationType.Q4_0
+CONFIG = dataclasses.replace(
+    tiny_config(),
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_layers=2,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=64,
+    rope_theta=500000.0,
+)
 
 
-def large_int4_model() -> LlamaModel:
-    config = dataclasses.replace(
-        tiny_config(), hidden_size=2048, intermediate_size=8192, num_heads=32, num_kv_heads=32, head_dim=64
-    )
-    weights = tiny_weights(config, seed=7)
-    for name, w in weights.items():  # scaled for 2048 and 8192 inputs as the tiny model's are for 64 and 128
-        if w.dim() == 2 and "embed" not in name:
-            weights[name] = w * (64 / w.shape[1]) ** 0.5
+def random_q4_0(rows: int, cols: int, rng: np.random.Generator) -> tuple[Int4Blocks, torch.Tensor]:
+    """[rows, cols] as random Q4_0 blocks (std about 1/sqrt(cols)): (our blocks, gguf's dequantization)."""
+    raw = rng.integers(0, 256, size=(rows, cols // 32, 18), dtype=np.uint8)  # fp16 scale + 16 nibble bytes
+    raw[:, :, 0:2] = np.frombuffer(np.float16(1 / (4.6 * np.sqrt(cols))).tobytes(), dtype=np.uint8)
+    raw = raw.reshape(rows, -1)
+    blocks = int4_blocks(raw, Q4_0, (rows, cols))
+    assert blocks is not None
+    return blocks, torch.from_numpy(gguf.quants.dequantize(raw, Q4_0)).reshape(rows, cols)
+
+
+def large_model() -> LlamaModel:
+    torch.set_num_threads(1)
+    weights = tiny_weights(CONFIG)  # norms and the embedding (vocab 256) as the tiny model has them
+    rng = np.random.default_rng(0)
     blocks = {}
     for name, w in weights.items():
         if w.dim() == 2 and "embed" not in name:
-            blocks[name], weights[name] = gguf_blocks(w, Q4[1])
-    model = LlamaModel(config, dtype=torch.bfloat16)
+            blocks[name], weights[name] = random_q4_0(*w.shape, rng)
+    model = LlamaModel(CONFIG, dtype=torch.bfloat16)
     model.load_weights(weights)
     quantize_model(model, weights, blocks)
     return model
 
 
+def ids(n: int, seed: int) -> list[int]:
+    return torch.randint(1, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
 @needs_kernel
-def test_at_the_large_shape_the_native_step_computes_the_eager_layers_math() -> None:
-    model = large_int4_model()
+def test_the_native_step_computes_the_eager_layers_math_at_a_real_shape() -> None:
+    model = large_model()
     assert model.native_stack() is not None
-    ids = rand_ids(37, seed=4)
-    k, v = caches(model)
-    got = native(model, ids, list(range(37)), sequence_step(37, BLOCK, k, v))
-    eager = model(torch.tensor(ids), torch.arange(37), lambda _l, q, k, v: _causal_attention(q, k, v))
+    prompt = ids(37, seed=5)
+    k, v = caches(model, blocks=8)
+    got = native(model, prompt, list(range(37)), sequence_step(37, BLOCK, k, v))
+    assert k[1][2, 4].abs().sum() > 0  # the native step ran: it wrote token 36's keys into the pool
+    eager = model(torch.tensor(prompt), torch.arange(37), lambda _l, q, k, v: _causal_attention(q, k, v))
     rel = ((got - eager).norm(dim=1) / eager.norm(dim=1)).max().item()
     assert rel < 2e-2, f"largest relative row difference {rel}"
-    # the decode of token 37 from the cache: the bits of the same row in a 37-token prefill
-    k2, v2 = caches(model)
-    native(model, ids[:36], list(range(36)), sequence_step(36, BLOCK, k2, v2))
-    decode = dataclass_ctx(slots=[36], tables=[[0, 1, 2]], lens=[37], query_lens=[1])
-    last = native(model, ids[36:], [36], PagedStep(decode, k2, v2))
-    assert torch.equal(last, got[36:])
+
+
+@needs_kernel
+def test_a_decode_gives_the_bits_of_the_same_token_in_a_prefill_at_a_real_shape() -> None:
+    model = large_model()
+    prompt = ids(20, seed=6)
+    whole = native(model, prompt, list(range(20)), sequence_step(20, BLOCK, *caches(model, blocks=8)))
+    k, v = caches(model, blocks=8)
+    native(model, prompt[:19], list(range(19)), sequence_step(19, BLOCK, k, v))
+    decode = dataclass_ctx(slots=[19], tables=[[0, 1]], lens=[20], query_lens=[1])
+    last = native(model, prompt[19:], [19], PagedStep(decode, k, v))
+    assert torch.equal(last, whole[19:])
