@@ -62,9 +62,8 @@ class StreamFlight:
         self.key = key
         self.head: asyncio.Future[Head] = asyncio.get_running_loop().create_future()
         self.head.add_done_callback(_retrieve)
-        self.head.add_done_callback(
-            self._wake_head_waiters
-        )  # a head settled without `set_head` still wakes them
+        # a head settled on the future itself (not through `set_head`) still wakes its waiters, a turn later
+        self.head.add_done_callback(self._wake_head_waiters)
         self._head_waiters: list[asyncio.Future[None]] = []
         self.frames: list[Frame] = []
         self.done = False
