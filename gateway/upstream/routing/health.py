@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import orjson
 
@@ -83,35 +83,26 @@ def slots_report(body: bytes) -> tuple[int, int] | None:
     return sum(1 for s in doc if s.get("is_processing") is True), len(doc)
 
 
-def metrics_load(text: str) -> int | None:
-    """Requests running + waiting from an engine's Prometheus text (`ENGINE_LOAD`); None when it names none."""
-    total, seen = 0.0, False
+def _samples(text: str, names: frozenset[str]) -> Iterator[float]:
+    """The values of the samples of `names` (any labels) in an engine's Prometheus text; unreadable ones skipped."""
     for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
         name, _, rest = line.partition(" ")
-        name = name.partition("{")[0]
-        if name in _LOAD_NAMES:
+        if name.partition("{")[0] in names:
             try:
-                total += float(rest.split()[0])
+                yield float(rest.split()[0])
             except (ValueError, IndexError):
                 continue
-            seen = True
-    return round(total) if seen else None
+
+
+def metrics_load(text: str) -> int | None:
+    """Requests running + waiting from an engine's Prometheus text (`ENGINE_LOAD`); None when it names none."""
+    values = list(_samples(text, _LOAD_NAMES))
+    return round(sum(values)) if values else None
 
 
 def metrics_capacity(text: str) -> int | None:
     """The requests an engine runs at once from its Prometheus text (`ENGINE_CAPACITY`); None when it names none."""
-    for line in text.splitlines():
-        name, _, rest = line.partition(" ")
-        if name.partition("{")[0] in ENGINE_CAPACITY:
-            try:
-                value = round(float(rest.split()[0]))
-            except (ValueError, IndexError):
-                continue
-            if value > 0:
-                return value
-    return None
+    return next((round(v) for v in _samples(text, ENGINE_CAPACITY) if round(v) > 0), None)
 
 
 def prompt_counters(text: str) -> tuple[float, float] | None:
