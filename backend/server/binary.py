@@ -29,17 +29,10 @@ from backend.server.prompts import valid_prompt
 from backend.server.protocol import Endpoint, GenerationRequest, parse_request
 from backend.server.state import ENGINE_KEY, GRAMMARS_KEY, LIMITS_KEY, METRICS_KEY, MODEL_KEY, ServedModel
 from tokenedge_wire.framing import EVENTS_TYPE, REQUEST_TYPE, WireError, decode_request, frame
+from tokenedge_wire.held_head import HeldHeadResponse
 
 PATH = "/v1/tokens/generate"
 ENDPOINTS = ("chat", "completion")
-
-
-class HeldHeadResponse(web.StreamResponse):
-    """A stream response whose head goes out with its first body write: the head, the meta frame and the first
-    event reach the gateway as one send, so it wakes once for its first token instead of three times (aiohttp's
-    `web.Response` holds its head the same way; where a later aiohttp drops the flag, the head goes at `prepare`)."""
-
-    _send_headers_immediately = False
 
 
 def register(app: web.Application) -> None:

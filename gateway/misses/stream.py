@@ -45,18 +45,9 @@ from gateway.ops import tracing
 from gateway.ops.dashboard.hotkeys import PROMPT
 from gateway.ops.timing import lap, timer_of
 from gateway.web.errors import NotCached, UpstreamError
+from tokenedge_wire.held_head import HeldHeadResponse
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "X-Accel-Buffering": "no"}
-
-
-class HeldHeadResponse(web.StreamResponse):
-    """A stream response whose head is sent with its first body write (one send where `prepare` + `write` are two).
-
-    Used only where a frame is written right after `prepare` (a replay; a relay whose first frame is already
-    buffered), so a client never waits on the head. aiohttp's `web.Response` does the same for whole bodies
-    (`_send_headers_immediately`); where a later aiohttp drops the flag, the head is simply sent at `prepare`."""
-
-    _send_headers_immediately = False
 
 
 async def serve_stream(
