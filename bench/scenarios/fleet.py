@@ -193,8 +193,8 @@ async def run_arm(arm: str, urls: list[str], setup: Setup, run: int, redis: Redi
             wall = time.perf_counter() - started
         metrics = await engine_metrics(session, urls)
     names = [u.removeprefix("http://") for u in urls]
-    # A gateway answer without X-Tokenedge-Backend (the binary token transport's, to our backend, carries none):
-    # requests per engine from the engines' own counters, and no pile-up (it needs each request's engine).
+    # A gateway answer without X-Tokenedge-Backend (`--upstream route_headers=false`; before wave 7, every binary-
+    # transport miss): requests per engine from the engines' own counters, and no pile-up (it needs each request's).
     attributed = all(r["served_by"] in names for r in rows)
     counted = [requests_from_metrics(t) for t in metrics]
     ttfts = [r["ttft_s"] for r in rows]
