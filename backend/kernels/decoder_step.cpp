@@ -31,40 +31,30 @@ namespace {
 
 using namespace te;
 
-inline __m512 load_bf16(const uint16_t* p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
-}
-inline void store_bf16(uint16_t* p, __m512 v) { _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(v)); }
-inline __m512 round_bf16(__m512 v) {  // to the nearest bf16 (even on ties), back in fp32
-  const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
 // exp(x) for x <= 0 (softmax and SiLU's exp(-|g|)): 2^n * p(r), r = x - n ln2, a degree-6 polynomial; one fixed
 // sequence of operations per element
-inline __m512 exp_neg(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), 0);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
+inline F32x16 exp_neg(F32x16 x) {
+  x = max(x, splat(-87.0f));  // so n >= -126: 2^n a normal fp32 (simd.h's AVX2 scalef builds it)
+  const F32x16 n = round_even(mul(x, splat(1.44269504088896341f)));
+  F32x16 r = fnmadd(n, splat(0.693359375f), x);
+  r = fnmadd(n, splat(-2.12194440e-4f), r);
+  F32x16 p = splat(1.9875691500e-4f);
+  p = fmadd(p, r, splat(1.3981999507e-3f));
+  p = fmadd(p, r, splat(8.3334519073e-3f));
+  p = fmadd(p, r, splat(4.1665795894e-2f));
+  p = fmadd(p, r, splat(1.6666665459e-1f));
+  p = fmadd(p, r, splat(5.0000001201e-1f));
+  p = fmadd(p, mul(r, r), add(r, splat(1.0f)));
+  return scalef(p, n);
 }
 
 // y = bf16(x * rsqrt(mean(x^2) + eps) * w) for one row of `h` floats (h a multiple of 16)
 void rms_norm_row(const float* x, const float* w, int64_t h, float eps, uint16_t* y) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t i = 0; i < h; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(x + i), acc);
-  const float inv = 1.0f / std::sqrt(_mm512_reduce_add_ps(acc) / static_cast<float>(h) + eps);
-  const __m512 s = _mm512_set1_ps(inv);
-  for (int64_t i = 0; i < h; i += 16)
-    store_bf16(y + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), s), _mm512_loadu_ps(w + i)));
+  F32x16 acc = zero();
+  for (int64_t i = 0; i < h; i += 16) acc = fmadd(loadu(x + i), loadu(x + i), acc);
+  const float inv = 1.0f / std::sqrt(reduce_add(acc) / static_cast<float>(h) + eps);
+  const F32x16 s = splat(inv);
+  for (int64_t i = 0; i < h; i += 16) store_bf16(y + i, mul(mul(loadu(x + i), s), loadu(w + i)));
 }
 
 // How the step's ops spread over the threads (team.h). Fork: at::parallel_for per op, and steps of fewer tokens
@@ -117,7 +107,7 @@ struct Scratch {
 void residual(float* x, const uint16_t* y, int64_t rows, int64_t ld, int64_t begin, int64_t end) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = r * ld + begin; i < r * ld + end; i += 16)
-      _mm512_storeu_ps(x + i, _mm512_add_ps(_mm512_loadu_ps(x + i), load_bf16(y + i)));
+      storeu(x + i, add(loadu(x + i), load_bf16(y + i)));
 }
 
 // y [m, n] bf16 = x [m, k] bf16 @ W.T: int4_mm's VNNI product (the same bits); with `sum`, sum [m, n] fp32 += y
@@ -165,14 +155,14 @@ void rope_and_write(const uint16_t* qkv, const float* cos, const float* sin, con
     for (int64_t h = 0; h < d.heads + d.kv_heads; ++h) {
       const uint16_t* src = qkv + t * width + h * dim;
       for (int64_t i = 0; i < dim; i += 16) {
-        _mm512_storeu_ps(xf + i, load_bf16(src + i));
-        _mm512_storeu_ps(xf + dim + i, load_bf16(src + i));
+        storeu(xf + i, load_bf16(src + i));
+        storeu(xf + dim + i, load_bf16(src + i));
       }
       uint16_t* dst = h < d.heads ? q + (t * d.heads + h) * dim : kc + (pg.slots[t] * d.kv_heads + h - d.heads) * dim;
       for (int64_t i = 0; i < dim; i += 16) {
-        const __m512 a = _mm512_mul_ps(_mm512_loadu_ps(xf + i), _mm512_loadu_ps(c + i));
-        const __m512 b = _mm512_mul_ps(_mm512_loadu_ps(xf + half + i), _mm512_loadu_ps(s + i));
-        store_bf16(dst + i, _mm512_add_ps(a, b));
+        const F32x16 a = mul(loadu(xf + i), loadu(c + i));
+        const F32x16 b = mul(loadu(xf + half + i), loadu(s + i));
+        store_bf16(dst + i, add(a, b));
       }
     }
     const uint16_t* v = qkv + t * width + (d.heads + d.kv_heads) * dim;
@@ -190,37 +180,37 @@ void attend_one(const uint16_t* q, const uint16_t* kc, const uint16_t* vc, const
   scores.resize(group * ((len + 15) / 16 * 16));
   const int64_t stride = (len + 15) / 16 * 16;
   for (int64_t h = h_begin; h < h_end; ++h) {
-    __m512 qv[8];
+    F32x16 qv[8];
     const uint16_t* qh = q + (t * d.heads + g * group + h) * dim;
     for (int64_t i = 0; i < lanes; ++i) qv[i] = load_bf16(qh + i * 16);
     float* sh = scores.data() + h * stride;
     for (int64_t j = 0; j < len; ++j) {
       const int64_t slot = static_cast<int64_t>(table[j / d.block_size]) * d.block_size + j % d.block_size;
       const uint16_t* kj = kc + (slot * d.kv_heads + g) * dim;
-      __m512 acc = _mm512_mul_ps(qv[0], load_bf16(kj));
-      for (int64_t i = 1; i < lanes; ++i) acc = _mm512_fmadd_ps(qv[i], load_bf16(kj + i * 16), acc);
-      sh[j] = _mm512_reduce_add_ps(acc) * scale;
+      F32x16 acc = mul(qv[0], load_bf16(kj));
+      for (int64_t i = 1; i < lanes; ++i) acc = fmadd(qv[i], load_bf16(kj + i * 16), acc);
+      sh[j] = reduce_add(acc) * scale;
     }
     float best = sh[0];
     for (int64_t j = 1; j < len; ++j) best = std::max(best, sh[j]);
-    __m512 total = _mm512_setzero_ps();
+    F32x16 total = zero();
     for (int64_t j = 0; j < len; j += 16) {
-      const __mmask16 live = j + 16 <= len ? 0xFFFF : static_cast<__mmask16>((1u << (len - j)) - 1);
-      const __m512 e = exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, sh + j), _mm512_set1_ps(best)));
-      _mm512_mask_storeu_ps(sh + j, live, e);
-      total = _mm512_add_ps(total, _mm512_maskz_mov_ps(live, e));
+      const Mask16 live = first_lanes(len - j);
+      const F32x16 e = exp_neg(sub(load_masked(live, sh + j), splat(best)));
+      store_masked(sh + j, live, e);
+      total = add(total, keep(live, e));
     }
-    __m512 acc[8];
-    for (int64_t i = 0; i < lanes; ++i) acc[i] = _mm512_setzero_ps();
+    F32x16 acc[8];
+    for (int64_t i = 0; i < lanes; ++i) acc[i] = zero();
     for (int64_t j = 0; j < len; ++j) {
       const int64_t slot = static_cast<int64_t>(table[j / d.block_size]) * d.block_size + j % d.block_size;
       const uint16_t* vj = vc + (slot * d.kv_heads + g) * dim;
-      const __m512 p = _mm512_set1_ps(sh[j]);
-      for (int64_t i = 0; i < lanes; ++i) acc[i] = _mm512_fmadd_ps(p, load_bf16(vj + i * 16), acc[i]);
+      const F32x16 p = splat(sh[j]);
+      for (int64_t i = 0; i < lanes; ++i) acc[i] = fmadd(p, load_bf16(vj + i * 16), acc[i]);
     }
-    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
+    const F32x16 inv = splat(1.0f / reduce_add(total));
     uint16_t* oh = out + (t * d.heads + g * group + h) * dim;
-    for (int64_t i = 0; i < lanes; ++i) store_bf16(oh + i * 16, _mm512_mul_ps(acc[i], inv));
+    for (int64_t i = 0; i < lanes; ++i) store_bf16(oh + i * 16, mul(acc[i], inv));
   }
 }
 
@@ -230,13 +220,12 @@ void silu_gate(const uint16_t* gu, int64_t inter, uint16_t* y, int64_t begin, in
   const int64_t per_row = inter / 16;
   for (int64_t item = begin; item < end; ++item) {
     const int64_t t = item / per_row, i = item % per_row * 16;
-    const __m512 g = load_bf16(gu + t * 2 * inter + i);
-    const __m512 e = exp_neg(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));  // exp(-|g|)
-    const __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+    const F32x16 g = load_bf16(gu + t * 2 * inter + i);
+    const F32x16 e = exp_neg(sub(zero(), abs(g)));  // exp(-|g|)
     // sigmoid(g) = 1 / (1 + exp(-g)) for g >= 0, exp(g) / (1 + exp(g)) below
-    const __m512 r = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-    const __m512 act = round_bf16(_mm512_mul_ps(g, _mm512_mask_mul_ps(r, neg, r, e)));  // F.silu's bf16 output
-    store_bf16(y + t * inter + i, _mm512_mul_ps(act, load_bf16(gu + t * 2 * inter + inter + i)));
+    const F32x16 r = div(splat(1.0f), add(splat(1.0f), e));
+    const F32x16 act = round_bf16(mul(g, select(less(g, zero()), mul(r, e), r)));  // F.silu's bf16 output
+    store_bf16(y + t * inter + i, mul(act, load_bf16(gu + t * 2 * inter + inter + i)));
   }
 }
 

@@ -6,19 +6,26 @@
 // a2 = round((x - s1 * a1) / s2) with s2 = s1 / 254 (about 15 bits of each input, finer than bf16's 8). The
 // products of codes and int8 inputs sum exactly in int32, so a group's sums S1 = sum a1 * q and S2 =
 // sum a2 * q do not depend on who computed them or in what order: AVX512-VNNI (vpdpbusd) for a few rows, AMX
-// int8 tiles (tdpbsud) for many, the same integers. Then, in one fixed order per output element and group:
+// int8 tiles (tdpbsud) for many, the same integers; in the AVX2 build (build.py: a CPU without AVX512-VNNI)
+// vpmaddubsw and vpmaddwd for every row count, the same integers again (int4_core.h: group_sums). Then, in one fixed order per output element and group:
 //   dot = s1 * S1 + s2 * S2, xs = s1 * A1 + s2 * A2 (A = sum of the a's), out += scale * dot, out += zp * xs,
 // with zp = zero - 8 * scale (scale and zp in fp16: Q4_1's d and m, Q4_0's d and -8d, exactly). So every
 // output element is the same arithmetic on its own row and column
 // whatever the rows in the call, their order, the path, the column blocking or the threads: batch-invariant
 // by construction (tests/backend/test_int4_kernel.py checks it bitwise across the paths).
+// Everything AMX (the tiles' configuration, the int4 and int8 tile products) is compiled only where the compiler
+// is given AMX (__AMX_TILE__, the AVX512 build); the AVX2 build registers the same ops, and those that need
+// tiles (int8_mm, tile_config_roundtrip) refuse with a reason.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
 #include <torch/library.h>
+
+#if defined(__AMX_TILE__)
+#include <sys/syscall.h>
 #include <unistd.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -31,6 +38,10 @@
 namespace {
 
 using namespace te;
+
+constexpr int64_t kInt8GroupBytes = kTileRows * kLanes * 2;  // one B tile of int8 codes: 16 k-pairs x 16 x 2
+
+#if defined(__AMX_TILE__)
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1;
@@ -109,7 +120,7 @@ void amx_rows(const Panel& p, int64_t b, const Quantized& x, int64_t r0, int row
               int64_t ldy) {
   alignas(64) int32_t c[2][kTileRows * kLanes];
   const int8_t* xa = x.a + r0 * 2 * x.k;
-  __m512 out[kAmxRows];
+  F32x16 out[kAmxRows];
   for (int r = 0; r < rows; ++r) out[r] = _mm512_setzero_ps();
   if (stream)
     for (int64_t g = 0; g < std::min(kAhead, p.groups); ++g) unpack_b(p, b, g, bt + g * kBTile);
@@ -162,6 +173,12 @@ bool amx_permitted() {
   return ok;
 }
 
+#else
+
+constexpr bool amx_permitted() { return false; }
+
+#endif
+
 at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& factors) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x: [M, K] bf16, contiguous");
   TORCH_CHECK(codes.dim() == 4 && codes.scalar_type() == at::kByte && codes.is_contiguous() &&
@@ -170,7 +187,8 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
   const int64_t m = x.size(0), k = x.size(1), blocks = codes.size(0), groups = codes.size(1);
   TORCH_CHECK(k == groups * kGroup, "x has ", k, " columns, the weight ", groups * kGroup);
   TORCH_CHECK(factors.numel() == blocks * groups * 2 * kLanes, "factors: [N / 16, K / 32, 2, 16] fp16");
-  // AMX where the CPU has it and the OS grants its tiles, else VNNI for every row count: the same sums
+  // AMX where the build and the CPU have it and the OS grants its tiles, else VNNI (or AVX2) for every row
+  // count: the same sums
   const bool amx = m >= kAmxFrom && amx_permitted();
   at::Tensor y = at::empty({m, blocks * kLanes}, x.options());
   if (m == 0) return y;
@@ -190,13 +208,17 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
       vnni_blocks(p, q, m, begin, end, yp, blocks * kLanes);
       return;
     }
+#if defined(__AMX_TILE__)
     thread_local std::vector<uint8_t> bt;
     int configured = 0;
     for (int64_t b = begin; b < end; ++b) amx_block(p, b, q, m, bt, yp, blocks * kLanes, configured);
     _tile_release();
+#endif
   });
   return y;
 }
+
+#if defined(__AMX_TILE__)
 
 constexpr int64_t kTileWords = kTileRows * kGroup;  // bf16 words in one B tile of the int8 head
 
@@ -207,8 +229,6 @@ void configure(int rows) { configure(rows, 64, kTileRows); }
 // Codes (-127..127) are exact in bf16; sums accumulate in fp32 across all of K in two tiles (even and odd
 // groups) added at the end. Only an approximation (backend.model.quant.RescoredHead rescores every candidate
 // exactly), so its summation order is free; its error is fp32 accumulation, inside the head's bound.
-
-constexpr int64_t kInt8GroupBytes = kTileRows * kLanes * 2;  // one B tile of int8 codes: 16 k-pairs x 16 x 2
 
 // a block's int8 codes as bf16 B tiles, every group of the block
 void unpack_int8(const int8_t* codes, int64_t groups, uint16_t* out) {
@@ -261,7 +281,13 @@ void int8_span(const int8_t* codes, const float* scales, int64_t groups, int64_t
   _tile_release();
 }
 
+#endif
+
 at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales) {
+#if !defined(__AMX_TILE__)
+  TORCH_CHECK(false, "int8_mm needs AMX: this is the kernel library's AVX2 build (use int8_vnni)");
+  return at::Tensor();
+#else
   TORCH_CHECK(amx_permitted(), "the kernel needs AMX tiles and the OS refused them");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x: [M, K] bf16, contiguous");
   TORCH_CHECK(codes.dim() == 3 && codes.scalar_type() == at::kChar && codes.is_contiguous() &&
@@ -280,48 +306,73 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
     int8_span(cp, sp, groups, begin, end, xp, m, k, yp, blocks * kLanes);
   });
   return y;
+#endif
 }
 
-// ---- int8 rows against a few activation rows on AVX512-VNNI, for the LM head's approximate logits at 1..3
-// rows: y[m, n] = scales[n] * sum_p row_scales[m, p] * (sum_k u[m, p, k] * code[n, k] - 128 * colsum[n]),
+// ---- int8 rows against a few activation rows on AVX512-VNNI (or AVX2), for the LM head's approximate logits
+// at 1..3 rows (at every row count without AMX):
+// y[m, n] = scales[n] * sum_p row_scales[m, p] * (sum_k u[m, p, k] * code[n, k] - 128 * colsum[n]),
 // where u[m, p] = q[m, p] + 128 are the two int8 passes of the row (the value, then its residual) offset to
 // unsigned. Integer sums are exact, so the blocking is free. ----
 
 constexpr int64_t kQuad = 4;  // k per VNNI lane step: codes [N/16, K/4, 16 x 4]
 
+// acc += one quad of the head: the 16 columns' 4 codes w against one pass's 4 bytes u of a row, broadcast.
+// AVX512-VNNI: vpdpbusd of u = q + 128 (unsigned) and w (signed): sum u * w, whose offset 128 * colsum the caller
+// takes off in fp32 (kHeadOffset). AVX2: vpmaddubsw of u and w would saturate (2 * 255 * 127 > 32767), so it
+// takes the signed q = u ^ 0x80 against |w|, w's sign moved onto q (vpsignb; q and w in -127..127): each int16 a
+// pair |q * w + q' * w'| <= 2 * 127 * 127 = 32258, exact, then vpmaddwd with ones into int32. That sum is
+// sum q * w = sum u * w - 128 * colsum exactly, so there is no offset to take off.
+#if defined(__AVX512F__)
+constexpr bool kHeadOffset = true;
+inline I32x16 head_dot(I32x16 acc, int32_t u, I32x16 w) { return _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(u), w); }
+#else
+constexpr bool kHeadOffset = false;
+inline __m256i head_dot8(__m256i acc, __m256i q, __m256i w) {
+  const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(q, w));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+inline I32x16 head_dot(I32x16 acc, int32_t u, I32x16 w) {
+  const __m256i q = _mm256_set1_epi32(u ^ static_cast<int32_t>(0x80808080u));
+  return {head_dot8(acc.lo, q, w.lo), head_dot8(acc.hi, q, w.hi)};
+}
+#endif
+
 void vnni_span(const int8_t* codes, const int32_t* colsum, const float* scales, int64_t quads, int64_t begin,
                int64_t end, const uint8_t* u, const float* row_scales, int64_t m, float* y, int64_t ldy) {
   for (int64_t blk = begin; blk < end; ++blk) {
     const int8_t* w = codes + blk * quads * kLanes * kQuad;
-    const __m512 cs = _mm512_cvtepi32_ps(_mm512_loadu_si512(colsum + blk * kLanes));
-    const __m512 sc = _mm512_loadu_ps(scales + blk * kLanes);
+    const F32x16 cs = to_float(load_i(colsum + blk * kLanes));
+    const F32x16 sc = loadu(scales + blk * kLanes);
     for (int64_t r = 0; r < m; ++r) {
       const int32_t* u0 = reinterpret_cast<const int32_t*>(u + r * 2 * quads * kQuad);
       const int32_t* u1 = u0 + quads;
-      __m512i a0 = _mm512_setzero_si512(), a1 = a0, b0 = a0, b1 = a0;  // two chains per pass
+      I32x16 a0 = zero_i(), a1 = a0, b0 = a0, b1 = a0;  // two chains per pass
       int64_t q = 0;
       for (; q + 1 < quads; q += 2) {
         if (r == 0) {  // the same 128 bytes two blocks on, into L2: one row's pass waits on memory
           _mm_prefetch(reinterpret_cast<const char*>(w + (2 * quads + q) * 64), _MM_HINT_T1);
           _mm_prefetch(reinterpret_cast<const char*>(w + (2 * quads + q + 1) * 64), _MM_HINT_T1);
         }
-        const __m512i w0 = _mm512_loadu_si512(w + q * 64), w1 = _mm512_loadu_si512(w + (q + 1) * 64);
-        a0 = _mm512_dpbusd_epi32(a0, _mm512_set1_epi32(u0[q]), w0);
-        b0 = _mm512_dpbusd_epi32(b0, _mm512_set1_epi32(u1[q]), w0);
-        a1 = _mm512_dpbusd_epi32(a1, _mm512_set1_epi32(u0[q + 1]), w1);
-        b1 = _mm512_dpbusd_epi32(b1, _mm512_set1_epi32(u1[q + 1]), w1);
+        const I32x16 w0 = load_i(w + q * 64), w1 = load_i(w + (q + 1) * 64);
+        a0 = head_dot(a0, u0[q], w0);
+        b0 = head_dot(b0, u1[q], w0);
+        a1 = head_dot(a1, u0[q + 1], w1);
+        b1 = head_dot(b1, u1[q + 1], w1);
       }
       if (q < quads) {
-        const __m512i w0 = _mm512_loadu_si512(w + q * 64);
-        a0 = _mm512_dpbusd_epi32(a0, _mm512_set1_epi32(u0[q]), w0);
-        b0 = _mm512_dpbusd_epi32(b0, _mm512_set1_epi32(u1[q]), w0);
+        const I32x16 w0 = load_i(w + q * 64);
+        a0 = head_dot(a0, u0[q], w0);
+        b0 = head_dot(b0, u1[q], w0);
       }
-      const __m512 off = _mm512_mul_ps(_mm512_set1_ps(128.0f), cs);
-      const __m512 d0 = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)), off);
-      const __m512 d1 = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(b0, b1)), off);
-      const __m512 v = _mm512_fmadd_ps(_mm512_set1_ps(row_scales[r * 2]), d0,
-                                       _mm512_mul_ps(_mm512_set1_ps(row_scales[r * 2 + 1]), d1));
-      _mm512_storeu_ps(y + r * ldy + blk * kLanes, _mm512_mul_ps(sc, v));
+      F32x16 d0 = to_float(add(a0, a1)), d1 = to_float(add(b0, b1));
+      if (kHeadOffset) {
+        const F32x16 off = mul(splat(128.0f), cs);
+        d0 = sub(d0, off);
+        d1 = sub(d1, off);
+      }
+      const F32x16 v = fmadd(splat(row_scales[r * 2]), d0, mul(splat(row_scales[r * 2 + 1]), d1));
+      storeu(y + r * ldy + blk * kLanes, mul(sc, v));
     }
   }
 }
@@ -375,6 +426,10 @@ at::Tensor int8_vnni(const at::Tensor& u, const at::Tensor& row_scales, const at
 // configure(rows, a_bytes, b_rows), then sttilecfg into a struct poisoned with 0xFF: the 64 bytes the tile unit
 // holds. Any byte the compiler dropped from the configuration shows up here (or ldtilecfg faults).
 at::Tensor tile_config_roundtrip(int64_t rows, int64_t a_bytes, int64_t b_rows) {
+#if !defined(__AMX_TILE__)
+  TORCH_CHECK(false, "tile_config_roundtrip needs AMX: this is the kernel library's AVX2 build");
+  return at::Tensor();
+#else
   TORCH_CHECK(amx_permitted(), "the kernel needs AMX tiles and the OS refused them");
   TORCH_CHECK(rows >= 1 && rows <= kTileRows && b_rows >= 1 && b_rows <= kTileRows && a_bytes >= 4 &&
                   a_bytes <= 64 && a_bytes % 4 == 0, "rows, b_rows: 1..16; a_bytes: 4..64, a multiple of 4");
@@ -386,6 +441,7 @@ at::Tensor tile_config_roundtrip(int64_t rows, int64_t a_bytes, int64_t b_rows) 
   at::Tensor out = at::empty({static_cast<int64_t>(sizeof held)}, at::TensorOptions().dtype(at::kByte));
   std::copy_n(reinterpret_cast<const uint8_t*>(&held), sizeof held, out.data_ptr<uint8_t>());
   return out;
+#endif
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // The int4 kernel's core shared by its translation units (int4_amx.cpp: the int4_mm op and its AMX path;
 // decoder_step.cpp: the whole decoder step): the packed panel, the two-pass int8 quantization of a row and
-// the AVX512-VNNI product of a few rows. Every output element is one fixed sequence of operations over its own
-// row and column (int4_amx.cpp's header says why that makes it batch-invariant).
+// the integer product of a few rows (AVX512-VNNI, or AVX2 in the AVX2 build: simd.h). Every output element is
+// one fixed sequence of operations over its own row and column (int4_amx.cpp's header says why that makes it
+// batch-invariant).
 #pragma once
 #include <immintrin.h>
 
@@ -9,10 +10,16 @@
 #include <cmath>
 #include <cstdint>
 
+#include "simd.h"
+
+#if defined(__AVX512F__) && !defined(__AVX512VNNI__)
+#error "the AVX512 build needs AVX512-VNNI (build.py passes its flags together)"
+#endif
+
 namespace te {
 
 constexpr int64_t kGroup = 32;          // inputs per (column, group): one scale, one zero
-constexpr int64_t kLanes = 16;          // columns per block: one zmm of int32 / fp32, one tile's width
+constexpr int64_t kLanes = 16;          // columns per block: one F32x16 / I32x16, one tile's width
 constexpr int64_t kQuads = kGroup / 4;  // 4-input steps per group (one vpdpbusd, one B tile row)
 constexpr int64_t kQuadBytes = 32;      // packed nibbles of one quad: 16 columns x 4 codes
 constexpr int64_t kGroupBytes = kQuads * kQuadBytes;
@@ -42,32 +49,60 @@ struct Quantized {
 };
 
 // one quad's codes as bytes: lane c = q[c, 4j .. 4j + 3] (nibbles (k0 | k1 << 4), (k2 | k3 << 4) per column)
-inline __m512i quad_codes(const uint8_t* src) {
+inline I32x16 quad_codes(const uint8_t* src) {
+#if defined(__AVX512F__)
   const __m512i words = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
   return _mm512_ternarylogic_epi32(words, _mm512_slli_epi16(words, 4), _mm512_set1_epi16(0x0F0F), 0xA8);
+#else
+  const auto half = [](const uint8_t* bytes) {  // 8 columns: (word | word << 4) & 0x0F0F, as the ternary logic
+    const __m256i words = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
+    return _mm256_and_si256(_mm256_or_si256(words, _mm256_slli_epi16(words, 4)), _mm256_set1_epi16(0x0F0F));
+  };
+  return {half(src), half(src + 16)};
+#endif
+}
+
+// S = sum over the group's 8 quads of codes x activations (one pass: 4 int8 per quad, broadcast to the lanes):
+// per column the exact integer sum of its 32 products, so the same integers on every path and in any order.
+// AVX512-VNNI: vpdpbusd in two chains. AVX2: vpmaddubsw of the codes (unsigned, 0..15) and the activations
+// (signed, -127..127: quantize_row clamps a2, and a1 = round(x / s1) with s1 = max|x| / 127) leaves in each
+// int16 the sum of 2 products, |.| <= 2 * 15 * 127 = 3810; the 8 quads add in int16, |.| <= 16 * 15 * 127 =
+// 30480 < 32767, no saturation anywhere, and vpmaddwd with ones adds each column's two int16 into its int32.
+inline I32x16 group_sums(const I32x16* q, const int32_t* a) {
+#if defined(__AVX512F__)
+  __m512i c0 = _mm512_setzero_si512(), c1 = c0;
+  for (int64_t j = 0; j < kQuads; j += 2) {
+    c0 = _mm512_dpbusd_epi32(c0, q[j], _mm512_set1_epi32(a[j]));
+    c1 = _mm512_dpbusd_epi32(c1, q[j + 1], _mm512_set1_epi32(a[j + 1]));
+  }
+  return _mm512_add_epi32(c0, c1);
+#else
+  __m256i lo = _mm256_setzero_si256(), hi = lo;
+  for (int64_t j = 0; j < kQuads; ++j) {
+    const __m256i act = _mm256_set1_epi32(a[j]);
+    lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(q[j].lo, act));
+    hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(q[j].hi, act));
+  }
+  const __m256i ones = _mm256_set1_epi16(1);
+  return {_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones)};
+#endif
 }
 
 // out[r] = fma(zp, xs, fma(scale, s1 * S1 + s2 * S2, out[r])): the one fold of a group, for every path
-inline __m512 half16(const uint16_t* f) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(f)));
+inline F32x16 fold(F32x16 out, I32x16 s1_sum, I32x16 s2_sum, const float* s, float xs, const uint16_t* f) {
+  F32x16 dot = mul(splat(s[0]), to_float(s1_sum));
+  dot = fmadd(splat(s[1]), to_float(s2_sum), dot);
+  out = fmadd(load_fp16(f), dot, out);
+  return fmadd(load_fp16(f + kLanes), splat(xs), out);
 }
 
-inline __m512 fold(__m512 out, __m512i s1_sum, __m512i s2_sum, const float* s, float xs, const uint16_t* f) {
-  __m512 dot = _mm512_mul_ps(_mm512_set1_ps(s[0]), _mm512_cvtepi32_ps(s1_sum));
-  dot = _mm512_fmadd_ps(_mm512_set1_ps(s[1]), _mm512_cvtepi32_ps(s2_sum), dot);
-  out = _mm512_fmadd_ps(half16(f), dot, out);
-  return _mm512_fmadd_ps(half16(f + kLanes), _mm512_set1_ps(xs), out);
-}
+inline void store_row(F32x16 out, uint16_t* y) { store_bf16(y, out); }
 
-inline void store_row(__m512 out, uint16_t* y) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), (__m256i)_mm512_cvtneps_pbh(out));
-}
-
-// a few rows: per group, the 8 quads unpacked once, then for each row vpdpbusd in two chains per pass
-// (integer sums: exact in any order) and the fold
+// a few rows: per group, the 8 quads unpacked once, then for each row the two passes' sums (group_sums) and the
+// fold
 inline void vnni_block(const Panel& p, int64_t b, const Quantized& x, int64_t m, uint16_t* y, int64_t ldy) {
-  __m512 out[kAmxRows];
-  for (int64_t r = 0; r < m; ++r) out[r] = _mm512_setzero_ps();
+  F32x16 out[kAmxRows];
+  for (int64_t r = 0; r < m; ++r) out[r] = zero();
   for (int64_t g = 0; g < p.groups; ++g) {
     const uint8_t* src = p.codes + (b * p.groups + g) * kGroupBytes;
     // the same group kPrefetchBlocks blocks on, into L2: a one-row product waits on memory, not on arithmetic
@@ -75,20 +110,13 @@ inline void vnni_block(const Panel& p, int64_t b, const Quantized& x, int64_t m,
     const uint8_t* ahead = src + kPrefetchBlocks * p.groups * kGroupBytes;
     for (int64_t line = 0; line < kGroupBytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T1);
     _mm_prefetch(reinterpret_cast<const char*>(p.scales(b + kPrefetchBlocks, g)), _MM_HINT_T1);
-    __m512i q[kQuads];
+    I32x16 q[kQuads];
     for (int64_t j = 0; j < kQuads; ++j) q[j] = quad_codes(src + j * kQuadBytes);
     for (int64_t r = 0; r < m; ++r) {
       const int32_t* a1 = reinterpret_cast<const int32_t*>(x.a + (r * 2) * x.k + g * kGroup);
       const int32_t* a2 = reinterpret_cast<const int32_t*>(x.a + (r * 2 + 1) * x.k + g * kGroup);
-      __m512i c1a = _mm512_setzero_si512(), c1b = c1a, c2a = c1a, c2b = c1a;
-      for (int64_t j = 0; j < kQuads; j += 2) {
-        c1a = _mm512_dpbusd_epi32(c1a, q[j], _mm512_set1_epi32(a1[j]));
-        c2a = _mm512_dpbusd_epi32(c2a, q[j], _mm512_set1_epi32(a2[j]));
-        c1b = _mm512_dpbusd_epi32(c1b, q[j + 1], _mm512_set1_epi32(a1[j + 1]));
-        c2b = _mm512_dpbusd_epi32(c2b, q[j + 1], _mm512_set1_epi32(a2[j + 1]));
-      }
-      out[r] = fold(out[r], _mm512_add_epi32(c1a, c1b), _mm512_add_epi32(c2a, c2b), x.s + (r * p.groups + g) * 2,
-                    x.xs[r * p.groups + g], p.scales(b, g));
+      out[r] = fold(out[r], group_sums(q, a1), group_sums(q, a2), x.s + (r * p.groups + g) * 2, x.xs[r * p.groups + g],
+                    p.scales(b, g));
     }
   }
   for (int64_t r = 0; r < m; ++r) store_row(out[r], y + r * ldy + b * kLanes);
@@ -98,25 +126,21 @@ inline void vnni_block(const Panel& p, int64_t b, const Quantized& x, int64_t m,
 // xs = s1 * sum(a1) + s2 * sum(a2); all in one fixed order per group
 inline void quantize_row(const uint16_t* x, int64_t groups, int8_t* a1, int8_t* a2, float* s, float* xs) {
   for (int64_t g = 0; g < groups; ++g) {
-    __m512 v[2];
-    for (int h = 0; h < 2; ++h) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + g * kGroup + h * 16));
-      v[h] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-    }
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
+    F32x16 v[2];
+    for (int h = 0; h < 2; ++h) v[h] = load_bf16(x + g * kGroup + h * 16);
+    const float amax = reduce_max(max(abs(v[0]), abs(v[1])));
     const float s1 = amax / 127.0f, s2 = s1 / 254.0f;
-    const __m512 inv1 = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
-    const __m512 inv2 = _mm512_set1_ps(amax > 0 ? 254.0f * 127.0f / amax : 0.0f);
+    const F32x16 inv1 = splat(amax > 0 ? 127.0f / amax : 0.0f);
+    const F32x16 inv2 = splat(amax > 0 ? 254.0f * 127.0f / amax : 0.0f);
     int32_t sum1 = 0, sum2 = 0;
     for (int h = 0; h < 2; ++h) {
-      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v[h], inv1));  // round to nearest even
-      const __m512 rest = _mm512_fnmadd_ps(_mm512_set1_ps(s1), _mm512_cvtepi32_ps(q1), v[h]);
-      const __m512i q2 = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(rest, inv2)),
-                                                           _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(a1 + g * kGroup + h * 16), _mm512_cvtepi32_epi8(q1));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(a2 + g * kGroup + h * 16), _mm512_cvtepi32_epi8(q2));
-      sum1 += _mm512_reduce_add_epi32(q1);
-      sum2 += _mm512_reduce_add_epi32(q2);
+      const I32x16 q1 = to_int(mul(v[h], inv1));  // round to nearest even
+      const F32x16 rest = fnmadd(splat(s1), to_float(q1), v[h]);
+      const I32x16 q2 = max(min(to_int(mul(rest, inv2)), splat_i(127)), splat_i(-127));
+      store_i8(a1 + g * kGroup + h * 16, q1);
+      store_i8(a2 + g * kGroup + h * 16, q2);
+      sum1 += reduce_add(q1);
+      sum2 += reduce_add(q2);
     }
     s[g * 2] = s1;
     s[g * 2 + 1] = s2;

@@ -12,16 +12,18 @@
 #include <cstdint>
 #include <limits>
 
+#include "simd.h"
+
 namespace {
 
-// sum_k w[k] * h[k] in fp64: 8 lanes over k, then the lanes in one fixed order
+// sum_k w[k] * h[k] in fp64: 8 lanes over k, then the lanes in one fixed order (the same bits in both builds:
+// simd.h's AVX2 F64x8 is the same 8 lanes in two halves)
 double dot_fp64(const float* w, const float* h, int64_t k) {
-  __m512d acc = _mm512_setzero_pd();
+  te::F64x8 acc = te::zero_d();
   int64_t i = 0;
-  for (; i + 8 <= k; i += 8)
-    acc = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(w + i)), _mm512_cvtps_pd(_mm256_loadu_ps(h + i)), acc);
+  for (; i + 8 <= k; i += 8) acc = te::fmadd(te::widen(w + i), te::widen(h + i), acc);
   double lanes[8];
-  _mm512_storeu_pd(lanes, acc);
+  te::storeu(lanes, acc);
   double total = 0.0;
   for (double lane : lanes) total += lane;
   for (; i < k; ++i) total += static_cast<double>(w[i]) * static_cast<double>(h[i]);
