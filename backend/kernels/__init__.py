@@ -3,6 +3,11 @@ and group in two int8 passes (`int4_mm`, the decoder's projections: AVX512-VNNI 
 from 4, the same integer sums), and int8 rows for the LM head's approximate logits (`int8_vnni` for 1-3 rows,
 `int8_mm` on AMX bf16 tiles from 4).
 
+Two builds of the one source (`build.isa()`, from the CPU's flags; `simd.h` holds the difference): the AVX512
+build above (its AMX paths only where the CPU has AMX), and an AVX2 build (AVX2, FMA, F16C: an AMD EPYC before
+Zen 4) whose `int4_mm` and `int8_vnni` serve every row count with vpmaddubsw, the same exact integer sums.
+Either is "the 'amx' kernel" to its callers (`load.int4_kernel()`); the served `kernel_id` names the build.
+
 Why: torch's `_weight_int4pack_mm_for_cpu` re-dequantizes the weights for every few rows, so its cost grows
 with the rows (1.15x / 1.4x / 1.7x / 3x a one-row call at 2 / 3 / 4 / 8 rows, SmolLM2's shapes): continuous
 batching hardly paid, and one row cost 5 ms over the 120 projections. Integer dot products of the codes as

@@ -1,8 +1,15 @@
-"""Loading the built kernel into torch and deciding whether it is used: the library is loaded (registering
-`torch.ops.tokenedge.*`) where the CPU has AVX512-BF16 and AVX512-VNNI and a self-check passes; its AMX paths
-(int4_mm from 4 rows, int8_mm) only where the CPU also has AMX (tile, int8, bf16), the VNNI ones for every row
-count elsewhere (an AMD EPYC); anywhere else the model keeps torch's int4 kernel. The two differ in their last bits, so the kernel in
-use, down to a hash of its source, is part of the served model revision (`kernel_id`).
+"""Loading the built kernel into torch and deciding whether it is used: the library is built for the CPU's
+tier (backend.kernels.build.isa: 'avx512' where it has AVX512-BF16 and AVX512-VNNI, 'avx2' where it has AVX2, FMA
+and F16C) and loaded (registering `torch.ops.tokenedge.*`) where a self-check passes. The AVX512 build takes its
+AMX paths (int4_mm from 4 rows, int8_mm) only where the CPU also has AMX (tile, int8, bf16), the VNNI ones for
+every row count elsewhere (an AMD EPYC from Zen 4); the AVX2 build (an EPYC before Zen 4) its AVX2 paths for
+every row count; anywhere else the model keeps torch's int4 kernel. Kernels and builds differ in their last
+bits, so the kernel in use, its build and a hash of its source, is part of the served model revision
+(`kernel_id`: 'torch', 'amx.<hash>' or 'avx2.<hash>').
+
+'amx' names tokenedge's kernel library wherever it appears (`int4_kernel()`, `TOKENEDGE_INT4_KERNEL=amx`,
+`Int4Linear.kernel`, `require_amx`, `amx_unavailable`), whatever ISA it was built for: the name predates the
+AVX2 build, and callers compare to it. `isa()` says which build is loaded; `has_amx()` whether its AMX paths run.
 `TOKENEDGE_INT4_KERNEL=torch` forces torch's kernel, `=amx` makes a failure to use this one an error.
 `TOKENEDGE_STEP_THREADS` picks how the native decoder step and the head's VNNI rows spread over torch's threads
 (team.h: `fork`, `pool` or `region`); every choice gives the same bits, so it is no part of the revision."""
@@ -16,14 +23,16 @@ import subprocess
 
 import torch
 
+from backend.kernels import build as _build
 from backend.kernels.build import build, source_hash
 from backend.kernels.ops import int4_mm, pack_int4
 from backend.runtime import cpu_flags
 
 _LOG = logging.getLogger(__name__)
-# the CPU features the library needs (its VNNI paths serve every row count), and those its AMX paths add
-_CPU_FLAGS = ("avx512_bf16", "avx512_vnni", "avx512bw", "avx512vl", "f16c")
+# the CPU features the AMX paths add to the AVX512 build (build.ISAS: each build's own)
 _AMX_FLAGS = ("amx_tile", "amx_bf16", "amx_int8")
+# kernel_id's name of each build: the AVX512 build's ids are what they were before the AVX2 build existed
+_ID_PREFIX = {"avx512": "amx", "avx2": "avx2"}
 ENV = "TOKENEDGE_INT4_KERNEL"
 KERNELS = ("auto", "amx", "torch")
 THREADING_ENV = "TOKENEDGE_STEP_THREADS"
@@ -67,20 +76,27 @@ def _self_check() -> None:
 
 
 @functools.cache
+def isa() -> str | None:
+    """The library's build for this CPU: 'avx512' (AMX paths where `has_amx()`), 'avx2', or None (neither)."""
+    return _build.isa()
+
+
+@functools.cache
 def has_amx() -> bool:
-    """Whether the CPU has AMX: the library then takes its AMX paths from a few rows (int8_mm only there)."""
-    return all(f in cpu_flags() for f in _AMX_FLAGS)
+    """Whether the library takes its AMX paths: the AVX512 build on a CPU with AMX (int8_mm only there)."""
+    return isa() == "avx512" and all(f in cpu_flags() for f in _AMX_FLAGS)
 
 
 @functools.cache
 def amx_unavailable() -> str | None:
-    """Why the AMX kernel cannot run here (None: built, loaded and self-checked)."""
-    missing = [f for f in _CPU_FLAGS if f not in cpu_flags()]
-    if missing:
-        return f"this CPU lacks {', '.join(missing)}"
+    """Why tokenedge's kernel library (either build) cannot run here (None: built, loaded and self-checked)."""
+    if isa() is None:
+        needs = dict.fromkeys(f for needs, _ in _build.ISAS.values() for f in needs)
+        missing = [f for f in needs if f not in cpu_flags()]
+        return f"this CPU lacks {', '.join(missing)} (the kernel library needs AVX512-VNNI/BF16, or AVX2/FMA/F16C)"
     threading = step_threading()  # a misspelt choice is an error, not a fallback
     try:
-        torch.ops.load_library(str(build()))
+        torch.ops.load_library(str(build(isa())))
         _self_check()
         torch.ops.tokenedge.set_step_threading(threading)
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
@@ -98,7 +114,8 @@ def step_threading() -> str:
 
 @functools.cache
 def int4_kernel() -> str:
-    """'amx' (this kernel, built and loaded) or 'torch' (torch's int4 kernel), by $TOKENEDGE_INT4_KERNEL."""
+    """'amx' (tokenedge's kernel library, built for this CPU's ISA and loaded: `isa()` says which build) or
+    'torch' (torch's int4 kernel), by $TOKENEDGE_INT4_KERNEL."""
     choice = os.environ.get(ENV, "auto").strip().lower() or "auto"
     if choice not in KERNELS:
         raise ValueError(f"{ENV}={choice!r}: expected one of {', '.join(KERNELS)}")
@@ -106,22 +123,23 @@ def int4_kernel() -> str:
         return "torch"
     why = amx_unavailable()
     if why is not None and choice == "amx":
-        raise KernelUnavailable(f"{ENV}=amx but the AMX int4 kernel cannot run: {why}")
+        raise KernelUnavailable(f"{ENV}=amx but tokenedge's int4 kernel cannot run: {why}")
     if why is not None:
-        _LOG.warning("the AMX int4 kernel is not used (%s): torch's int4 kernel instead", why)
+        _LOG.warning("tokenedge's int4 kernel is not used (%s): torch's int4 kernel instead", why)
     return "torch" if why is not None else "amx"
 
 
 def kernel_id() -> str:
-    """The int4 kernel in use, as the served revision names it: 'torch', or 'amx.' and a hash of this kernel's
-    source (any change to its arithmetic is a new revision)."""
+    """The int4 kernel in use, as the served revision names it: 'torch', or the library's build ('amx' for the
+    AVX512 build, with or without AMX: the same bits; 'avx2' for the AVX2 build, whose fp32 bits may differ), a
+    dot and a hash of its source (any change to its arithmetic is a new revision)."""
     if int4_kernel() == "torch":
         return "torch"
-    return "amx." + source_hash()
+    return f"{_ID_PREFIX[isa() or 'avx512']}.{source_hash()}"
 
 
 def require_amx() -> None:
     """Load the kernel for a layer that asks for it by name; KernelUnavailable if it cannot run here."""
     why = amx_unavailable()
     if why is not None:
-        raise KernelUnavailable(f"the AMX int4 kernel cannot run here: {why}")
+        raise KernelUnavailable(f"tokenedge's int4 kernel cannot run here: {why}")

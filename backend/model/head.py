@@ -7,10 +7,12 @@ logits, so greedy decoding picks the fp32 head's token, whichever approximation 
 (temperature > 0) get the plain fp32 head instead (backend.model.llama).
 
 Approximations, by rows in the call (the cheapest measured for each; 49152 x 576, 2 threads):
-- 1 to 3 rows, where the kernel library runs: AVX512-VNNI on the int8 codes and the activation row as two
-  int8 passes (its value, then its residual: about 16 bits), exact integer sums (`backend.kernels.int8_vnni`);
-- from 4 rows there: the AMX int8 kernel (`int8_mm`), flat in the rows, where the CPU has AMX; VNNI otherwise
-  (an AMD EPYC: 1 thread, 1 row 0.9 ms against torch's int8 kernel's 2.0);
+- 1 to 3 rows, where the kernel library runs: AVX512-VNNI (AVX2's vpmaddubsw in its AVX2 build) on the int8
+  codes and the activation row as two int8 passes (its value, then its residual: about 16 bits), exact integer
+  sums (`backend.kernels.int8_vnni`);
+- from 4 rows there: the AMX int8 kernel (`int8_mm`), flat in the rows, where the CPU has AMX (`has_amx()`:
+  never the AVX2 build); int8_vnni otherwise (an AMD EPYC: 1 thread, 1 row 0.9 ms against torch's int8
+  kernel's 2.0);
 - elsewhere: torch's `_weight_int8pack_mm` below `DENSE_ROWS`, oneDNN's bf16 GEMM from there.
 """
 
@@ -50,7 +52,7 @@ class RescoredHead:
         self.err_norm = (approx - weight).norm(dim=1)  # [V]: ||w_hat - w|| per token
         self.approx_norm = approx.norm(dim=1)  # [V]
         v, h = weight.shape
-        self.amx: torch.Tensor | None = None  # the AMX int8 layout, where the CPU has AMX
+        self.amx: torch.Tensor | None = None  # the AMX int8 layout, where the library runs its AMX paths
         self.vnni: torch.Tensor | None = None
         self.dense: torch.Tensor | None = None
         if amx is None:

@@ -1,8 +1,9 @@
 """The int4 kernel (backend/kernels): close to the dequantized weights (bf16 output, inputs held to ~15 bits),
 rows that never depend on their batch (count, position, the VNNI and AMX paths, threads), the packing, the
 choice between it and torch's kernel, the served revision that tells the two apart, and the AMX tile
-configuration as the CPU holds it (GCC 12's intrinsic trap, docs/design.md §8). Runs where the CPU has AVX512-VNNI
-and AVX512-BF16 (the kernel's VNNI paths then serve every row count); the tile tests where it also has AMX;
+configuration as the CPU holds it (GCC 12's intrinsic trap, docs/design.md §8). Runs where the library builds for
+the CPU: AVX512-VNNI and AVX512-BF16 (the AVX512 build, whose VNNI paths then serve every row count), or AVX2, FMA
+and F16C (the AVX2 build, its AVX2 paths at every row count); the tile tests where the CPU also has AMX;
 elsewhere the kernel is never chosen, which the choice tests check through the CPU flags."""
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from backend.__main__ import numerics
 from backend.config import BackendConfig
 from backend.kernels import build, load
 from backend.kernels.load import KernelUnavailable, int4_kernel
-from backend.kernels.ops import int4_mm, pack_int4
+from backend.kernels.ops import int4_mm, pack_int4, pack_vnni
 from backend.loader.quantized import Int4Blocks
 from backend.loader.revision import served_revision
 from backend.model.quant import Int4Linear
 
 needs_amx = pytest.mark.skipif(
-    load.amx_unavailable() is not None, reason="needs AVX512-VNNI/BF16 and the built kernel"
+    load.amx_unavailable() is not None,
+    reason="needs tokenedge's kernel library (AVX512-VNNI/BF16 or AVX2/FMA/F16C) built and loaded",
 )
 needs_tiles = pytest.mark.skipif(
     load.amx_unavailable() is not None or not load.has_amx(), reason="needs AMX tiles"
@@ -83,6 +85,64 @@ def test_codes_and_inputs_enter_the_product_exactly(rows: int) -> None:
     x[:, ::32] = 127.0
     exact = x.double() @ (codes.double() - 8).t()  # |y| <= 124: bf16 holds it exactly
     assert torch.equal(int4_mm(x.to(torch.bfloat16), *pack_int4(b.codes, b.scales, b.zeros)).double(), exact)
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("case", ["random", "largest", "smallest"])
+def test_the_integer_sums_are_exact_at_their_limits(rows: int, case: str) -> None:
+    """Inputs that quantize exactly (integers, each group's largest |x| 127: s1 = 1, a2 = 0) against codes of
+    scale 1, zero 0 (zp = -8): every fp32 step of the fold is then exact, so each output is the exact int64 sum
+    rounded once to bf16. 'largest' and 'smallest' put every code at 15 and every input at +127 or -127, the
+    AVX2 build's int16 partial sums at their bound (16 * 15 * 127 = 30480 < 32767)."""
+    n, k = 48, 256
+    gen = torch.Generator().manual_seed(11)
+    if case == "random":
+        codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+        x = torch.randint(-127, 128, (rows, k), generator=gen)
+        x[:, ::32] = 127 * torch.where(torch.rand(rows, k // 32, generator=gen) < 0.5, -1, 1)
+    else:
+        codes = torch.full((n, k), 15, dtype=torch.uint8)
+        codes[1::2, 64:] = torch.randint(0, 16, (n // 2, k - 64), generator=gen, dtype=torch.uint8)
+        x = torch.full((rows, k), 127 if case == "largest" else -127)
+    b = Int4Blocks(codes=codes, scales=torch.ones(n, k // 32), zeros=torch.zeros(n, k // 32))
+    exact = x.long() @ (codes.long() - 8).t()  # int64
+    assert exact.abs().max() < 2**24  # and the fold's partial sums too: all exact in fp32
+    got = int4_mm(x.to(torch.bfloat16), *pack_int4(b.codes, b.scales, b.zeros))
+    assert torch.equal(got, exact.double().to(torch.bfloat16))
+
+
+@needs_amx
+def test_the_heads_integer_sums_are_exact() -> None:
+    """int8_vnni with unit scales: sum over both passes of (u - 128) * code, exactly, at the extremes (q = +-127
+    against codes +-127: the AVX2 build's vpmaddubsw pairs at their bound, 2 * 127 * 127 = 32258 < 32767)."""
+    gen = torch.Generator().manual_seed(12)
+    n, k = 64, 128
+    codes = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    codes[:16] = 127
+    codes[16:32] = -127
+    q = torch.randint(-127, 128, (3, 2, k), generator=gen)
+    q[0] = 127
+    q[1, 0] = -127
+    u = (q + 128).to(torch.uint8)
+    colsum = codes.sum(dim=1, dtype=torch.int32)
+    got = torch.ops.tokenedge.int8_vnni(u, torch.ones(3, 2), pack_vnni(codes), colsum, torch.ones(n))
+    exact = q.sum(dim=1).long() @ codes.long().t()  # [3, N]: both passes at scale 1
+    assert torch.equal(got.double(), exact.double())
+
+
+@needs_amx
+def test_the_ops_that_need_tiles_refuse_without_them() -> None:
+    """Where the library has no AMX paths (the AVX2 build, or a CPU without AMX) int8_mm and the tile debug op
+    stay registered and refuse with a reason; int8_vnni and int4_mm serve every row count."""
+    if load.has_amx():
+        pytest.skip("this CPU runs the AMX paths")
+    with pytest.raises(RuntimeError, match="AMX"):
+        torch.ops.tokenedge.int8_mm(
+            activations(2, 64), torch.zeros(2, 2, 512, dtype=torch.int8), torch.ones(32)
+        )
+    with pytest.raises(RuntimeError, match="AMX"):
+        torch.ops.tokenedge.tile_config_roundtrip(16, 32, 8)
 
 
 @needs_amx
@@ -228,13 +288,31 @@ def test_a_build_is_reused(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 @needs_amx
-def test_the_amx_kernels_id_follows_its_source(fresh_choice: pytest.MonkeyPatch) -> None:
+def test_the_amx_kernels_id_follows_its_source_and_names_its_build(fresh_choice: pytest.MonkeyPatch) -> None:
+    """'amx.<hash>' for the AVX512 build (as before the AVX2 build existed), 'avx2.<hash>' for the AVX2 build:
+    their fp32 bits may differ, so a model served on one is another revision than on the other."""
     fresh_choice.setenv(load.ENV, "auto")
     ident = load.kernel_id()
     digest = hashlib.blake2b(
         b"".join(s.read_bytes() for s in (*build.SOURCES, *build.HEADERS)), digest_size=4
     )
-    assert ident == f"amx.{digest.hexdigest()}"
+    assert ident == f"{'amx' if load.isa() == 'avx512' else 'avx2'}.{digest.hexdigest()}"
+
+
+def test_the_build_follows_the_cpus_flags() -> None:
+    avx512 = {"avx512_bf16", "avx512_vnni", "avx512bw", "avx512vl", "f16c", "avx2", "fma", "bmi2"}
+    assert build.isa(avx512) == "avx512" and build.isa(avx512 | {"amx_tile"}) == "avx512"
+    assert build.isa({"avx2", "fma", "f16c", "bmi2", "avx512f"}) == "avx2"  # AVX512F alone: no VNNI, no BF16
+    assert build.isa({"avx2", "fma", "bmi2"}) is None and build.isa(set()) is None
+    assert "-mamx-tile" in build.ISAS["avx512"][1] and not any("512" in f for f in build.ISAS["avx2"][1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", sorted(build.ISAS))
+def test_each_build_compiles_on_any_x86_machine(target: str) -> None:
+    """Both builds from the one source (only one of them runs here): a change for one ISA cannot break the
+    other's build unseen."""
+    assert build.build(target).exists()
 
 
 def test_the_served_revision_tells_kernels_and_modes_apart(fresh_choice: pytest.MonkeyPatch) -> None:
