@@ -7,12 +7,14 @@
 // products of codes and int8 inputs sum exactly in int32, so a group's sums S1 = sum a1 * q and S2 =
 // sum a2 * q do not depend on who computed them or in what order: AVX512-VNNI (vpdpbusd) for a few rows, AMX
 // int8 tiles (tdpbsud) for many, the same integers; in the AVX2 build (build.py: a CPU without AVX512-VNNI)
-// vpmaddubsw and vpmaddwd for every row count, the same integers again (int4_core.h: group_sums). Then, in one fixed order per output element and group:
+// vpmaddubsw and vpmaddwd for every row count, the same integers again (int4_core.h: group_sums). Then, in
+// one fixed order per output element and group:
 //   dot = s1 * S1 + s2 * S2, xs = s1 * A1 + s2 * A2 (A = sum of the a's), out += scale * dot, out += zp * xs,
 // with zp = zero - 8 * scale (scale and zp in fp16: Q4_1's d and m, Q4_0's d and -8d, exactly). So every
-// output element is the same arithmetic on its own row and column
-// whatever the rows in the call, their order, the path, the column blocking or the threads: batch-invariant
-// by construction (tests/backend/test_int4_kernel.py checks it bitwise across the paths).
+// output element is the same arithmetic on its own row and column whatever the rows in the call, their order,
+// the path, the column blocking or the threads: batch-invariant by construction (tests/backend/test_int4_kernel.py
+// checks it bitwise across the paths).
+//
 // Everything AMX (the tiles' configuration, the int4 and int8 tile products) is compiled only where the compiler
 // is given AMX (__AMX_TILE__, the AVX512 build); the AVX2 build registers the same ops, and those that need
 // tiles (int8_mm, tile_config_roundtrip) refuse with a reason.
@@ -315,28 +317,7 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
 // where u[m, p] = q[m, p] + 128 are the two int8 passes of the row (the value, then its residual) offset to
 // unsigned. Integer sums are exact, so the blocking is free. ----
 
-constexpr int64_t kQuad = 4;  // k per VNNI lane step: codes [N/16, K/4, 16 x 4]
-
-// acc += one quad of the head: the 16 columns' 4 codes w against one pass's 4 bytes u of a row, broadcast.
-// AVX512-VNNI: vpdpbusd of u = q + 128 (unsigned) and w (signed): sum u * w, whose offset 128 * colsum the caller
-// takes off in fp32 (kHeadOffset). AVX2: vpmaddubsw of u and w would saturate (2 * 255 * 127 > 32767), so it
-// takes the signed q = u ^ 0x80 against |w|, w's sign moved onto q (vpsignb; q and w in -127..127): each int16 a
-// pair |q * w + q' * w'| <= 2 * 127 * 127 = 32258, exact, then vpmaddwd with ones into int32. That sum is
-// sum q * w = sum u * w - 128 * colsum exactly, so there is no offset to take off.
-#if defined(__AVX512F__)
-constexpr bool kHeadOffset = true;
-inline I32x16 head_dot(I32x16 acc, int32_t u, I32x16 w) { return _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(u), w); }
-#else
-constexpr bool kHeadOffset = false;
-inline __m256i head_dot8(__m256i acc, __m256i q, __m256i w) {
-  const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(q, w));
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-}
-inline I32x16 head_dot(I32x16 acc, int32_t u, I32x16 w) {
-  const __m256i q = _mm256_set1_epi32(u ^ static_cast<int32_t>(0x80808080u));
-  return {head_dot8(acc.lo, q, w.lo), head_dot8(acc.hi, q, w.hi)};
-}
-#endif
+constexpr int64_t kQuad = 4;  // k per VNNI lane step: codes [N/16, K/4, 16 x 4]; one step: simd.h's head_dot
 
 void vnni_span(const int8_t* codes, const int32_t* colsum, const float* scales, int64_t quads, int64_t begin,
                int64_t end, const uint8_t* u, const float* row_scales, int64_t m, float* y, int64_t ldy) {

@@ -110,7 +110,8 @@ inline void vnni_block(const Panel& p, int64_t b, const Quantized& x, int64_t m,
     // the same group kPrefetchBlocks blocks on, into L2: a one-row product waits on memory, not on arithmetic
     // (a prefetch never faults, past the panel's end included)
     const uint8_t* ahead = src + kPrefetchBlocks * p.groups * kGroupBytes;
-    for (int64_t line = 0; line < kGroupBytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T1);
+    for (int64_t line = 0; line < kGroupBytes; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T1);
     _mm_prefetch(reinterpret_cast<const char*>(p.scales(b + kPrefetchBlocks, g)), _MM_HINT_T1);
     I32x16 q[kQuads];
     for (int64_t j = 0; j < kQuads; ++j) q[j] = quad_codes(src + j * kQuadBytes);

@@ -149,11 +149,14 @@ inline F32x16 scalef(F32x16 x, F32x16 n) { return {scalef8(x.lo, n.lo), scalef8(
 inline __m256i bf16_bits8(__m256 v) {  // 8 lanes' bf16 in the low 16 bits of each int32
   const __m256i bits = _mm256_castps_si256(v);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), odd), 16);
+  const __m256i biased = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), odd);
+  const __m256i rounded = _mm256_srli_epi32(biased, 16);
   const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
   return _mm256_blendv_epi8(rounded, quiet, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
 }
-inline __m256 from_bf16_8(__m128i words) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(words), 16)); }
+inline __m256 from_bf16_8(__m128i words) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(words), 16));
+}
 inline F32x16 load_bf16(const uint16_t* p) {
   return {from_bf16_8(_mm_loadu_si128((const __m128i*)p)), from_bf16_8(_mm_loadu_si128((const __m128i*)(p + 8)))};
 }
@@ -167,7 +170,8 @@ inline F32x16 round_bf16(F32x16 v) {  // to the nearest bf16 (even on ties), bac
           _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits8(v.hi), 16))};
 }
 inline F32x16 load_fp16(const uint16_t* p) {
-  return {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 8)))};
+  return {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)),
+          _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 8)))};
 }
 
 // masks
@@ -177,7 +181,9 @@ inline Mask16 first_lanes(int64_t n) {
   return {_mm256_castsi256_ps(_mm256_cmpgt_epi32(count, index)),
           _mm256_castsi256_ps(_mm256_cmpgt_epi32(count, _mm256_add_epi32(index, _mm256_set1_epi32(8))))};
 }
-inline Mask16 less(F32x16 a, F32x16 b) { return {_mm256_cmp_ps(a.lo, b.lo, _CMP_LT_OQ), _mm256_cmp_ps(a.hi, b.hi, _CMP_LT_OQ)}; }
+inline Mask16 less(F32x16 a, F32x16 b) {
+  return {_mm256_cmp_ps(a.lo, b.lo, _CMP_LT_OQ), _mm256_cmp_ps(a.hi, b.hi, _CMP_LT_OQ)};
+}
 inline F32x16 load_masked(Mask16 m, const float* p) {  // 0 outside m; lanes outside m are not read
   return {_mm256_maskload_ps(p, _mm256_castps_si256(m.lo)), _mm256_maskload_ps(p + 8, _mm256_castps_si256(m.hi))};
 }
@@ -223,6 +229,29 @@ inline void storeu(double* p, F64x8 v) {
   _mm256_storeu_pd(p + 4, v.hi);
 }
 
+#endif
+
+// The LM head's int8 step (int4_amx.cpp: int8_vnni): acc += the 16 columns' 4 codes w against one pass's 4
+// bytes u of a row, broadcast. AVX512-VNNI: vpdpbusd of u = q + 128 (unsigned) and w (signed): sum u * w, whose
+// offset 128 * colsum the caller takes off in fp32 (kHeadOffset). AVX2: vpmaddubsw of u and w would saturate
+// (2 * 255 * 127 > 32767), so it takes the signed q = u ^ 0x80 against |w|, w's sign moved onto q (vpsignb; q
+// and w in -127..127): each int16 a pair |q * w + q' * w'| <= 2 * 127 * 127 = 32258, exact, then vpmaddwd with
+// ones into int32. That sum is sum q * w = sum u * w - 128 * colsum exactly, so there is no offset to take off.
+#if defined(__AVX512F__)
+constexpr bool kHeadOffset = true;
+inline I32x16 head_dot(I32x16 acc, int32_t u, I32x16 w) {
+  return _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(u), w);
+}
+#else
+constexpr bool kHeadOffset = false;
+inline __m256i head_dot8(__m256i acc, __m256i q, __m256i w) {
+  const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(q, w));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+inline I32x16 head_dot(I32x16 acc, int32_t u, I32x16 w) {
+  const __m256i q = _mm256_set1_epi32(u ^ static_cast<int32_t>(0x80808080u));
+  return {head_dot8(acc.lo, q, w.lo), head_dot8(acc.hi, q, w.hi)};
+}
 #endif
 
 }  // namespace te
