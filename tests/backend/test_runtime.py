@@ -57,7 +57,8 @@ def test_the_start_log_line_names_everything(caplog: pytest.LogCaptureFixture) -
         "device=cpu",
         "dtype=bfloat16",
         f"threads={torch.get_num_threads()}",
-        "matmul=oneDNN",
+        # the matmul path this CPU takes: oneDNN where it has bf16 support, ATen's fallback elsewhere (an AVX2 EPYC)
+        "matmul=oneDNN" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "matmul=ATen bfloat16 fallback",
         "attention=sdpa",
         "sdpa_kernels=",
         "onednn_bf16=",
