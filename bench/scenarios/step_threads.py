@@ -231,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-minutes", type=float, default=60.0)
     args = parser.parse_args(argv)
     if int4_kernel() != "amx":
-        raise SystemExit("the native step needs tokenedge's int4 kernel (AVX512-VNNI/BF16)")
+        raise SystemExit("the native step needs tokenedge's int4 kernel (an AVX512-VNNI/BF16 or AVX2 CPU)")
     dims, stack = file_stack(args.model) if args.model else shaped_stack(args.shape)
     all_cases = cases(dims, [int(b) for b in args.batches.split(",") if b], args.context, args.prefill)
     modes, threads = args.modes.split(","), [int(t) for t in args.threads.split(",")]
