@@ -7,7 +7,10 @@ however its prefill is chunked and whether its prefix came from the cache; off t
 `speculative_tokens` (default 3): prompt-lookup drafts per verify forward for greedy requests
 (backend/engine/speculative.py). A verify of k + 1 rows costs more than a one-row step, so drafts pay where they are
 accepted: copy-heavy prompts (`bench speculative`: 1.3-1.5x with k = 2-3), while on free text about 20% are kept
-and speculation is roughly neutral (docs/performance.md). Speculation is exact only on batch-invariant kernels (a
+and speculation is roughly neutral (docs/performance.md). A request drafts on past its probe only while the share of
+its drafts accepted beats what a row costs here, timed on the engine's own decode steps (`speculative.RowCost`:
+about 0.1-0.3 of a step on the AVX512 build, about half on the AVX2 build at one thread, where drafts that
+did not pay cost 20% of batch-1 decode before the gate). Speculation is exact only on batch-invariant kernels (a
 k-token verify equals k single steps bitwise), so it is off whenever `batch_invariant` is: `draft_tokens` is what
 the engine uses.
 `cuda_graphs` (default off until measured on a GPU): decode-only steps replay a CUDA graph captured per batch bucket

@@ -10,6 +10,7 @@ Not thread-safe: exactly one thread calls it. Tests use it directly.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence as Seq
 
 import torch
@@ -27,13 +28,14 @@ from backend.engine.prompt import PromptLimits, ValidPrompt
 from backend.engine.sampling import SamplingParams, make_generator
 from backend.engine.scheduler import ScheduledSeq, Scheduler
 from backend.engine.sequence import Sequence
-from backend.engine.speculative import SpeculativeConfig, propose
+from backend.engine.speculative import RowCost, SpeculativeConfig, propose
 from backend.model.llama import LlamaModel
 from backend.model.tiling_store import TilingStore
 
 Sampled = int | list[int] | None  # per scheduled sequence: a token, accepted drafts + a token, or nothing
 
-# a request keeps speculating while at least this share of its drafts is accepted (checked after a probe)
+# a request keeps speculating while at least this share of its drafts is accepted (checked after a probe), or
+# the measured break-even share where a row costs more (speculative.RowCost)
 _PROBE_DRAFTS = 8
 _MIN_ACCEPTANCE = 0.3
 
@@ -94,6 +96,7 @@ class LLMEngine:
         self.spec_draft_tokens_total = 0
         self.spec_accepted_tokens_total = 0
         self._spec_tally: dict[str, tuple[int, int]] = {}  # request id -> (drafted, accepted) so far
+        self.row_cost = RowCost()  # what a verify's extra rows cost here, from the decode steps' own times
         self.prompt_limits = PromptLimits(mc.vocab_size, config.max_model_len)
 
     def prompt(self, ids: Seq[int]) -> ValidPrompt:
@@ -135,7 +138,10 @@ class LLMEngine:
         batch = self._schedule()
         if not batch:
             return []
+        started = time.perf_counter()
         sampled = self.runner.run(batch)
+        if self.speculative.num_tokens and all(_decodes(item) for item in batch):
+            self.row_cost.record(sum(item.num_new_tokens for item in batch), time.perf_counter() - started)
         return self._postprocess(batch, sampled)
 
     def _schedule(self) -> list[ScheduledSeq]:
@@ -211,10 +217,13 @@ class LLMEngine:
         return drafts
 
     def _drafts_pay(self, seq: Sequence) -> bool:
-        """Keep drafting for a request while its drafts are mostly right: after `_PROBE_DRAFTS` drafted tokens,
-        only at an acceptance of at least `_MIN_ACCEPTANCE` (a rejected draft costs a wider forward for nothing)."""
+        """Keep drafting for a request while its drafts pay: after `_PROBE_DRAFTS` drafted tokens, only at an
+        acceptance of at least the break-even share (a rejected draft costs a wider forward for nothing): the
+        measured cost of a row (`RowCost`), never below `_MIN_ACCEPTANCE`."""
         drafted, accepted = self._spec_tally.get(seq.request_id, (0, 0))
-        return drafted < _PROBE_DRAFTS or accepted >= _MIN_ACCEPTANCE * drafted
+        if drafted < _PROBE_DRAFTS:  # a probe, unless no draft can pay here (a row costs a whole step)
+            return self.row_cost.marginal is None or self.row_cost.marginal < 1.0
+        return accepted >= self.row_cost.break_even(_MIN_ACCEPTANCE) * drafted
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -253,3 +262,13 @@ def _fix_cuda_gemm_config() -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+
+
+def _decodes(item: ScheduledSeq) -> bool:
+    """A decode row, with or without drafts (not a prefill chunk, not an embedding): the steps RowCost times."""
+    seq = item.seq
+    return (
+        not isinstance(seq, EmbeddingSequence)
+        and item.start == seq.num_tokens - 1
+        and item.num_new_tokens == 1 + len(item.draft)
+    )

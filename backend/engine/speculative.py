@@ -31,6 +31,35 @@ class SpeculativeConfig:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
 
 
+@dataclass(slots=True)
+class RowCost:
+    """What one more row costs a decode step, as a share of a one-row step, measured on the engine's own steps.
+
+    A verify of k drafts is a (k + 1)-row step: it costs 1 + k * r one-row steps and yields 1 + accepted tokens, so
+    drafts pay exactly when the share accepted exceeds r. Where extra rows ride on the weights' memory traffic (the
+    AVX512 build: r about 0.1-0.3) nearly any acceptance pays; where the kernel is compute-bound (the AVX2 build,
+    one thread: r about 0.5) a draft must be right about half the time. Timing decides only whether to draft, never
+    a token: a verify's tokens are exactly the single steps' (batch-invariant kernels), so the output is the same.
+    Until both a one-row and a wider decode step were timed, `break_even` is the caller's floor."""
+
+    one_row_s: float | None = None
+    marginal: float | None = None  # r, an exponential average over the wider decode steps
+    weight: float = 0.2
+
+    def record(self, rows: int, seconds: float) -> None:
+        if rows == 1:
+            last = self.one_row_s
+            self.one_row_s = seconds if last is None else last + self.weight * (seconds - last)
+        elif rows > 1 and self.one_row_s:
+            share = max(0.0, (seconds - self.one_row_s) / ((rows - 1) * self.one_row_s))
+            last = self.marginal
+            self.marginal = share if last is None else last + self.weight * (share - last)
+
+    def break_even(self, floor: float) -> float:
+        """The share of drafted tokens that must be accepted for drafting to pay (at least `floor`)."""
+        return floor if self.marginal is None else max(floor, self.marginal)
+
+
 def propose(token_ids: Seq[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
     """Up to k draft tokens: what followed the latest earlier match of the longest suffix n-gram."""
     size = len(token_ids)

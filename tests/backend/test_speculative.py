@@ -153,6 +153,44 @@ def test_a_request_whose_drafts_keep_failing_stops_drafting() -> None:
     assert "r" not in engine._spec_tally
 
 
+def test_drafts_must_beat_the_measured_cost_of_a_row() -> None:
+    """Where a row costs half a step (the AVX2 build, one thread) a verify that keeps 40% of its drafts loses time:
+    after the probe the request stops drafting; where a row costs a whole step, it does not even probe."""
+    config = EngineConfig(num_blocks=32, max_num_seqs=2, max_model_len=128, speculative_tokens=4)
+    engine = LLMEngine(tiny_model(), config, frozenset())
+    seq = engine.add_request(
+        "r", engine.prompt([1, 2, 3, 1, 2, 3]), SamplingParams(temperature=0, max_tokens=8)
+    )
+    engine.row_cost.record(1, 0.010)
+    engine.row_cost.record(5, 0.030)  # 4 more rows, 20 ms: each row half a one-row step
+    assert engine.row_cost.marginal == pytest.approx(0.5)
+    assert engine._drafts_pay(seq)  # the probe
+    engine._spec_tally["r"] = (16, 7)  # 44% accepted: above the 0.3 floor, below the break-even 0.5
+    assert not engine._drafts_pay(seq)
+    engine._spec_tally["r"] = (16, 9)
+    assert engine._drafts_pay(seq)
+    engine._spec_tally["r"] = (0, 0)
+    for _ in range(30):
+        engine.row_cost.record(3, 0.035)  # a row now costs more than a one-row step
+    assert engine.row_cost.marginal is not None and engine.row_cost.marginal > 1.0
+    assert not engine._drafts_pay(seq)  # no probe: no acceptance could pay
+
+
+def test_the_engine_times_its_decode_steps_for_the_row_cost() -> None:
+    config = EngineConfig(num_blocks=32, max_num_seqs=4, max_model_len=128, speculative_tokens=3)
+    engine = LLMEngine(tiny_model(), config, frozenset())
+    params = SamplingParams(temperature=0, max_tokens=6)
+    engine.add_request("alone", engine.prompt([5, 9, 2, 7]), params)
+    for _ in range(3):  # its prefill, then one-row decodes
+        engine.step()
+    assert engine.row_cost.one_row_s is not None
+    for i in range(2):
+        engine.add_request(f"r{i}", engine.prompt([4, 8, 6]), params)
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.row_cost.marginal is not None  # decodes together: wider steps were timed
+
+
 def assert_hashes_cover(seq: Sequence, block_size: int) -> None:
     """The sequence's memoised block hashes are the chain over its own tokens, full blocks only."""
     prev: int | None = None
