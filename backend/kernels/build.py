@@ -82,7 +82,7 @@ def build(target: str | None = None) -> Path:
     it runs only on a CPU with its flags."""
     target = target or isa()
     if target not in ISAS:
-        raise RuntimeError(f"no kernel build for this CPU: it lacks {', '.join(_missing())}")
+        raise RuntimeError(f"no kernel build for this CPU: it lacks {', '.join(missing_flags())}")
     key = hashlib.blake2b(digest_size=10)
     sources = [s.read_bytes() for s in (*SOURCES, *HEADERS)]
     for part in (*sources, torch.__version__.encode(), _compiler().encode()):
@@ -102,8 +102,8 @@ def build(target: str | None = None) -> Path:
     return library
 
 
-def _missing() -> list[str]:
-    """The CPU flags the least demanding build needs and this CPU lacks."""
+def missing_flags() -> list[str]:
+    """The CPU flags the least demanding build needs and this CPU lacks (none where `isa()` finds a build)."""
     needs = list(ISAS.values())[-1][0]
     return [f for f in needs if f not in cpu_flags()]
 

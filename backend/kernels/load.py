@@ -91,9 +91,8 @@ def has_amx() -> bool:
 def amx_unavailable() -> str | None:
     """Why tokenedge's kernel library (either build) cannot run here (None: built, loaded and self-checked)."""
     if isa() is None:
-        needs = dict.fromkeys(f for needs, _ in _build.ISAS.values() for f in needs)
-        missing = [f for f in needs if f not in cpu_flags()]
-        return f"this CPU lacks {', '.join(missing)} (the kernel library needs AVX512-VNNI/BF16, or AVX2/FMA/F16C)"
+        missing = ", ".join(_build.missing_flags())
+        return f"this CPU lacks {missing} (the kernel library needs AVX512-VNNI/BF16, or AVX2/FMA/F16C)"
     threading = step_threading()  # a misspelt choice is an error, not a fallback
     try:
         torch.ops.load_library(str(build(isa())))
