@@ -32,7 +32,7 @@ from gateway.misses.streaming.sse import DONE, DONE_FRAME, Event, SSEParser, dat
 from gateway.misses.streaming.usage import asking_usage
 from gateway.ops import tracing
 from gateway.tokens.path import TokenUpstream
-from gateway.upstream.http import translate
+from gateway.upstream.http import finish_body, translate
 from gateway.upstream.transport import OpenResponse
 from gateway.web.errors import UpstreamError
 
@@ -64,6 +64,8 @@ async def tee(state: MissState, flight: StreamFlight, req: FillRequest) -> None:
             flight.set_head(Head(resp.status, resp.headers))
             moved = revision_moved(state, req, resp.headers)
             closing = await _pump(resp, flight, recorder, cap)
+            if closing is not None:
+                await finish_body(resp)  # its connection goes back to the pool (gateway.upstream.http)
         if flight.cancelled:  # abandoned while the last events were being read: store nothing
             last, outcome = None, Outcome.ABANDONED
             return

@@ -19,7 +19,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.keys.policy import wants_usage
 from gateway.tokens.render import JSON_CONTENT_TYPE, SSE_HEADERS, Rendering
-from gateway.upstream.http import UpstreamResponse
+from gateway.upstream.http import UpstreamResponse, finish_body
 from gateway.upstream.routing.attempt import BACKEND_HEADER, ROUTE_HEADER
 from gateway.upstream.transport import OpenResponse, UpstreamTransport
 from gateway.web.errors import UpstreamError
@@ -97,6 +97,9 @@ class RenderedStream:
 
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.iter_any()])
+
+    async def finish(self, timeout_s: float) -> None:
+        await finish_body(self._upstream, timeout_s)
 
     async def iter_any(self) -> AsyncIterator[bytes]:
         reader, started = FrameReader(), False
