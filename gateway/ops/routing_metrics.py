@@ -79,6 +79,15 @@ class RoutingMetrics:
             ["op", "outcome"],
             registry=registry,
         )
+        self.retention = Gauge(
+            "tokenedge_routing_prefix_retention",
+            "Share of the prompt prefix each backend was expected to reuse (the router's record of what it sent)"
+            " that its answers' cached tokens say it did reuse, smoothed (1: keeps its prefixes; the cost policy"
+            " counts matched tokens x this)",
+            ["backend"],
+            multiprocess_mode="livemostrecent",
+            registry=registry,
+        )
         self.rejected = Counter(
             "tokenedge_routing_rejected",
             "Misses answered 503 (Retry-After) because every backend stayed at max_outstanding for admission_wait_s",

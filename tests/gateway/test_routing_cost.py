@@ -65,6 +65,7 @@ engines_st = st.lists(
         wait_s=st.floats(0.0, 10.0),
         prefill_tokens_per_s=st.floats(10.0, 10_000.0),
         matched_tokens=st.integers(0, 5000),
+        retention=st.floats(0.0, 1.0),  # the share of its matched prefix an engine keeps (`retention`)
     ),
     min_size=1,
     max_size=5,
@@ -72,7 +73,9 @@ engines_st = st.lists(
 
 
 def _renumber(e: EngineView, i: int) -> EngineView:
-    return EngineView(i, e.load, e.slots, e.wait_s, e.prefill_tokens_per_s, e.matched_tokens)
+    return EngineView(
+        i, e.load, e.slots, e.wait_s, e.prefill_tokens_per_s, e.matched_tokens, retention=e.retention
+    )
 
 
 def _waits_only_where_waiting_is_cheaper(engines: list[EngineView], prompt: int) -> None:

@@ -17,6 +17,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.upstream.routing.backend import Backend
 from gateway.upstream.routing.policy import Decision, Policy
+from gateway.upstream.routing.retention import UsageTap
 from gateway.web.errors import UpstreamTimeout, UpstreamUnavailable
 
 T = TypeVar("T")
@@ -58,7 +59,8 @@ def route_headers(
     out = CIMultiDict(upstream)
     out[BACKEND_HEADER] = backend.name
     estimate = (
-        f"; ttft_ms={decision.ttft_s * 1000:.0f}; wait_ms={decision.wait_s * 1000:.0f}"
+        f"; expected_tokens={decision.expected_tokens}; ttft_ms={decision.ttft_s * 1000:.0f}"
+        f"; wait_ms={decision.wait_s * 1000:.0f}"
         if decision.ttft_s is not None
         else ""
     )
@@ -70,7 +72,8 @@ def route_headers(
 
 
 class Routed:
-    """An open upstream response whose first body chunk was already read (to meet the first-byte deadline)."""
+    """An open upstream response whose first body chunk was already read (to meet the first-byte deadline). Every
+    chunk passes `tap` on its way (`retention.UsageTap`: what the engine says it reused, read when it is over)."""
 
     def __init__(self, resp: Any, first: bytes, headers: Mapping[str, str]) -> None:
         self._resp = resp
@@ -78,16 +81,21 @@ class Routed:
         self.status: int = resp.status
         self.headers = headers
         self.content = self
+        self.tap = UsageTap()
 
     async def iter_any(self) -> AsyncIterator[bytes]:
+        feed = self.tap.feed
         if self._first:
+            feed(self._first)
             yield self._first
         async for chunk in self._resp.content.iter_any():
+            feed(chunk)
             yield chunk
 
     async def read(self) -> bytes:
-        rest: bytes = await self._resp.read()
-        return self._first + rest
+        body: bytes = self._first + await self._resp.read()
+        self.tap.feed(body)
+        return body
 
     def close(self, _: object = None) -> None:
         """Cut the stream (its backend was ejected: a future's callback): the reader gets a clean upstream error."""

@@ -1,5 +1,6 @@
 """One backend behind the router: its HTTP upstream, in-flight count, circuit breaker, metric series, and what the
-cost policy learns of it (service time, what the engine reports of its own slots).
+cost policy learns of it (service time, what the engine reports of its own slots, the share of the prefixes it was
+sent that it is seen to keep: `retention`).
 
 An ejection resolves the backend's `ejection` future: attempts still waiting on it stop (and are retried elsewhere
 when nothing reached the client), streams it is sending are cut with a clean error, and the affinity table forgets
@@ -19,6 +20,7 @@ from gateway.ops.routing_metrics import RoutingMetrics
 from gateway.upstream.http import Upstream
 from gateway.upstream.routing.breaker import Breaker, BreakerState
 from gateway.upstream.routing.pace import Pace, Ticket
+from gateway.upstream.routing.retention import Retention, Reuse
 
 log = logging.getLogger("tokenedge.routing")
 
@@ -49,6 +51,7 @@ class Backend:
         self.reported_slots = 0  # 0: it never said (llama-server's /slots, our backend's /metrics)
         self.has_slots = True  # False once it answered /slots with something else (not llama-server)
         self.has_metrics = True  # False once its /metrics named no engine load gauge
+        self.retention = Retention()  # kept across an ejection: a restarted engine is likely the same kind
         self.on_eject: Callable[[int], None] | None = None
         self.breaker = Breaker(
             threshold=config.eject_after_failures,
@@ -61,6 +64,8 @@ class Backend:
         self._outstanding_gauge = metrics.outstanding.labels(target.url)
         self._up_gauge = metrics.up.labels(target.url)
         self._up_gauge.set(1)
+        self._retention_gauge = metrics.retention.labels(target.url)
+        self._retention_gauge.set(1.0)
 
     @property
     def url(self) -> str:
@@ -107,6 +112,12 @@ class Backend:
         """The attempt was answered (below 500), now: the mean service time behind the engine's other load."""
         ticket.ok = True
         self.service_s += SERVICE_ALPHA * (time.monotonic() - ticket.sent - self.service_s)
+
+    def reused(self, matched: int, prompt: int, reuse: Reuse | None) -> None:
+        """An answer said it reused `reuse` of a prompt of `prompt` tokens (the router's estimate), of which the
+        router expected `matched`: evidence of what the engine keeps."""
+        if self.retention.observe(matched, prompt, reuse):
+            self._retention_gauge.set(self.retention.value)
 
     def succeeded(self) -> None:
         self._metrics.requests.labels(self.url, "ok").inc()

@@ -6,7 +6,9 @@ forward with each request's expected service time, this process's requests and t
 reports, so other replicas and direct clients count; the rate from the engine's own counters or its observed first
 bytes). Prefix affinity is one term of that sum: a busy engine that holds the prefix wins when waiting for it is
 expected to cost less than prefilling the prompt elsewhere (on one-slot engines, a short cached request ahead is
-worth waiting for; a long queue is not), and an idle engine wins otherwise. Pure: no I/O, no clock.
+worth waiting for; a long queue is not), and an idle engine wins otherwise. The matched prefix counts at the share
+the engine was seen to keep (`retention`: 1.0 for an engine that keeps its prefixes, lower for one that keeps only
+its last prompt, whose reuse the router's record overstates; learnt from its answers). Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from enum import Enum
 
 
 class Reason(Enum):
-    PREFIX = "prefix"  # the chosen engine holds the longest matched prefix of any candidate
-    SPILL = "spill"  # another engine holds a longer prefix, but its queue would cost more than the prefill
-    BALANCE = "balance"  # no candidate holds any of the prompt: the least expected wait
+    PREFIX = "prefix"  # the chosen engine is expected to reuse the longest prefix of any candidate
+    SPILL = "spill"  # another is expected to reuse more, but its queue would cost more than the prefill
+    BALANCE = "balance"  # no candidate is expected to reuse any of the prompt: the least expected wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +37,12 @@ class EngineView:
     weight: float = 1.0
     credit: float = 0.0  # smooth weighted round-robin credit: ties go to the most
     may_queue: bool = True  # may be chosen to queue while another engine is idle (`pool`: budget and share)
+    retention: float = 1.0  # the share of its matched prefix it is expected to still hold (`retention`)
+
+    @property
+    def expected_tokens(self) -> float:
+        """The prompt tokens it is expected to reuse: its matched prefix at the share it keeps."""
+        return self.matched_tokens * self.retention
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +59,7 @@ class Estimate:
 def estimate(e: EngineView, prompt_tokens: int) -> Estimate:
     """The expected time to first token on `e` for a prompt of `prompt_tokens` (a weight above 1 shortens its
     queue: a bigger engine's share)."""
-    prefill_s = max(prompt_tokens - e.matched_tokens, 0) / e.prefill_tokens_per_s
+    prefill_s = max(prompt_tokens - e.expected_tokens, 0) / e.prefill_tokens_per_s
     return Estimate(e, e.wait_s / e.weight, prefill_s)
 
 
@@ -66,7 +74,7 @@ def cheapest(engines: Sequence[EngineView], prompt_tokens: int) -> tuple[Estimat
     best = min(
         estimates, key=lambda x: (round(x.ttft_s, 6), x.engine.load / x.engine.weight, -x.engine.credit)
     )
-    deepest = max(e.matched_tokens for e in engines)
+    deepest = max(e.expected_tokens for e in engines)
     if deepest == 0:
         return best, Reason.BALANCE
-    return best, Reason.PREFIX if best.engine.matched_tokens == deepest else Reason.SPILL
+    return best, Reason.PREFIX if best.engine.expected_tokens == deepest else Reason.SPILL

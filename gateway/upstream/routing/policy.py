@@ -5,7 +5,8 @@
 - `least_loaded`: least outstanding requests per weight, ties by smooth weighted round-robin;
 - `round_robin`: candidates in turn, blind to load and prefixes;
 - `random`: a uniform draw (the injected `rng`).
-Every decision carries its reason and the matched prefix, for the route header and the decisions metric. Pure: the
+Every decision carries its reason, the matched prefix and the reuse expected of it (the matched prefix at the
+engine's retention), for the route header, the decisions metric and the engine's pace. Pure: the
 round-robin turn and the random draw come from the caller.
 """
 
@@ -33,7 +34,8 @@ class Policy(Enum):
 class Decision:
     index: int
     reason: str  # cost: prefix/spill/balance; affinity: hit/guarded/miss; the others: their own name
-    matched_tokens: int = 0  # of the prompt, on the chosen engine
+    matched_tokens: int = 0  # of the prompt, on the chosen engine (what the router sent it)
+    expected_tokens: int = 0  # of which it is expected to reuse (matched x its retention)
     ttft_s: float | None = None  # the cost policy's estimate
     wait_s: float = 0.0  # of which the queue wait
 
@@ -54,28 +56,28 @@ def decide(
     match policy:
         case Policy.COST:
             best, why = cheapest(engines, prompt_tokens)
-            return Decision(
-                best.engine.index, why.value, best.engine.matched_tokens, best.ttft_s, best.wait_s
-            )
+            return _decision(best.engine, why.value, best.ttft_s, best.wait_s)
         case Policy.AFFINITY:
             chosen, how = choose(_candidates(engines), legacy.backend, load_factor, extends=legacy.extends)
-            return Decision(chosen.index, how.value, _matched(engines, chosen.index))
+            return _decision(_view(engines, chosen.index), how.value)
         case Policy.LEAST_LOADED:
             chosen = least_loaded(_candidates(engines))
-            return Decision(chosen.index, "least_loaded", _matched(engines, chosen.index))
+            return _decision(_view(engines, chosen.index), "least_loaded")
         case Policy.ROUND_ROBIN:
-            e = engines[turn % len(engines)]
-            return Decision(e.index, "round_robin", e.matched_tokens)
+            return _decision(engines[turn % len(engines)], "round_robin")
         case Policy.RANDOM:
-            e = engines[min(int(rng() * len(engines)), len(engines) - 1)]
-            return Decision(e.index, "random", e.matched_tokens)
+            return _decision(engines[min(int(rng() * len(engines)), len(engines) - 1)], "random")
         case _:
             assert_never(policy)
+
+
+def _decision(e: EngineView, reason: str, ttft_s: float | None = None, wait_s: float = 0.0) -> Decision:
+    return Decision(e.index, reason, e.matched_tokens, round(e.expected_tokens), ttft_s, wait_s)
 
 
 def _candidates(engines: Sequence[EngineView]) -> list[Candidate]:
     return [Candidate(e.index, e.load, e.weight, e.credit) for e in engines]
 
 
-def _matched(engines: Sequence[EngineView], index: int) -> int:
-    return next(e.matched_tokens for e in engines if e.index == index)
+def _view(engines: Sequence[EngineView], index: int) -> EngineView:
+    return next(e for e in engines if e.index == index)

@@ -4,9 +4,12 @@ Per request: read the model and prompt chain (`facts`), narrow the backends to t
 current revision (`book`) and not ejected (`breaker`), pick one by the configured policy (`policy`; by default
 `cost`: the least expected time to first token), and send. Admission: when every candidate is at its
 `max_outstanding`, the miss waits up to `admission_wait_s` for one, then is refused (503, Retry-After).
-Each attempt is bounded (`attempt`): a stream by its first-byte deadline, every attempt by its backend's ejection. Retry rule: a failure before any byte can have reached the client (a
-connect error, the backend dying before its response head, or, for `request`, before the whole body was read;
-or a 502/503/504 head) is retried once on another backend. `open_stream` hands the head to the caller, which
+Each attempt is bounded (`attempt`): a stream by its first-byte deadline, every attempt by its backend's ejection.
+An answer's reported reuse (cached prompt tokens) against the prefix the router expected teaches the backend's
+`retention`, read from a JSON body whole and from a stream as it passes (`retention.UsageTap`).
+Retry rule: a failure before any byte can have reached the client (a connect error, the backend dying before its
+response head, or, for `request`, before the whole body was read; or a 502/503/504 head) is retried once on
+another backend. `open_stream` hands the head to the caller, which
 relays the body as it arrives, so nothing after the head is ever retried. Every 5xx and transport failure counts
 towards the backend's ejection; a successful answer closes a half-open circuit.
 """
@@ -37,6 +40,7 @@ from gateway.upstream.routing.cost import EngineView
 from gateway.upstream.routing.facts import Facts, facts_of
 from gateway.upstream.routing.pace import PileUp, Recent, Ticket
 from gateway.upstream.routing.policy import Decision, Policy, decide
+from gateway.upstream.routing.retention import reuse_of
 from gateway.upstream.routing.share import SharedPlacement
 from gateway.web.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
 
@@ -142,6 +146,7 @@ class UpstreamPool:
                 b.target.weight,
                 self._credit[b.index],
                 budget and not self.recent.over(b.index, weights),
+                b.retention.value,
             )
             for b in candidates
         ]
@@ -203,7 +208,7 @@ class UpstreamPool:
                 await asyncio.wait_for(self._freed.wait(), left)
 
     def _begin(self, route: Route, facts: Facts) -> Ticket:
-        ticket = route[0].begin(facts.prompt_tokens - route[1].matched_tokens)
+        ticket = route[0].begin(facts.prompt_tokens - route[1].expected_tokens)
         self._observe()
         return ticket
 
@@ -287,6 +292,8 @@ class UpstreamPool:
                 self._release(current, ticket)
             again = self._after_head(current, resp.status, resp.headers, facts, tried)
             if again is None:
+                if resp.status == 200 and route[1].matched_tokens > 0:  # else no evidence: not searched
+                    current.reused(route[1].matched_tokens, facts.prompt_tokens, reuse_of(resp.body))
                 return dataclasses.replace(resp, headers=self._headers(resp.headers, route))
             route = again
         raise UpstreamUnavailable("upstream unavailable: no backend")
@@ -344,6 +351,8 @@ class UpstreamPool:
                     finally:
                         cut.remove_done_callback(routed.close)
                     current.served(ticket)
+                    if routed.status == 200:
+                        current.reused(route[1].matched_tokens, facts.prompt_tokens, routed.tap.reuse())
                     return
             finally:
                 self._release(current, ticket)
