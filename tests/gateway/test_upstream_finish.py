@@ -11,14 +11,17 @@ sleeps: the body's end is sent only once `finish_body` is already waiting for it
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
 import pytest
 
+from gateway.tokens.render import Rendering
+from gateway.tokens.transport import RenderedStream
 from gateway.upstream.http import FINISH_MAX_BYTES, finish_body
+from gateway.upstream.routing.attempt import Routed
 from gateway.upstream.transport import OpenResponse, UpstreamTransport
 from harness.gateway import RunningGateway
 from tests.gateway.conftest import AUTH_A, CHAT
@@ -86,7 +89,15 @@ async def read_done(resp: aiohttp.ClientResponse) -> None:
         data += await resp.content.readany()
 
 
-async def test_the_terminator_that_trails_the_last_event_is_read_and_the_connection_reused() -> None:
+WRAPS: dict[str, Callable[[aiohttp.ClientResponse], object]] = {
+    "aiohttp": lambda resp: resp,
+    "routed": lambda resp: Routed(resp, b"", {}),  # the pool's (mutation: no Routed.finish)
+    "rendered": lambda resp: RenderedStream(resp, Rendering("chat", 1, False)),  # the binary transport's
+}
+
+
+@pytest.mark.parametrize("wrap", WRAPS)
+async def test_the_terminator_that_trails_the_last_event_is_read_and_the_connection_reused(wrap: str) -> None:
     upstream = HeldEnd()
     url = await upstream.start()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
@@ -94,7 +105,7 @@ async def test_the_terminator_that_trails_the_last_event_is_read_and_the_connect
             upstream.release.clear()
             resp = await session.post(url, data=b"{}")
             await read_done(resp)
-            finishing = asyncio.create_task(finish_body(resp, timeout_s=30))
+            finishing = asyncio.create_task(finish_body(WRAPS[wrap](resp), timeout_s=30))
             await asyncio.sleep(
                 0
             )  # a yield, not a wait: finish_body is now reading, the terminator not yet sent
@@ -106,7 +117,9 @@ async def test_the_terminator_that_trails_the_last_event_is_read_and_the_connect
     assert upstream.connections == 1  # mutation (finish_body returns at once): 2, and at_eof fails first
 
 
-@pytest.mark.timeout(20)  # mutation (no byte bound): it waits out its 60 s for an end that never comes, and fails
+@pytest.mark.timeout(
+    20
+)  # mutation (no byte bound): it waits out its 60 s for an end that never comes, and fails
 async def test_a_body_that_goes_on_past_its_end_is_not_read_without_bound() -> None:
     upstream = HeldEnd(tail=b"x" * (2 * FINISH_MAX_BYTES))
     url = await upstream.start()

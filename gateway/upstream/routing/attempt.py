@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from gateway.upstream.http import finish_body
 from gateway.upstream.routing.backend import Backend
 from gateway.upstream.routing.policy import Decision, Policy
 from gateway.upstream.routing.retention import UsageTap
@@ -96,6 +97,9 @@ class Routed:
         body: bytes = self._first + await self._resp.read()
         self.tap.feed(body)
         return body
+
+    async def finish(self, timeout_s: float) -> None:
+        await finish_body(self._resp, timeout_s)
 
     def close(self, _: object = None) -> None:
         """Cut the stream (its backend was ejected: a future's callback): the reader gets a clean upstream error."""
