@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from tokenedge_wire.framing import WireError
 
 JSON_CONTENT_TYPE = "application/json; charset=utf-8"
@@ -76,12 +78,18 @@ class Rendering:
             obj = "text_completion"
         return json.dumps({**self.meta, "object": obj, "choices": choices, "usage": usage}).encode()
 
-    def _sse(self, payload: dict[str, Any]) -> bytes:
+    def _sse(self, payload: dict[str, Any], *, plain: bool = False) -> bytes:
+        """`data: {compact JSON, non-ASCII kept}`: orjson where it writes json.dumps' bytes (`plain`: no float, no
+        integer past 64 bits, which the two spell differently or orjson refuses), else json.dumps."""
+        if plain:
+            return b"data: " + orjson.dumps(payload) + b"\n\n"
         return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
 
     def _chunk(self, choices: list[dict[str, Any]]) -> bytes:
+        """A chunk: the stream's meta and choices this module builds (ints, strings, null)."""
         extra = {"usage": None} if self.include_usage else {}
-        return self._sse({**self.meta, "object": self.stream_object, "choices": choices, **extra})
+        payload = {**self.meta, "object": self.stream_object, "choices": choices, **extra}
+        return self._sse(payload, plain=plain_json(self.meta))
 
     def stream_start(self) -> Iterator[bytes]:
         if self.endpoint == "chat":
@@ -110,8 +118,25 @@ class Rendering:
 
     def stream_end(self, usage: dict[str, Any]) -> Iterator[bytes]:
         if self.include_usage:
-            yield self._sse({**self.meta, "object": self.stream_object, "choices": [], "usage": usage})
+            payload = {**self.meta, "object": self.stream_object, "choices": [], "usage": usage}
+            yield self._sse(payload, plain=plain_json(payload))
         yield b"data: [DONE]\n\n"
 
     def stream_error(self, error: dict[str, Any]) -> bytes:
         return self._sse(error)
+
+
+_INT64 = range(-(2**63), 2**64)
+
+
+def plain_json(value: Any) -> bool:
+    """Whether orjson writes `value` exactly as json.dumps(ensure_ascii=False, separators=(",", ":")) does: strings
+    (every code point), bools, null, dicts with string keys and lists are spelled alike; floats are not (`1e-05`
+    against `1e-5`) and orjson refuses integers past 64 bits."""
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and plain_json(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(plain_json(v) for v in value)
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return True
+    return isinstance(value, int) and value in _INT64

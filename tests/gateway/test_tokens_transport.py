@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import struct
 from array import array
 from collections.abc import AsyncIterator, Mapping
@@ -9,7 +10,10 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from gateway.tokens.render import Rendering
 from gateway.tokens.transport import BinaryCall
 from gateway.upstream.http import Upstream
 from gateway.web.errors import UpstreamError, UpstreamTimeout
@@ -83,3 +87,31 @@ async def test_a_malformed_text_event_is_an_upstream_error_not_a_500(event: dict
     body = frame({"meta": {"id": "x"}}) + frame(event) + frame({"usage": {}})
     with pytest.raises(UpstreamError, match="malformed text event"):
         await _call(_Upstream(200, body)).request({})
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(meta=st.dictionaries(st.text(max_size=8), _json_values, max_size=5), text=st.text())
+def test_rendered_frames_are_the_json_paths_bytes_whatever_the_meta_holds(
+    meta: dict[str, Any], text: str
+) -> None:
+    """The backend's JSON path writes `json.dumps(ensure_ascii=False, separators=(",", ":"))`; the render takes
+    orjson where that is the same bytes (`plain_json`). Mutation (`plain_json` always True): a float or a huge
+    integer in the meta is spelled otherwise (`1e-05` / `1e-5`), or refused."""
+    render = Rendering("chat", 1, include_usage=True)
+    render.meta = meta
+    got = b"".join(render.stream_event({"i": 0, "t": text, "f": None}))
+    payload = {
+        **meta,
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}],
+        "usage": None,
+    }
+    if text:
+        assert got == f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
