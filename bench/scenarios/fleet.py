@@ -191,6 +191,7 @@ async def run_arm(arm: str, urls: list[str], setup: Setup, run: int, redis: Redi
             started = time.perf_counter()
             rows = await drive(setup, ask, run)
             wall = time.perf_counter() - started
+            retention = await gateway_retention(session, gateway) if gateway is not None else None
         metrics = await engine_metrics(session, urls)
     names = [u.removeprefix("http://") for u in urls]
     # A gateway answer without X-Tokenedge-Backend (`--upstream route_headers=false`; before wave 7, every binary-
@@ -216,7 +217,23 @@ async def run_arm(arm: str, urls: list[str], setup: Setup, run: int, redis: Redi
         "reasons": dict(collections.Counter(r["reason"] or "unlabelled" for r in rows).most_common()),
         "pile_up": pile_up(rows, names) if attributed else None,
         "failed": sum(1 for r in rows if r["status"] != 200),
+        "retention": retention,
     }
+
+
+async def gateway_retention(session: aiohttp.ClientSession, gateway: str) -> list[float] | None:
+    """What the gateway learnt each engine keeps of the prefixes it was sent (`tokenedge_routing_prefix_retention`,
+    gateway/upstream/routing/retention.py), in its backends' order; None where its /metrics does not say."""
+    async with session.get(gateway + "/metrics") as resp:
+        if resp.status != 200:
+            return None
+        text = await resp.text()
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("tokenedge_routing_prefix_retention{")
+    ]
+    return values or None
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -281,6 +298,7 @@ def print_row(row: Row) -> None:
     print(
         f"{row['workload']:>13} {row['engine']:>5} {row['arm']:>13}  reuse {row['reuse']:.3f} (engines' counters {engines}, ideal {row['ideal']:.3f})  TTFT p50 {row['ttft_p50_ms']:.0f} p90 {row['ttft_p90_ms']:.0f}"
         f" mean {row['ttft_mean_ms']:.0f} ms  wall {row['wall_s']:.1f} s  per engine {row['per_engine']}"
-        f"  pile-up {piled}  failed {row['failed']}  reasons {row['reasons']}",
+        f"  pile-up {piled}  failed {row['failed']}  reasons {row['reasons']}"
+        + (f"  retention {[round(v, 2) for v in row['retention']]}" if row.get("retention") else ""),
         flush=True,
     )
