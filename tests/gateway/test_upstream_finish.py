@@ -27,6 +27,7 @@ from harness.gateway import RunningGateway
 from tests.gateway.conftest import AUTH_A, CHAT
 from tests.gateway.test_stream import collect, text_of
 from tests.support.fake_upstream import FakeUpstream
+from tests.support.transports import CountingUpstream
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
@@ -147,23 +148,18 @@ async def test_an_end_that_never_comes_costs_at_most_the_bound() -> None:
     await upstream.close()
 
 
-class FinishSpy:
-    """Passes every call to `inner` and counts the responses the tee finished (`finish`, then the real one)."""
+class FinishSpy(CountingUpstream):
+    """`CountingUpstream` that also counts the responses the tee finished (`finish`, then the real one)."""
 
     def __init__(self, inner: UpstreamTransport) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.finished = 0
-
-    async def request(
-        self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None = None
-    ) -> Any:
-        return await self.inner.request(method, path_qs, headers, body)
 
     @asynccontextmanager
     async def open_stream(
         self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None = None
     ) -> AsyncIterator[OpenResponse]:
-        async with self.inner.open_stream(method, path_qs, headers, body) as resp:
+        async with super().open_stream(method, path_qs, headers, body) as resp:
             spy = self
 
             class Spied:

@@ -351,7 +351,7 @@ class UpstreamPool:
                     finally:
                         cut.remove_done_callback(routed.close)
                     current.served(ticket)
-                    if routed.status == 200:
+                    if routed.status == 200 and route[1].matched_tokens > 0:  # else no evidence: not parsed
                         current.reused(route[1].matched_tokens, facts.prompt_tokens, routed.tap.reuse())
                     return
             finally:
