@@ -25,7 +25,7 @@ _LOG = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("int4_amx.cpp")
 # compiled together into one library; hashed with the header they share
 SOURCES = (SOURCE, *(Path(__file__).with_name(n) for n in ("decoder_step.cpp", "rescore.cpp")))
-HEADERS = tuple(Path(__file__).with_name(n) for n in ("int4_core.h", "simd.h", "team.h"))
+HEADERS = tuple(Path(__file__).with_name(n) for n in ("attend.h", "int4_core.h", "simd.h", "team.h"))
 # per build: the CPU flags (/proc/cpuinfo) it needs, and the compiler's flags for it; the first the CPU has wins
 ISAS: dict[str, tuple[tuple[str, ...], list[str]]] = {
     "avx512": (

@@ -24,29 +24,13 @@
 #include <string>
 #include <vector>
 
+#include "attend.h"
 #include "int4_core.h"
 #include "team.h"
 
 namespace {
 
 using namespace te;
-
-// exp(x) for x <= 0 (softmax and SiLU's exp(-|g|)): 2^n * p(r), r = x - n ln2, a degree-6 polynomial; one fixed
-// sequence of operations per element
-inline F32x16 exp_neg(F32x16 x) {
-  x = max(x, splat(-87.0f));  // so n >= -126: 2^n a normal fp32 (simd.h's AVX2 scalef builds it)
-  const F32x16 n = round_even(mul(x, splat(1.44269504088896341f)));
-  F32x16 r = fnmadd(n, splat(0.693359375f), x);
-  r = fnmadd(n, splat(-2.12194440e-4f), r);
-  F32x16 p = splat(1.9875691500e-4f);
-  p = fmadd(p, r, splat(1.3981999507e-3f));
-  p = fmadd(p, r, splat(8.3334519073e-3f));
-  p = fmadd(p, r, splat(4.1665795894e-2f));
-  p = fmadd(p, r, splat(1.6666665459e-1f));
-  p = fmadd(p, r, splat(5.0000001201e-1f));
-  p = fmadd(p, mul(r, r), add(r, splat(1.0f)));
-  return scalef(p, n);
-}
 
 // y = bf16(x * rsqrt(mean(x^2) + eps) * w) for one row of `h` floats (h a multiple of 16)
 void rms_norm_row(const float* x, const float* w, int64_t h, float eps, uint16_t* y) {
@@ -131,18 +115,6 @@ void project(const Exec& ex, const uint16_t* x, int64_t m, int64_t k, const Int4
   });
 }
 
-struct Dims {
-  int64_t tokens, hidden, heads, kv_heads, head_dim, inter, block_size;
-  float eps;
-};
-
-struct Paged {
-  const int64_t* slots;        // [T] flat slot of each new token
-  const int32_t* block_tables; // [B, max_blocks]
-  int64_t max_blocks;
-  std::vector<int64_t> seq, keys;  // per token: its sequence, and how many keys it sees (position + 1)
-};
-
 // RoPE on q and k (half split: x * [cos | cos] + [x2 | x1] * [-sin | sin], in fp32), q into `q`, k and v
 // into the caches at each token's slot
 void rope_and_write(const uint16_t* qkv, const float* cos, const float* sin, const Dims& d, const Paged& pg,
@@ -167,50 +139,6 @@ void rope_and_write(const uint16_t* qkv, const float* cos, const float* sin, con
     }
     const uint16_t* v = qkv + t * width + (d.heads + d.kv_heads) * dim;
     std::copy_n(v, d.kv_heads * dim, vc + pg.slots[t] * d.kv_heads * dim);
-  }
-}
-
-// one token's query heads [h_begin, h_end) of KV head g's group against its L keys: softmax(q.k / sqrt(D)) . v,
-// out in bf16
-void attend_one(const uint16_t* q, const uint16_t* kc, const uint16_t* vc, const Dims& d, const Paged& pg, int64_t t,
-                int64_t g, int64_t h_begin, int64_t h_end, std::vector<float>& scores, uint16_t* out) {
-  const int64_t dim = d.head_dim, group = d.heads / d.kv_heads, len = pg.keys[t], lanes = dim / 16;
-  const int32_t* table = pg.block_tables + pg.seq[t] * pg.max_blocks;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
-  scores.resize(group * ((len + 15) / 16 * 16));
-  const int64_t stride = (len + 15) / 16 * 16;
-  for (int64_t h = h_begin; h < h_end; ++h) {
-    F32x16 qv[8];
-    const uint16_t* qh = q + (t * d.heads + g * group + h) * dim;
-    for (int64_t i = 0; i < lanes; ++i) qv[i] = load_bf16(qh + i * 16);
-    float* sh = scores.data() + h * stride;
-    for (int64_t j = 0; j < len; ++j) {
-      const int64_t slot = static_cast<int64_t>(table[j / d.block_size]) * d.block_size + j % d.block_size;
-      const uint16_t* kj = kc + (slot * d.kv_heads + g) * dim;
-      F32x16 acc = mul(qv[0], load_bf16(kj));
-      for (int64_t i = 1; i < lanes; ++i) acc = fmadd(qv[i], load_bf16(kj + i * 16), acc);
-      sh[j] = reduce_add(acc) * scale;
-    }
-    float best = sh[0];
-    for (int64_t j = 1; j < len; ++j) best = std::max(best, sh[j]);
-    F32x16 total = zero();
-    for (int64_t j = 0; j < len; j += 16) {
-      const Mask16 live = first_lanes(len - j);
-      const F32x16 e = exp_neg(sub(load_masked(live, sh + j), splat(best)));
-      store_masked(sh + j, live, e);
-      total = add(total, keep(live, e));
-    }
-    F32x16 acc[8];
-    for (int64_t i = 0; i < lanes; ++i) acc[i] = zero();
-    for (int64_t j = 0; j < len; ++j) {
-      const int64_t slot = static_cast<int64_t>(table[j / d.block_size]) * d.block_size + j % d.block_size;
-      const uint16_t* vj = vc + (slot * d.kv_heads + g) * dim;
-      const F32x16 p = splat(sh[j]);
-      for (int64_t i = 0; i < lanes; ++i) acc[i] = fmadd(p, load_bf16(vj + i * 16), acc[i]);
-    }
-    const F32x16 inv = splat(1.0f / reduce_add(total));
-    uint16_t* oh = out + (t * d.heads + g * group + h) * dim;
-    for (int64_t i = 0; i < lanes; ++i) store_bf16(oh + i * 16, mul(acc[i], inv));
   }
 }
 
@@ -254,11 +182,11 @@ void layer(const Exec& ex, float* x, const at::Tensor* w, const float* cos, cons
   // items: (token, query head); a head's scores, softmax and sum are its own, whoever runs its neighbours
   const int64_t group = d.heads / d.kv_heads;
   ex.run(t * d.heads, 1, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> scores;
+    thread_local AttendScratch scratch;
     for (int64_t i = begin; i < end;) {  // the run's heads of one (token, KV head) at a time
       const int64_t token = i / d.heads, head = i % d.heads, g = head / group;
       const int64_t stop = std::min(end, token * d.heads + (g + 1) * group);
-      attend_one(b.q.data(), kc, vc, d, pg, token, g, head % group, head % group + stop - i, scores, b.attn.data());
+      attend_one(b.q.data(), kc, vc, d, pg, token, g, head % group, head % group + stop - i, scratch, b.attn.data());
       i = stop;
     }
   });
@@ -358,6 +286,25 @@ void set_step_threading(const std::string& mode, int64_t spin_us, int64_t split)
 // items of the teams' ops run by their workers since the library loaded (a test sees the second thread work)
 int64_t step_threading_worker_items() { return threading().worker_items.load(); }
 
+// x [N, 16] fp32, N a multiple of 8 -> [2, N]: each row's reduce_add * scale, then the same through reduce_add8, 8
+// rows at a time (attention's scores take either path by where a key falls: a test holds them to the same bits)
+at::Tensor reduce_sums(const at::Tensor& x, double scale) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == 16 && x.size(0) % 8 == 0 && x.scalar_type() == at::kFloat &&
+                  x.is_contiguous(), "x: [8n, 16] fp32");
+  const int64_t n = x.size(0);
+  at::Tensor out = at::empty({2, n}, x.options());
+  const float* px = x.data_ptr<float>();
+  float* po = out.data_ptr<float>();
+  const float s = static_cast<float>(scale);
+  for (int64_t r = 0; r < n; ++r) po[r] = reduce_add(loadu(px + r * 16)) * s;
+  for (int64_t r = 0; r < n; r += 8) {
+    F32x16 v[8];
+    for (int64_t k = 0; k < 8; ++k) v[k] = loadu(px + (r + k) * 16);
+    reduce_add8(v, s, po + n + r);
+  }
+  return out;
+}
+
 }  // namespace
 
 #ifndef TE_NAMESPACE
@@ -371,6 +318,7 @@ TORCH_LIBRARY_FRAGMENT(TE_NAMESPACE, m) {
   // no tensor argument to dispatch on: a catch-all kernel
   m.def("set_step_threading(str mode, int spin_us=100, int split=1) -> ()", &set_step_threading);
   m.def("step_threading_worker_items() -> int", &step_threading_worker_items);
+  m.def("reduce_sums(Tensor x, float scale) -> Tensor", &reduce_sums);
 }
 
 TORCH_LIBRARY_IMPL(TE_NAMESPACE, CPU, m) { m.impl("decoder_step", &decoder_step); }

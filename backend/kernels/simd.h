@@ -40,6 +40,10 @@ inline F32x16 fmadd(F32x16 a, F32x16 b, F32x16 c) { return _mm512_fmadd_ps(a, b,
 inline F32x16 fnmadd(F32x16 a, F32x16 b, F32x16 c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a * b
 inline float reduce_add(F32x16 v) { return _mm512_reduce_add_ps(v); }
 inline float reduce_max(F32x16 v) { return _mm512_reduce_max_ps(v); }
+// out[k] = reduce_add(v[k]) * scale for 8 vectors: the same bits as 8 reduce_adds
+inline void reduce_add8(const F32x16* v, float scale, float* out) {
+  for (int k = 0; k < 8; ++k) out[k] = reduce_add(v[k]) * scale;
+}
 inline F32x16 round_even(F32x16 v) { return _mm512_roundscale_ps(v, 0); }  // to the nearest integer, even on ties
 inline F32x16 scalef(F32x16 x, F32x16 n) { return _mm512_scalef_ps(x, n); }  // x * 2^n, n integral
 
@@ -131,6 +135,24 @@ inline float reduce8_max(__m256 v) {
 }
 inline float reduce_add(F32x16 v) { return reduce8_add(_mm256_add_ps(v.lo, v.hi)); }  // lane i + lane i + 8 first
 inline float reduce_max(F32x16 v) { return reduce8_max(_mm256_max_ps(v.lo, v.hi)); }
+// out[k] = reduce_add(v[k]) * scale for 8 vectors, transposed: every level of reduce_add's tree (lo + hi, lane
+// i + i+4, i + i+2, i + i+1) is one vertical add across 8 keys at once, so each key gets reduce_add's bits without
+// 8 horizontal chains. Lanes stay in key order: pairs (k, k+4) share a vector's 128-bit halves.
+inline __m256 pair_sums(__m256 a, __m256 b) {  // per 128-bit half: (a0 + a2, a1 + a3, b0 + b2, b1 + b3)
+  return _mm256_add_ps(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                       _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+inline void reduce_add8(const F32x16* v, float scale, float* out) {
+  __m256 s[4];  // s[k]: [key k's (i + i+4) | key k+4's], after lo + hi
+  for (int k = 0; k < 4; ++k) {
+    const __m256 a = _mm256_add_ps(v[k].lo, v[k].hi), b = _mm256_add_ps(v[k + 4].lo, v[k + 4].hi);
+    s[k] = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+  }
+  const __m256 t01 = pair_sums(s[0], s[1]), t23 = pair_sums(s[2], s[3]);  // (i + i+2) of keys 0,1 | 4,5 and 2,3 | 6,7
+  const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(3, 1, 3, 1)));  // keys 0-3 | 4-7
+  _mm256_storeu_ps(out, _mm256_mul_ps(r, _mm256_set1_ps(scale)));
+}
 inline F32x16 round_even(F32x16 v) {
   constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   return {_mm256_round_ps(v.lo, kNearest), _mm256_round_ps(v.hi, kNearest)};
@@ -253,5 +275,22 @@ inline I32x16 head_dot(I32x16 acc, int32_t u, I32x16 w) {
   return {head_dot8(acc.lo, q, w.lo), head_dot8(acc.hi, q, w.hi)};
 }
 #endif
+
+// exp(x) for x <= 0 (softmax and SiLU's exp(-|g|)): 2^n * p(r), r = x - n ln2, a degree-6 polynomial; one fixed
+// sequence of operations per element
+inline F32x16 exp_neg(F32x16 x) {
+  x = max(x, splat(-87.0f));  // so n >= -126: 2^n a normal fp32 (simd.h's AVX2 scalef builds it)
+  const F32x16 n = round_even(mul(x, splat(1.44269504088896341f)));
+  F32x16 r = fnmadd(n, splat(0.693359375f), x);
+  r = fnmadd(n, splat(-2.12194440e-4f), r);
+  F32x16 p = splat(1.9875691500e-4f);
+  p = fmadd(p, r, splat(1.3981999507e-3f));
+  p = fmadd(p, r, splat(8.3334519073e-3f));
+  p = fmadd(p, r, splat(4.1665795894e-2f));
+  p = fmadd(p, r, splat(1.6666665459e-1f));
+  p = fmadd(p, r, splat(5.0000001201e-1f));
+  p = fmadd(p, mul(r, r), add(r, splat(1.0f)));
+  return scalef(p, n);
+}
 
 }  // namespace te
