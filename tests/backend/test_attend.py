@@ -40,8 +40,9 @@ finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, width=32)
 @needs_kernel
 @settings(max_examples=200, deadline=None)
 @given(
-    rows=st.integers(1, 6).flatmap(lambda n: st.lists(st.lists(finite, min_size=16, max_size=16), min_size=8 * n,
-                                                      max_size=8 * n)),
+    rows=st.integers(1, 6).flatmap(
+        lambda n: st.lists(st.lists(finite, min_size=16, max_size=16), min_size=8 * n, max_size=8 * n)
+    ),
     scale=st.sampled_from([1.0, 0.125, 1 / np.sqrt(48)]),
 )
 def test_eight_keys_reduced_at_once_give_each_key_its_own_bits(rows: list[list[float]], scale: float) -> None:
@@ -72,7 +73,9 @@ def int4_model(heads: int, kv_heads: int, head_dim: int) -> LlamaModel:
     [(5, 1, 32), (2, 2, 48), (4, 1, 128), (6, 2, 64)],
     ids=["group5-lanes2", "group1-lanes3", "group4-lanes8", "group3-lanes4"],
 )
-def test_every_head_width_and_group_attends_as_the_eager_layers(heads: int, kv_heads: int, head_dim: int) -> None:
+def test_every_head_width_and_group_attends_as_the_eager_layers(
+    heads: int, kv_heads: int, head_dim: int
+) -> None:
     """A 45-token prefill over blocks placed out of order (keys 0-15 in block 2, 16-31 in block 0, the rest in
     block 1): every token's attention over 1-45 keys, runs of 8 and a tail, within bf16 rounding."""
     model = int4_model(heads, kv_heads, head_dim)
