@@ -17,6 +17,7 @@ SCENARIOS = (
     "backend_invariance",
     "backend_profile",
     "engine_alone",  # our engine alone, as llama-bench measures llama.cpp (also in `backend`)
+    "decode_depth",  # decode after a long context: our engine alone against llama-bench -d
     "engines",  # vLLM CPU behind the gateway, own venv (installs on first use): not in `all`
     "speculative",
     "agreement",

@@ -72,3 +72,35 @@ def engine_rates(threads: int, model_path: Path | None = None, repetitions: int 
         tg.append(32 / (time.perf_counter() - start))
         assert not engine.has_unfinished()
     return {"pp128_tok_s": statistics.median(prefill[1:]), "tg32_tok_s": statistics.median(tg[1:])}
+
+
+def depth_rates(
+    threads: int, depths: list[int], model_path: Path | None = None, repetitions: int = 3
+) -> dict[int, float]:
+    """{depth: tg32 tok/s}: 32 greedy decode steps after a `depth`-token context (`llama-bench -d depth -n 32`),
+    medians over `repetitions`, a new random context each time (no prefix cache); the prefill is not timed."""
+    torch.set_num_threads(threads)
+    loaded = load_model(model_path, progress=False)
+    model = LlamaModel(loaded.config, dtype=torch.bfloat16)
+    model.load_weights(loaded.weights)
+    quantize_model(model, loaded.weights, loaded.quantized)
+    longest = max(depths) + 64
+    config = EngineConfig(speculative_tokens=0, max_num_batched_tokens=512, max_model_len=longest)
+    engine = LLMEngine(model, config, frozenset())
+    gen = torch.Generator().manual_seed(0)
+    decode = SamplingParams(temperature=0.0, max_tokens=33, ignore_eos=True)
+    rates: dict[int, float] = {}
+    for depth in depths:
+        tg = []
+        for rep in range(repetitions + 1):  # the first repetition warms up
+            context = torch.randint(100, loaded.config.vocab_size, (max(depth, 1),), generator=gen).tolist()
+            engine.add_request(f"d{depth}-{rep}", engine.prompt(context), decode)
+            while engine.step() == []:  # the context's prefill, in chunks, to its first token
+                pass
+            start = time.perf_counter()
+            for _ in range(32):
+                engine.step()
+            tg.append(32 / (time.perf_counter() - start))
+            assert not engine.has_unfinished()
+        rates[depth] = statistics.median(tg[1:])
+    return rates
