@@ -28,7 +28,7 @@ from backend.engine.prompt import PromptLimits, ValidPrompt
 from backend.engine.sampling import SamplingParams, make_generator
 from backend.engine.scheduler import ScheduledSeq, Scheduler
 from backend.engine.sequence import Sequence
-from backend.engine.speculative import RowCost, SpeculativeConfig, propose
+from backend.engine.speculative import ProbeYield, RowCost, SpeculativeConfig, propose
 from backend.model.llama import LlamaModel
 from backend.model.tiling_store import TilingStore
 
@@ -96,6 +96,8 @@ class LLMEngine:
         self.spec_draft_tokens_total = 0
         self.spec_accepted_tokens_total = 0
         self._spec_tally: dict[str, tuple[int, int]] = {}  # request id -> (drafted, accepted) so far
+        self._probes: dict[str, bool] = {}  # request id -> whether it probes, decided once (ProbeYield)
+        self.probe_yield = ProbeYield()  # what recent requests got from drafting
         self.row_cost = RowCost()  # what a verify's extra rows cost here, from the decode steps' own times
         self.prompt_limits = PromptLimits(mc.vocab_size, config.max_model_len)
 
@@ -125,7 +127,7 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> bool:
         seq = self._seqs.pop(request_id, None)
-        self._spec_tally.pop(request_id, None)
+        self._end_drafting(request_id)
         if seq is None:
             return False
         self.scheduler.finish(seq, "abort")
@@ -161,7 +163,7 @@ class LLMEngine:
             outputs.append(StepOutput(seq.request_id, out))
             if reason is not None:
                 del self._seqs[seq.request_id]
-                self._spec_tally.pop(seq.request_id, None)
+                self._end_drafting(seq.request_id)
         outputs.extend(self._finish_embeddings(batch))
         return outputs
 
@@ -219,11 +221,24 @@ class LLMEngine:
     def _drafts_pay(self, seq: Sequence) -> bool:
         """Keep drafting for a request while its drafts pay: after `_PROBE_DRAFTS` drafted tokens, only at an
         acceptance of at least the break-even share (a rejected draft costs a wider forward for nothing): the
-        measured cost of a row (`RowCost`), never below `_MIN_ACCEPTANCE`."""
+        measured cost of a row (`RowCost`), never below `_MIN_ACCEPTANCE`. Whether it probes at all is decided
+        once, by how often drafting paid recent requests (`ProbeYield`)."""
         drafted, accepted = self._spec_tally.get(seq.request_id, (0, 0))
+        break_even = self.row_cost.break_even(_MIN_ACCEPTANCE)
+        probes = self._probes.get(seq.request_id)
+        if probes is None:  # decided once, on what recent requests got from drafting
+            probes = self._probes[seq.request_id] = self.probe_yield.probes()
+        if not probes:
+            return False
         if drafted < _PROBE_DRAFTS:  # a probe, unless no draft can pay here (a row costs a whole step)
             return self.row_cost.marginal is None or self.row_cost.marginal < 1.0
-        return accepted >= self.row_cost.break_even(_MIN_ACCEPTANCE) * drafted
+        return accepted >= break_even * drafted
+
+    def _end_drafting(self, request_id: str) -> None:
+        """A request is done: whether its drafting paid joins `probe_yield`."""
+        drafted, accepted = self._spec_tally.pop(request_id, (0, 0))
+        self.probe_yield.record(drafted, accepted, self.row_cost.break_even(_MIN_ACCEPTANCE))
+        self._probes.pop(request_id, None)
 
     def stats(self) -> EngineStats:
         return EngineStats(

@@ -60,6 +60,32 @@ class RowCost:
         return floor if self.marginal is None else max(floor, self.marginal)
 
 
+@dataclass(slots=True)
+class ProbeYield:
+    """How often drafting pays for this engine's requests, so that traffic whose answers do not repeat their prompts
+    stops paying a probe per request. `rate`: an exponential average over finished requests that drafted of "its
+    drafts paid" (accepted at least break-even). A new request probes while that rate is unknown or at least
+    1 / `explore` (probing costs one request a few wider steps; a request whose drafts pay saves many); below it,
+    only every `explore`th request probes, which keeps the rate up to date if copy-heavy requests come back. Speed
+    only: a verify's tokens are exactly the single steps', drafted or not."""
+
+    rate: float | None = None
+    weight: float = 0.2
+    explore: int = 8
+    seen: int = 0  # requests asked about
+
+    def record(self, drafted: int, accepted: int, break_even: float) -> None:
+        """One finished request's drafting (nothing if it drafted nothing)."""
+        if drafted > 0:
+            paid = 1.0 if accepted >= break_even * drafted else 0.0
+            self.rate = paid if self.rate is None else self.rate + self.weight * (paid - self.rate)
+
+    def probes(self) -> bool:
+        """Whether a new request probes."""
+        self.seen += 1
+        return self.rate is None or self.rate >= 1 / self.explore or self.seen % self.explore == 0
+
+
 def propose(token_ids: Seq[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
     """Up to k draft tokens: what followed the latest earlier match of the longest suffix n-gram."""
     size = len(token_ids)

@@ -4,6 +4,8 @@ a sequence's tokens."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -14,7 +16,7 @@ from backend.engine.outputs import TokenOut
 from backend.engine.sampling import SamplingParams
 from backend.engine.scheduler import ScheduledSeq
 from backend.engine.sequence import Sequence
-from backend.engine.speculative import SpeculativeConfig, accept, propose
+from backend.engine.speculative import ProbeYield, SpeculativeConfig, accept, propose
 from backend.model.llama import LlamaModel
 from harness.models.tiny import tiny_model
 
@@ -174,6 +176,48 @@ def test_drafts_must_beat_the_measured_cost_of_a_row() -> None:
         engine.row_cost.record(3, 0.035)  # a row now costs more than a one-row step
     assert engine.row_cost.marginal is not None and engine.row_cost.marginal > 1.0
     assert not engine._drafts_pay(seq)  # no probe: no acceptance could pay
+
+
+def test_requests_stop_probing_where_drafting_never_pays_and_every_eighth_explores() -> None:
+    """Free-text traffic: once finished requests' drafts did not pay, a new request does not probe, except every
+    8th; when an exploring request's drafts pay (copy-heavy traffic is back), every request probes again."""
+    config = EngineConfig(num_blocks=64, max_num_seqs=4, max_model_len=128, speculative_tokens=4)
+    engine = LLMEngine(tiny_model(), config, frozenset())
+    count = itertools.count()
+
+    def new_request() -> tuple[str, bool]:
+        rid = f"r{next(count)}"
+        seq = engine.add_request(
+            rid, engine.prompt([1, 2, 3, 1, 2, 3]), SamplingParams(temperature=0, max_tokens=8)
+        )
+        return rid, engine._drafts_pay(seq)
+
+    rid, probes = new_request()
+    assert probes  # nothing known yet: it probes
+    engine._spec_tally[rid] = (16, 1)  # its drafts did not pay
+    engine.abort_request(rid)
+    asked = []
+    for _ in range(16):
+        rid, probes = new_request()
+        asked.append(probes)
+        engine.abort_request(rid)  # drafted nothing: nothing learnt
+    assert asked.count(True) == 2 and asked[6] and asked[14]  # the 8th and 16th requests asked
+    while not (explorer := new_request())[1]:
+        engine.abort_request(explorer[0])
+    engine._spec_tally[explorer[0]] = (16, 12)  # 75% accepted: its drafts paid
+    engine.abort_request(explorer[0])
+    assert all(new_request()[1] for _ in range(4))
+
+
+def test_probe_yield_learns_how_often_drafting_pays() -> None:
+    pays = ProbeYield()
+    assert pays.probes()
+    pays.record(0, 0, 0.5)  # drafted nothing: no evidence
+    assert pays.rate is None
+    pays.record(10, 4, 0.5)
+    assert pays.rate == 0.0
+    pays.record(10, 5, 0.5)  # exactly break-even pays
+    assert pays.rate == pytest.approx(0.2)
 
 
 def test_the_engine_times_its_decode_steps_for_the_row_cost() -> None:
