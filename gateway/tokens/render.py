@@ -29,13 +29,19 @@ class Rendering:
     endpoint: str  # "chat" | "completion"
     n: int
     include_usage: bool
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)  # set by `set_meta`
     texts: list[str] = field(default_factory=list)
     finish: list[str | None] = field(default_factory=list)
+    plain_meta: bool = False  # plain_json(meta), found once per stream, not per chunk
 
     def __post_init__(self) -> None:
         self.texts = [""] * self.n
         self.finish = [None] * self.n
+
+    def set_meta(self, meta: dict[str, Any]) -> None:
+        """The stream's meta (id, created, model, ...), from the engine's meta frame."""
+        self.meta = meta
+        self.plain_meta = plain_json(meta)
 
     @property
     def stream_object(self) -> str:
@@ -89,7 +95,7 @@ class Rendering:
         """A chunk: the stream's meta and choices this module builds (ints, strings, null)."""
         extra = {"usage": None} if self.include_usage else {}
         payload = {**self.meta, "object": self.stream_object, "choices": choices, **extra}
-        return self._sse(payload, plain=plain_json(self.meta))
+        return self._sse(payload, plain=self.plain_meta)
 
     def stream_start(self) -> Iterator[bytes]:
         if self.endpoint == "chat":

@@ -107,7 +107,7 @@ class RenderedStream:
             async for data in self._upstream.content.iter_any():
                 for event in reader.feed(data):
                     if "meta" in event:
-                        self._render.meta = event["meta"]
+                        self._render.set_meta(event["meta"])
                         started = True
                         yield b"".join(self._render.stream_start())
                     elif "usage" in event:
@@ -146,7 +146,7 @@ class BinaryCall:
         try:
             for event in FrameReader().feed(resp.body):
                 if "meta" in event:
-                    render.meta = event["meta"]
+                    render.set_meta(event["meta"])
                 elif "usage" in event:
                     return UpstreamResponse(
                         200,

@@ -105,7 +105,7 @@ def test_rendered_frames_are_the_json_paths_bytes_whatever_the_meta_holds(
     orjson where that is the same bytes (`plain_json`). Mutation (`plain_json` always True): a float or a huge
     integer in the meta is spelled otherwise (`1e-05` / `1e-5`), or refused."""
     render = Rendering("chat", 1, include_usage=True)
-    render.meta = meta
+    render.set_meta(meta)
     got = b"".join(render.stream_event({"i": 0, "t": text, "f": None}))
     payload = {
         **meta,
