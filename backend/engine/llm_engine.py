@@ -224,7 +224,6 @@ class LLMEngine:
         measured cost of a row (`RowCost`), never below `_MIN_ACCEPTANCE`. Whether it probes at all is decided
         once, by how often drafting paid recent requests (`ProbeYield`)."""
         drafted, accepted = self._spec_tally.get(seq.request_id, (0, 0))
-        break_even = self.row_cost.break_even(_MIN_ACCEPTANCE)
         probes = self._probes.get(seq.request_id)
         if probes is None:  # decided once, on what recent requests got from drafting
             probes = self._probes[seq.request_id] = self.probe_yield.probes()
@@ -232,7 +231,7 @@ class LLMEngine:
             return False
         if drafted < _PROBE_DRAFTS:  # a probe, unless no draft can pay here (a row costs a whole step)
             return self.row_cost.marginal is None or self.row_cost.marginal < 1.0
-        return accepted >= break_even * drafted
+        return accepted >= self.row_cost.break_even(_MIN_ACCEPTANCE) * drafted
 
     def _end_drafting(self, request_id: str) -> None:
         """A request is done: whether its drafting paid joins `probe_yield`."""

@@ -45,16 +45,24 @@ def prefill_prompts(loaded: LoadedModel, rounds: int, length: int = PREFILL_TOKE
     return [ids[r * 7 : r * 7 + length] for r in range(rounds + 1)]
 
 
-def engine_rates(threads: int, model_path: Path | None = None, repetitions: int = 5) -> dict[str, float]:
-    """{'pp128_tok_s', 'tg32_tok_s'}: medians over `repetitions`, `threads` torch threads; the shipped model
-    unless `model_path` names another GGUF."""
+def quantized_engine(
+    threads: int, model_path: Path | None, config: EngineConfig
+) -> tuple[LoadedModel, LLMEngine]:
+    """The model (the shipped one unless `model_path`) as served on a CPU, bf16 with its 4-bit weights, under
+    `config`, on `threads` torch threads."""
     torch.set_num_threads(threads)
     loaded = load_model(model_path, progress=False)
     model = LlamaModel(loaded.config, dtype=torch.bfloat16)
     model.load_weights(loaded.weights)
     quantize_model(model, loaded.weights, loaded.quantized)
+    return loaded, LLMEngine(model, config, frozenset())
+
+
+def engine_rates(threads: int, model_path: Path | None = None, repetitions: int = 5) -> dict[str, float]:
+    """{'pp128_tok_s', 'tg32_tok_s'}: medians over `repetitions`, `threads` torch threads; the shipped model
+    unless `model_path` names another GGUF."""
     config = EngineConfig(speculative_tokens=0, num_blocks=64, max_num_batched_tokens=256, max_model_len=512)
-    engine = LLMEngine(model, config, frozenset())
+    loaded, engine = quantized_engine(threads, model_path, config)
     gen = torch.Generator().manual_seed(0)
     vocab = loaded.config.vocab_size
     decode = SamplingParams(temperature=0.0, max_tokens=33, ignore_eos=True)
@@ -79,14 +87,8 @@ def depth_rates(
 ) -> dict[int, float]:
     """{depth: tg32 tok/s}: 32 greedy decode steps after a `depth`-token context (`llama-bench -d depth -n 32`),
     medians over `repetitions`, a new random context each time (no prefix cache); the prefill is not timed."""
-    torch.set_num_threads(threads)
-    loaded = load_model(model_path, progress=False)
-    model = LlamaModel(loaded.config, dtype=torch.bfloat16)
-    model.load_weights(loaded.weights)
-    quantize_model(model, loaded.weights, loaded.quantized)
-    longest = max(depths) + 64
-    config = EngineConfig(speculative_tokens=0, max_num_batched_tokens=512, max_model_len=longest)
-    engine = LLMEngine(model, config, frozenset())
+    config = EngineConfig(speculative_tokens=0, max_num_batched_tokens=512, max_model_len=max(depths) + 64)
+    loaded, engine = quantized_engine(threads, model_path, config)
     gen = torch.Generator().manual_seed(0)
     decode = SamplingParams(temperature=0.0, max_tokens=33, ignore_eos=True)
     rates: dict[int, float] = {}
