@@ -3,6 +3,8 @@ per-backend depths, forgetting and salts: pure, table-driven, with a property an
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -78,15 +80,32 @@ def _renumber(e: EngineView, i: int) -> EngineView:
     )
 
 
+def _charged(e: EngineView, prompt: int, idle: bool) -> float:
+    """What the choice weighs: the expected TTFT, and once more the wait of a queue beside an idle engine."""
+    x = estimate(e, prompt)
+    queues = idle and e.load >= e.slots
+    return x.ttft_s + (cost.PILE_UP_WEIGHT * x.wait_s if queues else 0.0)
+
+
 def _waits_only_where_waiting_is_cheaper(engines: list[EngineView], prompt: int) -> None:
-    """The chosen engine's expected TTFT is the least of all; so an engine with a queue is chosen over an idle one
-    only when its wait is less than the prefill its matched prefix saves."""
+    """The chosen engine's charged TTFT is the least of all; so an engine with a queue is chosen over an idle one
+    only for a prefix (it reuses more than every engine with a free slot), and only when its wait, charged
+    (1 + PILE_UP_WEIGHT) x, is less than the prefill that prefix saves."""
     best, _ = cost.cheapest(engines, prompt)
-    assert best.ttft_s <= min(estimate(e, prompt).ttft_s for e in engines) + 1e-6
-    for idle in (e for e in engines if e.wait_s == 0):
-        if best.engine.wait_s > 0:
-            saved_s = estimate(idle, prompt).prefill_s - best.prefill_s
-            assert best.engine.wait_s <= saved_s + 1e-6
+    idle = any(e.load == 0 for e in engines)
+    free = [e for e in engines if e.load < e.slots]
+    allowed = free + [e for e in engines if e.load >= e.slots and (not idle or e.may_queue)]
+    if idle:
+        allowed = free + [
+            e for e in engines if e.load >= e.slots and e.may_queue
+            and e.expected_tokens > max(f.expected_tokens for f in free)
+        ]
+    assert _charged(best.engine, prompt, idle) <= min(_charged(e, prompt, idle) for e in allowed) + 1e-6
+    if idle and best.engine.load >= best.engine.slots:
+        assert all(best.engine.expected_tokens > f.expected_tokens for f in free)
+        for f in free:
+            saved_s = estimate(f, prompt).ttft_s - best.prefill_s
+            assert (1 + cost.PILE_UP_WEIGHT) * best.wait_s <= saved_s + 1e-6
 
 
 @settings(max_examples=200, deadline=None)
@@ -105,6 +124,44 @@ def test_mutation_the_old_free_slot_rule_fails_the_property(monkeypatch: pytest.
         cost, "cheapest", lambda es, p: real([e for e in es if e.load < e.slots] or list(es), p)
     )
     engines = [view(0, load=1, matched=5000, wait_s=0.1), view(1)]
+    with pytest.raises(AssertionError):
+        _waits_only_where_waiting_is_cheaper(engines, 5000)
+
+
+def test_mutation_a_queue_for_a_faster_rate_alone_fails_the_property(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither engine holds the prompt; the busy one's learnt rate is 20% better, so its 0.1 s wait and 2 s
+    prefill beat the idle one's 2.5 s even charged twice: queueing beside the idle engine for that alone is the bug
+    (the rates differ by their noise). The mutation lets any engine queue beside an idle one."""
+    engines = [EngineView(0, 1, 1, 0.1, 1000.0, 0), EngineView(1, 0, 1, 0.0, 800.0, 0)]
+    assert cheapest(engines, 2000)[0].engine.index == 1
+    real = cost.cheapest
+
+    def any_may_queue(es: list[EngineView], prompt: int) -> tuple[cost.Estimate, cost.Reason]:
+        # every busy engine said to hold one token more than it does: the prefix bar never stops it
+        said = [dataclasses.replace(e, matched_tokens=e.matched_tokens + 1) if e.load >= e.slots else e for e in es]
+        best, why = real(said, prompt)
+        return dataclasses.replace(best, engine=es[best.engine.index]), why
+
+    monkeypatch.setattr(cost, "cheapest", any_may_queue)
+    with pytest.raises(AssertionError):
+        _waits_only_where_waiting_is_cheaper(engines, 2000)
+
+
+def test_mutation_a_wait_beside_an_idle_engine_charged_once_fails_the_property(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 3 s wait saves 5 s of prefill on the idle engine: charged once it is taken, and the 3 s of one engine
+    queueing beside an idle one (the pile-up the fleet keeps under its budget) buy 2 s."""
+    engines = [view(0, load=1, matched=5000, wait_s=3.0), view(1)]
+    assert cheapest(engines, 5000)[0].engine.index == 1
+    real = cost.cheapest
+
+    def charged_once(es: list[EngineView], prompt: int) -> tuple[cost.Estimate, cost.Reason]:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(cost, "PILE_UP_WEIGHT", 0.0)
+            return real(es, prompt)
+
+    monkeypatch.setattr(cost, "cheapest", charged_once)
     with pytest.raises(AssertionError):
         _waits_only_where_waiting_is_cheaper(engines, 5000)
 

@@ -9,6 +9,7 @@ leaves the recovered engine idle."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from collections.abc import AsyncIterator
@@ -240,19 +241,39 @@ def test_engine_capacity_is_read_where_an_engine_says_it() -> None:
     assert health.metrics_capacity("tokenedge_backend_max_running_requests 0\n") is None
 
 
+@pytest.mark.parametrize(
+    ("ahead", "cheap", "expected"), [(300, True, "b"), (0, True, "a"), (0, False, "b")], ids=["long", "cheap", "mutation"]
+)
 async def test_waiting_beside_an_idle_engine_stops_once_the_pile_up_budget_is_spent(
-    session: aiohttp.ClientSession, engines: list[Engine]
+    session: aiohttp.ClientSession,
+    engines: list[Engine],
+    monkeypatch: pytest.MonkeyPatch,
+    ahead: int,
+    cheap: bool,
+    expected: str,
 ) -> None:
+    """With the budget (0.1) spent, a request that would wait 0.3 s (the queued request's 300 new tokens) to save
+    1 s of prefill spills to idle b; one whose wait is about nothing (at most 0.1 of the 1 s it saves) still waits
+    for a. The mutation drops that exception (`cheap_wait_share` 0): the near-free wait spills too."""
+    if not cheap:
+        views = UpstreamPool._views
+        monkeypatch.setattr(
+            UpstreamPool,
+            "_views",
+            lambda self, *args: [dataclasses.replace(v, cheap_wait_share=0.0) for v in views(self, *args)],
+        )
     a, b = engines
     pool = make_pool(session, engines, queue_beside_idle_share=0.1)
     held = await _busy_with(pool, a, PREFIX + "q1")
-    queued = ask(pool, PREFIX + "q2")  # waits for a: the budget is untouched
+    queued = ask(pool, PREFIX + "q2" + " new" * ahead)  # waits for a: the budget is untouched
     await until(lambda: a.calls == 3)
     await until(lambda: pool.pile_up.share(time.monotonic()) >= 0.1)  # a holds 2, b idle: the share grows
-    moved = await ask(pool, PREFIX + "q3")
-    assert moved.headers[BACKEND_HEADER] == "b" and b.calls == 3
+    third = ask(pool, PREFIX + "q3")
+    await until(lambda: a.calls + b.calls == 6)
+    assert b.calls == (3 if expected == "b" else 2)
     a.gate.set()
-    assert {r.headers[BACKEND_HEADER] for r in await asyncio.gather(held, queued)} == {"a"}
+    answers = await asyncio.gather(held, queued, third)
+    assert [r.headers[BACKEND_HEADER] for r in answers] == ["a", "a", expected]
 
 
 @pytest.mark.parametrize(("factor", "expected"), [(pace.SHARE_FACTOR, "b"), (100.0, "a")])
@@ -289,8 +310,8 @@ async def test_after_a_short_outage_nothing_queues_beside_the_idle_readmitted_en
     """The shares were even (4 and 4) when b was ejected; a took the one request of a short outage and holds every
     prefix. Once b is back and idle while a is busy, each request of a steady stream goes to b (prefilling there)
     instead of queueing on a, with the default pile-up budget unspent: the ejection started the share guard's
-    window again, so a holds all of it. The mutation keeps the old window (restart a no-op): a's 6 of 10 is under
-    1.25 x its fair share, and the first request queues on a beside idle b."""
+    window again, so a holds all of it. The mutation (restart a no-op) never arms the guard: every request queues on
+    a beside idle b, whose wait is short against the prefill it saves."""
     if not restart:
         monkeypatch.setattr(Recent, "restart", lambda self: None)
     a, b = engines
@@ -317,17 +338,39 @@ async def test_after_a_short_outage_nothing_queues_beside_the_idle_readmitted_en
             queued.append(answer)  # a holds it until its gate opens
     a.gate.set()
     await asyncio.gather(held, *queued)
-    assert went == (["b", "b", "b"] if restart else ["a", "b", "b"])
+    assert went == (["b", "b", "b"] if restart else ["a", "a", "a"])
 
 
 def test_recent_shares_decay_and_are_weighed() -> None:
     recent = Recent([0.0, 0.0])
+    recent.restart()  # an ejection arms the guard
     for t in range(3):
         recent.sent(float(t), 0)
     assert recent.over(0, {0: 1.0, 1: 1.0}) and not recent.over(1, {0: 1.0, 1: 1.0})
     assert not recent.over(0, {0: 5.0, 1: 1.0})  # its weight makes 100% within 1.25 x its share (5/6)
     recent.sent(300.0, 1)  # ten horizons later: the old requests weigh nothing
     assert recent.over(1, {0: 1.0, 1: 1.0}) and not recent.over(0, {0: 1.0, 1: 1.0})
+
+
+def test_the_share_guard_holds_from_an_ejection_until_the_shares_are_even() -> None:
+    """Off in a steady fleet: 7 of 11 recent requests on one engine is noise there. From an ejection it holds while
+    the engine that came back has taken nothing, and disarms once every engine has and none is over the factor."""
+    both = {0: 1.0, 1: 1.0}
+    recent = Recent([0.0, 0.0])
+    for t in range(7):
+        recent.sent(float(t), 0)
+    assert not recent.over(0, both)
+    recent.restart()
+    for t in range(4):
+        recent.sent(10.0 + t, 0)
+    assert not recent.over(0, {0: 1.0})  # while 1 is out, 0 is the whole fleet
+    assert recent.over(0, both)
+    for t in range(3):
+        recent.sent(20.0 + t, 1)
+    assert not recent.over(0, both) and not recent.armed  # 4 and 3: even, both served: off
+    for t in range(5):
+        recent.sent(30.0 + t, 0)
+    assert not recent.over(0, both)  # off again until the next ejection
 
 
 async def test_the_prefill_rate_comes_from_the_engines_own_counters(session: aiohttp.ClientSession) -> None:

@@ -43,6 +43,7 @@ class Backend:
         self.upstream = upstream
         self.name = target.name or urlsplit(target.url).netloc or target.url
         self.outstanding = 0
+        self.light = 0  # tokenizer calls in flight: beside `outstanding`, never in `load` (`facts.LIGHT_PATHS`)
         self.service_s = SERVICE_SEED_S
         self.pace = Pace(1.0 / target.prefill_tokens_per_s)  # its queue and prefill rate (the cost policy's)
         self.foreign_busy = (
@@ -91,15 +92,22 @@ class Backend:
             self._ejection = asyncio.get_running_loop().create_future()
         return self._ejection
 
-    def begin(self, unmatched: int = 0) -> Ticket:
-        """One attempt sent, with `unmatched` prompt tokens the engine is expected to prefill."""
+    def begin(self, unmatched: int = 0, *, light: bool = False) -> Ticket:
+        """One attempt sent, with `unmatched` prompt tokens the engine is expected to prefill; a `light` one (a
+        tokenizer call) takes no slot: it joins no queue and its times teach nothing."""
+        self.breaker.begin()
+        if light:
+            self.light += 1
+            return Ticket(time.monotonic(), 0.0, 0, idle=False, light=True)
         idle = self.outstanding == 0 and self.foreign_busy == 0
         self.outstanding += 1
         self._outstanding_gauge.inc()
-        self.breaker.begin()
         return self.pace.begin(time.monotonic(), unmatched, idle=idle)
 
     def end(self, ticket: Ticket) -> None:
+        if ticket.light:
+            self.light -= 1
+            return
         self.outstanding -= 1
         self._outstanding_gauge.dec()
         self.pace.end(ticket, time.monotonic())
@@ -111,7 +119,8 @@ class Backend:
     def served(self, ticket: Ticket) -> None:
         """The attempt was answered (below 500), now: the mean service time behind the engine's other load."""
         ticket.ok = True
-        self.service_s += SERVICE_ALPHA * (time.monotonic() - ticket.sent - self.service_s)
+        if not ticket.light:
+            self.service_s += SERVICE_ALPHA * (time.monotonic() - ticket.sent - self.service_s)
 
     def reused(self, matched: int, prompt: int, reuse: Reuse | None) -> None:
         """An answer said it reused `reuse` of a prompt of `prompt` tokens (the router's estimate), of which the

@@ -9,6 +9,12 @@ affinity once, never its correctness. Other paths (embeddings, relayed routes) c
 The cost policy also reads the prompt's size in tokens (exact on the token path, characters / CHARS_PER_TOKEN on
 text) and whether the answer streams (the first-byte deadline is a stream's); a `cache_salt` (which the gateway
 sets from the tenant scope, `salt`) seeds the chain, so tenants never share a routed prefix.
+
+Tokenizer calls (`LIGHT_PATHS`: the `tokens` key's `/tokenize` and `/apply-template`, the encoder's export) are
+`light`: engines answer them beside their slots, without the model, so the pool routes them to the least loaded
+engine and counts them in nothing the cost policy reads (load, queue, service time, share of requests, pile-up).
+Counted as work, each miss's tokenize looked like a second request: in front of one-slot llama-servers it made a
+busy engine look queued, spent the pile-up budget and taught the queue model a service time of a few milliseconds.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from tokenedge_wire.framing import MAGIC, WireError, decode_request
 
 PROMPT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/tokens/generate"})
 MODEL_PATHS = PROMPT_PATHS | {"/v1/embeddings"}
+LIGHT_PATHS = frozenset({"/tokenize", "/detokenize", "/apply-template", "/v1/tokenizer"})
 
 
 CHARS_PER_TOKEN = 4  # a text prompt's size in tokens, as estimated for the cost policy
@@ -34,15 +41,19 @@ class Facts:
     prompt_tokens: int = 0
     block_tokens: float = 0.0  # prompt tokens per chain block
     stream: bool = False
+    light: bool = False  # a tokenizer call: no slot, no model (LIGHT_PATHS)
 
 
 NO_FACTS = Facts()
+LIGHT_FACTS = Facts(light=True)
 
 
 def facts_of(
     method: str, path_qs: str, body: bytes | None, *, block_chars: int, block_tokens: int, affinity: bool
 ) -> Facts:
     path = path_qs.partition("?")[0]
+    if path in LIGHT_PATHS:
+        return LIGHT_FACTS
     if method != "POST" or not body or path not in MODEL_PATHS:
         return NO_FACTS
     if body.startswith(MAGIC):

@@ -75,6 +75,7 @@ class Ticket:
     idle: bool
     first_byte: float | None = None  # when a stream's first body chunk came
     ok: bool = False  # answered (below 500): only then do its times teach anything
+    light: bool = False  # a tokenizer call (`facts.LIGHT_PATHS`): in no queue, teaches nothing
 
 
 @dataclass(slots=True)
@@ -179,11 +180,17 @@ class Recent:
     whose prefixes are spread keeps waiting for the engine that holds them. The window starts again at each
     ejection (`restart`): the shares before it describe a fleet whose ejected engine may come back empty, and
     kept, they hide a short outage (a survivor that took every request for 3 s of a 30 s window stays under the
-    factor, and is waited for beside the idle restored engine)."""
+    factor, and is waited for beside the idle restored engine).
+
+    The guard holds from an ejection until every engine has taken requests again and none is over the factor; in
+    a steady fleet it is off, where its judgement of a few requests' shares was noise: with 6 prefixes on 2
+    engines, one engine's 7 of the first 11 requests spilled a request that had 0.13 s to wait beside a 5 s prefill
+    (the pile-up budget and the cost policy's own queue model spread a hot engine there)."""
 
     counts: list[float]
     horizon_s: float = 30.0
     since: float | None = None
+    armed: bool = False  # from an ejection until the shares are even again
 
     def sent(self, now: float, index: int) -> None:
         if self.since is not None:
@@ -193,13 +200,19 @@ class Recent:
         self.counts[index] += 1.0
 
     def restart(self) -> None:
-        """Count from now on only: an engine was ejected."""
+        """Count from now on only, and guard: an engine was ejected."""
         self.counts = [0.0] * len(self.counts)
+        self.armed = True
 
     def over(self, index: int, weights: dict[int, float]) -> bool:
-        """Is `index`'s share of the requests sent to `weights`' engines above SHARE_FACTOR x its weight's share?"""
+        """While armed: is `index`'s share of the requests sent to `weights`' engines above SHARE_FACTOR x its
+        weight's share? Disarms once every engine of the fleet is among `weights`, has taken a request since the
+        ejection, and none is over."""
         total = sum(self.counts[i] for i in weights)
-        if total <= 0:
+        if not self.armed or total <= 0:
             return False
-        fair = weights[index] / sum(weights.values())
-        return self.counts[index] / total > SHARE_FACTOR * fair
+        whole = sum(weights.values())
+        over = {i: self.counts[i] / total > SHARE_FACTOR * w / whole for i, w in weights.items()}
+        if len(weights) == len(self.counts) and all(self.counts[i] > 0 for i in weights) and not any(over.values()):
+            self.armed = False
+        return over[index]

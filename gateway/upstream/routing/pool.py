@@ -130,11 +130,13 @@ class UpstreamPool:
 
     def _views(self, facts: Facts, candidates: list[Backend]) -> list[EngineView]:
         """What the policies see of each candidate. It may be waited for beside an idle engine while the pile-up
-        budget is unspent and its share of recent requests is not far above its fair share (`pace`)."""
+        budget is unspent and its share of recent requests is not far above its fair share (`pace`); with the
+        budget spent, for a wait that is at most the budget's share of the prefill it saves (`cost.cheapest`)."""
         indices, now = [b.index for b in candidates], time.monotonic()
         depths = self.affinity.depths(facts.chain, indices) if facts.chain else dict.fromkeys(indices, 0)
         budget = self.pile_up.share(now) < self.config.queue_beside_idle_share
         weights = {b.index: b.target.weight for b in candidates}
+        guarded = {b.index: self.recent.over(b.index, weights) for b in candidates}
         return [
             EngineView(
                 b.index,
@@ -145,8 +147,9 @@ class UpstreamPool:
                 min(int(depths[b.index] * facts.block_tokens), facts.prompt_tokens),
                 b.target.weight,
                 self._credit[b.index],
-                budget and not self.recent.over(b.index, weights),
+                budget and not guarded[b.index],
                 b.retention.value,
+                0.0 if guarded[b.index] else self.config.queue_beside_idle_share,
             )
             for b in candidates
         ]
@@ -154,6 +157,9 @@ class UpstreamPool:
     def pick(self, facts: Facts, exclude: set[int], *, admit: bool = False) -> Route | Saturated | None:
         """The backend for an attempt and why; Saturated when `admit` and every candidate is at its cap."""
         candidates = self.candidates(facts.model, exclude)
+        if facts.light and candidates:  # takes no slot: not admitted, not counted (`facts.LIGHT_PATHS`)
+            chosen = min(candidates, key=lambda b: ((b.load + b.light) / b.target.weight, b.index))
+            return chosen, Decision(chosen.index, "light")
         if admit and candidates:
             candidates = [b for b in candidates if not b.saturated]
             if not candidates:
@@ -208,8 +214,9 @@ class UpstreamPool:
                 await asyncio.wait_for(self._freed.wait(), left)
 
     def _begin(self, route: Route, facts: Facts) -> Ticket:
-        ticket = route[0].begin(facts.prompt_tokens - route[1].expected_tokens)
-        self._observe()
+        ticket = route[0].begin(facts.prompt_tokens - route[1].expected_tokens, light=facts.light)
+        if not facts.light:
+            self._observe()
         return ticket
 
     def _observe(self) -> None:
@@ -223,6 +230,8 @@ class UpstreamPool:
 
     def _release(self, backend: Backend, ticket: Ticket) -> None:
         backend.end(ticket)
+        if ticket.light:
+            return
         self._observe()
         freed, self._freed = self._freed, None
         if freed is not None:
