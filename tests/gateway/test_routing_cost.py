@@ -157,9 +157,7 @@ def test_mutation_a_wait_beside_an_idle_engine_charged_once_fails_the_property(
     real = cost.cheapest
 
     def charged_once(es: list[EngineView], prompt: int) -> tuple[cost.Estimate, cost.Reason]:
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(cost, "PILE_UP_WEIGHT", 0.0)
-            return real(es, prompt)
+        return real(es, prompt, 0.0)
 
     monkeypatch.setattr(cost, "cheapest", charged_once)
     with pytest.raises(AssertionError):

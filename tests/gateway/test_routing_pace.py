@@ -30,6 +30,7 @@ from gateway.ops.routing_metrics import RoutingMetrics
 from gateway.upstream.routing import health, pace
 from gateway.upstream.routing.attempt import BACKEND_HEADER, ROUTE_HEADER
 from gateway.upstream.routing.build import build_upstream
+from gateway.upstream.routing.cost import PILE_UP_WEIGHT
 from gateway.upstream.routing.pace import OVERRUN_SHARE, Pace, PileUp, Recent
 from gateway.upstream.routing.pool import UpstreamPool
 
@@ -401,3 +402,16 @@ async def test_the_prefill_rate_comes_from_the_engines_own_counters(session: aio
         assert backend.pace.reported and 1 / backend.pace.s_per_token < 150  # 500 tokens/s since, averaged in
     finally:
         await server.close()
+
+
+async def test_the_pile_up_price_is_the_spent_share_of_the_budget(
+    session: aiohttp.ClientSession, engines: list[Engine]
+) -> None:
+    """A wait beside an idle engine costs only itself while the fleet has not piled up lately, and is charged
+    PILE_UP_WEIGHT more per second at the budget and past it (`cost`)."""
+    pool = make_pool(session, engines, queue_beside_idle_share=0.2)
+    assert pool._pile_up_price() == 0.0
+    pool.pile_up = PileUp(busy_s=10.0, piled_s=1.0, since=time.monotonic())  # share 0.1: half the budget
+    assert pool._pile_up_price() == pytest.approx(0.5 * PILE_UP_WEIGHT)
+    pool.pile_up = PileUp(busy_s=10.0, piled_s=5.0, since=time.monotonic())
+    assert pool._pile_up_price() == pytest.approx(PILE_UP_WEIGHT)

@@ -10,11 +10,13 @@ worth waiting for; a long queue is not), and an idle engine wins otherwise. The 
 the engine was seen to keep (`retention`: 1.0 for an engine that keeps its prefixes, lower for one that keeps only
 its last prompt, whose reuse the router's record overstates; learnt from its answers). Pure: no I/O, no clock.
 
-Queueing beside an idle engine is charged twice in the choice (not in the estimate it reports): once as this
-request's wait, once as the pile-up it adds (`PILE_UP_WEIGHT`), which the fleet keeps under a budget
-(`pace.PileUp`). So a request waits for the engine holding its prefix when the wait is short against the prefill
-it saves, and not when the two are close: on two one-slot llama-servers (AVX2 EPYC, 2 vCPUs) a 4.8 s wait chosen
-to save 5.3 s of prefill spent the whole budget at once, and the short waits after it then had to spill.
+Queueing beside an idle engine is charged more than its length in the choice (not in the estimate it reports):
+once as this request's wait, and again at the price of the pile-up it adds, which the fleet keeps under a budget
+(`pace.PileUp`): `pile_up_price`, from 0 while the fleet has not queued beside an idle engine lately up to
+PILE_UP_WEIGHT at the budget (the caller's: the share spent over the budget). So near the budget a request waits
+for the engine holding its prefix when the wait is short against the prefill it saves, and not when the two are
+close: on two one-slot llama-servers (AVX2 EPYC, 2 vCPUs) a 4.8 s wait chosen to save 5.3 s of prefill spent the
+whole budget at once, and the short waits after it then had to spill.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 
-PILE_UP_WEIGHT = 1.0  # a wait beside an idle engine is charged (1 + this) x its length when choosing
+PILE_UP_WEIGHT = 1.0  # at the budget, a wait beside an idle engine is charged (1 + this) x its length
 
 
 class Reason(Enum):
@@ -75,8 +77,10 @@ def estimate(e: EngineView, prompt_tokens: int) -> Estimate:
     return Estimate(e, e.wait_s / e.weight, prefill_s)
 
 
-def cheapest(engines: Sequence[EngineView], prompt_tokens: int) -> tuple[Estimate, Reason]:
-    """The engine with the least expected TTFT, a wait beside an idle engine charged (1 + PILE_UP_WEIGHT) x; ties
+def cheapest(
+    engines: Sequence[EngineView], prompt_tokens: int, pile_up_price: float = PILE_UP_WEIGHT
+) -> tuple[Estimate, Reason]:
+    """The engine with the least expected TTFT, a wait beside an idle engine charged (1 + pile_up_price) x; ties
     go to the lower load per weight, then the most credit. While an engine is idle, one without a free slot is
     considered only if it is expected to reuse more of the prompt than every engine with a free slot (a prefix is
     the one reason to queue beside an idle engine: two engines' learnt prefill rates differ by their noise, 20% on
@@ -101,7 +105,7 @@ def cheapest(engines: Sequence[EngineView], prompt_tokens: int) -> tuple[Estimat
 
     def charged(x: Estimate) -> float:
         queues = x.engine.load >= x.engine.slots and any(e.load == 0 for e in engines)
-        return x.ttft_s + (PILE_UP_WEIGHT * x.wait_s if queues else 0.0)
+        return x.ttft_s + (pile_up_price * x.wait_s if queues else 0.0)
 
     estimates = [estimate(e, prompt_tokens) for e in pool]
     best = min(estimates, key=lambda x: (round(charged(x), 6), x.engine.load / x.engine.weight, -x.engine.credit))

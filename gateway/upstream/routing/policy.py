@@ -19,7 +19,7 @@ from typing import assert_never
 
 from gateway.upstream.routing.affinity import Match
 from gateway.upstream.routing.choose import Candidate, choose, least_loaded
-from gateway.upstream.routing.cost import EngineView, cheapest
+from gateway.upstream.routing.cost import PILE_UP_WEIGHT, EngineView, cheapest
 
 
 class Policy(Enum):
@@ -49,13 +49,15 @@ def decide(
     load_factor: float,
     turn: int,
     rng: Callable[[], float],
+    pile_up_price: float = PILE_UP_WEIGHT,
 ) -> Decision:
     """Choose one of `engines` (non-empty). `legacy` is the affinity table's longest match (the `affinity`
-    policy's input); `turn` counts this pool's decisions (round-robin)."""
+    policy's input); `turn` counts this pool's decisions (round-robin); `pile_up_price` is the cost policy's
+    charge for a second of queueing beside an idle engine (`cost`)."""
     assert engines, "decide needs at least one engine"
     match policy:
         case Policy.COST:
-            best, why = cheapest(engines, prompt_tokens)
+            best, why = cheapest(engines, prompt_tokens, pile_up_price)
             return _decision(best.engine, why.value, best.ttft_s, best.wait_s)
         case Policy.AFFINITY:
             chosen, how = choose(_candidates(engines), legacy.backend, load_factor, extends=legacy.extends)
