@@ -97,8 +97,9 @@ def _waits_only_where_waiting_is_cheaper(engines: list[EngineView], prompt: int)
     allowed = free + [e for e in engines if e.load >= e.slots and (not idle or e.may_queue)]
     if idle:
         allowed = free + [
-            e for e in engines if e.load >= e.slots and e.may_queue
-            and e.expected_tokens > max(f.expected_tokens for f in free)
+            e
+            for e in engines
+            if e.load >= e.slots and e.may_queue and e.expected_tokens > max(f.expected_tokens for f in free)
         ]
     assert _charged(best.engine, prompt, idle) <= min(_charged(e, prompt, idle) for e in allowed) + 1e-6
     if idle and best.engine.load >= best.engine.slots:
@@ -138,7 +139,10 @@ def test_mutation_a_queue_for_a_faster_rate_alone_fails_the_property(monkeypatch
 
     def any_may_queue(es: list[EngineView], prompt: int) -> tuple[cost.Estimate, cost.Reason]:
         # every busy engine said to hold one token more than it does: the prefix bar never stops it
-        said = [dataclasses.replace(e, matched_tokens=e.matched_tokens + 1) if e.load >= e.slots else e for e in es]
+        said = [
+            dataclasses.replace(e, matched_tokens=e.matched_tokens + 1) if e.load >= e.slots else e
+            for e in es
+        ]
         best, why = real(said, prompt)
         return dataclasses.replace(best, engine=es[best.engine.index]), why
 

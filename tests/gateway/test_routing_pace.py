@@ -243,7 +243,9 @@ def test_engine_capacity_is_read_where_an_engine_says_it() -> None:
 
 
 @pytest.mark.parametrize(
-    ("ahead", "cheap", "expected"), [(300, True, "b"), (0, True, "a"), (0, False, "b")], ids=["long", "cheap", "mutation"]
+    ("ahead", "cheap", "expected"),
+    [(300, True, "b"), (0, True, "a"), (0, False, "b")],
+    ids=["long", "cheap", "mutation"],
 )
 async def test_waiting_beside_an_idle_engine_stops_once_the_pile_up_budget_is_spent(
     session: aiohttp.ClientSession,

@@ -43,7 +43,8 @@ class Backend:
         self.upstream = upstream
         self.name = target.name or urlsplit(target.url).netloc or target.url
         self.outstanding = 0
-        self.light = 0  # tokenizer calls in flight: beside `outstanding`, never in `load` (`facts.LIGHT_PATHS`)
+        # tokenizer calls in flight: beside `outstanding`, never in `load` (`facts.LIGHT_PATHS`)
+        self.light = 0
         self.service_s = SERVICE_SEED_S
         self.pace = Pace(1.0 / target.prefill_tokens_per_s)  # its queue and prefill rate (the cost policy's)
         self.foreign_busy = (

@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-
 PILE_UP_WEIGHT = 1.0  # at the budget, a wait beside an idle engine is charged (1 + this) x its length
 
 
@@ -108,7 +107,9 @@ def cheapest(
         return x.ttft_s + (pile_up_price * x.wait_s if queues else 0.0)
 
     estimates = [estimate(e, prompt_tokens) for e in pool]
-    best = min(estimates, key=lambda x: (round(charged(x), 6), x.engine.load / x.engine.weight, -x.engine.credit))
+    best = min(
+        estimates, key=lambda x: (round(charged(x), 6), x.engine.load / x.engine.weight, -x.engine.credit)
+    )
     deepest = max(e.expected_tokens for e in engines)
     if deepest == 0:
         return best, Reason.BALANCE

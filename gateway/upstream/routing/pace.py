@@ -143,10 +143,10 @@ def _bounded(s_per_token: float) -> float:
 @dataclass(slots=True)
 class PileUp:
     """The share of the fleet's recent busy time in which some engine held a queue (more requests than slots)
-    while another sat idle, over a decaying horizon: the cost policy queues beside an idle engine (waiting for the
-    one holding the prefix) only while this share is under its budget (`upstream.queue_beside_idle_share`). Past
-    it, a miss takes an engine with a free slot: it pays a prefill, and its group then has a second home, so a fleet
-    whose prefixes all sit on one engine (the survivor of an outage) spreads again."""
+    while another sat idle, over a decaying horizon: the cost policy prices a wait beside an idle engine (waiting
+    for the one holding the prefix) by this share's part of its budget (`upstream.queue_beside_idle_share`), and past
+    the budget takes only cheap waits (`cost.cheapest`): any other miss takes an engine with a free slot, pays a
+    prefill, and its group then has a second home, so a fleet whose prefixes all sit on one engine spreads again."""
 
     horizon_s: float = 30.0
     busy_s: float = 0.0
@@ -213,6 +213,10 @@ class Recent:
             return False
         whole = sum(weights.values())
         over = {i: self.counts[i] / total > SHARE_FACTOR * w / whole for i, w in weights.items()}
-        if len(weights) == len(self.counts) and all(self.counts[i] > 0 for i in weights) and not any(over.values()):
+        if (
+            len(weights) == len(self.counts)
+            and all(self.counts[i] > 0 for i in weights)
+            and not any(over.values())
+        ):
             self.armed = False
         return over[index]
