@@ -27,7 +27,7 @@ from backend.engine.outputs import EngineStats
 from backend.metrics import BackendMetrics
 from gateway.config.upstream import BackendConfig, UpstreamConfig
 from gateway.ops.routing_metrics import RoutingMetrics
-from gateway.upstream.routing import health, pace
+from gateway.upstream.routing import facts, health, pace
 from gateway.upstream.routing.attempt import BACKEND_HEADER, ROUTE_HEADER
 from gateway.upstream.routing.build import build_upstream
 from gateway.upstream.routing.cost import PILE_UP_WEIGHT
@@ -104,6 +104,7 @@ class Engine:
     name: str
     gate: asyncio.Event = field(default_factory=asyncio.Event)  # set: it answers; clear: it holds answers
     calls: int = 0
+    tokenized: int = 0
     url: str = ""
     metrics: bytes = b""  # its /metrics text (none: 404)
 
@@ -122,6 +123,12 @@ class Engine:
     async def prometheus(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics, status=200 if self.metrics else 404)
 
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """Answered at once, busy or not, as engines answer their tokenizer routes (no slot, no model)."""
+        await request.read()
+        self.tokenized += 1
+        return web.json_response({"tokens": [1, 2, 3]})
+
 
 @pytest.fixture
 async def engines() -> AsyncIterator[list[Engine]]:
@@ -131,6 +138,7 @@ async def engines() -> AsyncIterator[list[Engine]]:
         app.router.add_get("/v1/models", e.models)
         app.router.add_post(PATH, e.chat)
         app.router.add_get("/metrics", e.prometheus)
+        app.router.add_post("/tokenize", e.tokenize)
         server = TestServer(app, host="127.0.0.1")
         await server.start_server()
         e.url = str(server.make_url("")).rstrip("/")
@@ -417,3 +425,34 @@ async def test_the_pile_up_price_is_the_spent_share_of_the_budget(
     assert pool._pile_up_price() == pytest.approx(0.5 * PILE_UP_WEIGHT)
     pool.pile_up = PileUp(busy_s=10.0, piled_s=5.0, since=time.monotonic())
     assert pool._pile_up_price() == pytest.approx(PILE_UP_WEIGHT)
+
+
+def _books(pool: UpstreamPool) -> tuple[Any, ...]:
+    """What the cost policy reads of the fleet, but the pile-up share (which moves with the clock)."""
+    return (
+        list(pool.recent.counts),
+        [(b.outstanding, b.load, b.service_s, b.pace.fixed_s, len(b.pace.flying)) for b in pool.backends],
+    )
+
+
+@pytest.mark.parametrize("light", [True, False])
+async def test_tokenizer_calls_take_no_slot_in_the_cost_policys_books(
+    session: aiohttp.ClientSession, engines: list[Engine], monkeypatch: pytest.MonkeyPatch, light: bool
+) -> None:
+    """The `tokens` key asks an engine for ids before each miss (`/tokenize`, `/apply-template`), which engines
+    answer without a slot: they go to the least loaded engine and change nothing the cost policy reads. The
+    mutation routes them as requests (LIGHT_PATHS empty): each counts in the engine's share of recent requests and
+    teaches its service time, as two calls per miss did in front of one-slot llama-servers."""
+    if not light:
+        monkeypatch.setattr(facts, "LIGHT_PATHS", frozenset())
+    a, b = engines
+    pool = make_pool(session, engines)
+    held = await _busy_with(pool, a, PREFIX + "q1")
+    before = _books(pool)
+    for _ in range(3):
+        answer = await pool.request("POST", "/tokenize", {}, orjson.dumps({"content": "x"}))
+        assert answer.status == 200
+    assert (b.tokenized, a.tokenized) == (3, 0)  # a holds a request: b is the least loaded
+    assert (_books(pool) == before) is light
+    a.gate.set()
+    assert (await held).headers[BACKEND_HEADER] == "a"
