@@ -11,6 +11,11 @@ from harness.gateway import FakeClock, RunningGateway, gateway_config, start_gat
 
 CHAT = {"model": "test-model", "temperature": 0, "messages": [{"role": "user", "content": "What is 2+2?"}]}
 AUTH_A = {"Authorization": "Bearer tenant-a-key"}
+# For tests where one event loop runs the callers, the gateway and the upstream, hundreds of requests at once on a
+# loaded 2-core CI machine: the harness's 1 s connect limit (aiohttp's counts the wait for a pooled connection) can
+# pass while the loop is busy (a 504 that is correct, but not what those tests are about). A guard against a hang,
+# not a measurement.
+LOADED_UPSTREAM = {"connect_timeout_s": 10.0, "read_timeout_s": 60.0}
 AUTH_B = {"Authorization": "Bearer tenant-b-key"}
 
 

@@ -13,7 +13,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from harness.gateway import RunningGateway
-from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
+from tests.gateway.conftest import AUTH_A, CHAT, LOADED_UPSTREAM, GatewayFactory
 from tests.gateway.test_stream import sse
 from tests.support.fake_upstream import FakeUpstream
 
@@ -61,7 +61,10 @@ async def test_a_thousand_aborted_streams_are_not_errors(
     make_gateway: GatewayFactory, fake: FakeUpstream, quiet_upstream: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     gw = await make_gateway(
-        quiet_upstream, stream={"replay_chunk_chars": 1, "replay_delay_s": 0.002}, tokens={"enabled": False}
+        quiet_upstream,
+        stream={"replay_chunk_chars": 1, "replay_delay_s": 0.002},
+        tokens={"enabled": False},
+        upstream=LOADED_UPSTREAM,
     )
     fake.stream_pieces = PIECES
     async with aiohttp.ClientSession() as session:

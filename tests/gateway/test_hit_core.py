@@ -28,7 +28,7 @@ from aiohttp import web
 
 from harness.gateway import RunningGateway
 from harness.services import MemcachedServer, serving
-from tests.gateway.conftest import GatewayFactory
+from tests.gateway.conftest import LOADED_UPSTREAM, GatewayFactory
 from tests.support.cluster import LocalCluster
 
 MODEL = "echo-model"
@@ -114,11 +114,6 @@ def post(question: str, caller: int, *, ingress: bool, extra: str = "") -> bytes
         lines.append(extra)
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
-
-# One event loop runs the callers, the gateway and the upstream here, thousands of requests at once on a loaded
-# 2-core CI machine: the harness's 1 s connect limit can pass while the loop is busy (a 504 that is correct, but
-# not what these properties are about). A guard against a hang, not a measurement.
-LOADED_UPSTREAM = {"connect_timeout_s": 10.0, "read_timeout_s": 60.0}
 
 HEALTH = b"GET /health HTTP/1.1\r\nHost: gateway.test\r\n\r\n"
 

@@ -13,7 +13,7 @@ import redis
 from gateway.misses.warm import hot_record_of
 from gateway.tiers.redis_cluster import RedisClusterTier, stored_name
 from harness.gateway import FakeClock, RunningGateway
-from tests.gateway.conftest import AUTH_A, CHAT, GatewayFactory
+from tests.gateway.conftest import AUTH_A, CHAT, LOADED_UPSTREAM, GatewayFactory
 from tests.support.cluster import LocalCluster
 from tests.support.fake_upstream import FakeUpstream
 
@@ -162,8 +162,8 @@ async def test_concurrent_misses_on_two_gateways_share_one_call_through_cluster_
     make_gateway: GatewayFactory, fake: FakeUpstream, cluster_url: str
 ) -> None:
     fake.gate = asyncio.Event()
-    one = await make_gateway(cache={"redis_url": cluster_url, **HEALTHY})
-    two = await make_gateway(cache={"redis_url": cluster_url, **HEALTHY})
+    one = await make_gateway(cache={"redis_url": cluster_url, **HEALTHY}, upstream=LOADED_UPSTREAM)
+    two = await make_gateway(cache={"redis_url": cluster_url, **HEALTHY}, upstream=LOADED_UPSTREAM)
     first = asyncio.ensure_future(one.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A))
     await fake.entered.wait()
     second = asyncio.ensure_future(two.client.post("/v1/chat/completions", json=CHAT, headers=AUTH_A))
@@ -179,6 +179,7 @@ async def test_concurrent_misses_on_two_gateways_share_one_call_through_cluster_
     fake.gate.set()
     a, b = await asyncio.gather(first, second)
     assert (await a.read()) == (await b.read())
+    assert (a.status, b.status) == (200, 200)
     assert "collapsed" in b.headers["Cache-Status"]
     assert fake.calls["chat"] == 1
 

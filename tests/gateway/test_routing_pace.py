@@ -9,10 +9,10 @@ leaves the recovered engine idle."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,10 +27,9 @@ from backend.engine.outputs import EngineStats
 from backend.metrics import BackendMetrics
 from gateway.config.upstream import BackendConfig, UpstreamConfig
 from gateway.ops.routing_metrics import RoutingMetrics
-from gateway.upstream.routing import facts, health, pace
+from gateway.upstream.routing import health, pace
 from gateway.upstream.routing.attempt import BACKEND_HEADER, ROUTE_HEADER
 from gateway.upstream.routing.build import build_upstream
-from gateway.upstream.routing.cost import PILE_UP_WEIGHT
 from gateway.upstream.routing.pace import OVERRUN_SHARE, Pace, PileUp, Recent
 from gateway.upstream.routing.pool import UpstreamPool
 
@@ -130,8 +129,9 @@ class Engine:
         return web.json_response({"tokens": [1, 2, 3]})
 
 
-@pytest.fixture
-async def engines() -> AsyncIterator[list[Engine]]:
+@asynccontextmanager
+async def gated_engines() -> AsyncIterator[list[Engine]]:
+    """Engines a and b on loopback ports (also the `engines` of `test_routing_budget`)."""
     made, servers = [Engine("a"), Engine("b")], []
     for e in made:
         app = web.Application()
@@ -148,6 +148,12 @@ async def engines() -> AsyncIterator[list[Engine]]:
         e.gate.set()
     for server in servers:
         await server.close()
+
+
+@pytest.fixture
+async def engines() -> AsyncIterator[list[Engine]]:
+    async with gated_engines() as made:
+        yield made
 
 
 @pytest.fixture
@@ -250,43 +256,6 @@ def test_engine_capacity_is_read_where_an_engine_says_it() -> None:
     assert health.metrics_capacity("tokenedge_backend_max_running_requests 0\n") is None
 
 
-@pytest.mark.parametrize(
-    ("ahead", "cheap", "expected"),
-    [(300, True, "b"), (0, True, "a"), (0, False, "b")],
-    ids=["long", "cheap", "mutation"],
-)
-async def test_waiting_beside_an_idle_engine_stops_once_the_pile_up_budget_is_spent(
-    session: aiohttp.ClientSession,
-    engines: list[Engine],
-    monkeypatch: pytest.MonkeyPatch,
-    ahead: int,
-    cheap: bool,
-    expected: str,
-) -> None:
-    """With the budget (0.1) spent, a request that would wait 0.3 s (the queued request's 300 new tokens) to save
-    1 s of prefill spills to idle b; one whose wait is about nothing (at most 0.1 of the 1 s it saves) still waits
-    for a. The mutation drops that exception (`cheap_wait_share` 0): the near-free wait spills too."""
-    if not cheap:
-        views = UpstreamPool._views
-        monkeypatch.setattr(
-            UpstreamPool,
-            "_views",
-            lambda self, *args: [dataclasses.replace(v, cheap_wait_share=0.0) for v in views(self, *args)],
-        )
-    a, b = engines
-    pool = make_pool(session, engines, queue_beside_idle_share=0.1)
-    held = await _busy_with(pool, a, PREFIX + "q1")
-    queued = ask(pool, PREFIX + "q2" + " new" * ahead)  # waits for a: the budget is untouched
-    await until(lambda: a.calls == 3)
-    await until(lambda: pool.pile_up.share(time.monotonic()) >= 0.1)  # a holds 2, b idle: the share grows
-    third = ask(pool, PREFIX + "q3")
-    await until(lambda: a.calls + b.calls == 6)
-    assert b.calls == (3 if expected == "b" else 2)
-    a.gate.set()
-    answers = await asyncio.gather(held, queued, third)
-    assert [r.headers[BACKEND_HEADER] for r in answers] == ["a", "a", expected]
-
-
 @pytest.mark.parametrize(("factor", "expected"), [(pace.SHARE_FACTOR, "b"), (100.0, "a")])
 async def test_an_engine_that_took_all_recent_requests_is_not_waited_for_beside_an_idle_one(
     session: aiohttp.ClientSession,
@@ -363,27 +332,6 @@ def test_recent_shares_decay_and_are_weighed() -> None:
     assert recent.over(1, {0: 1.0, 1: 1.0}) and not recent.over(0, {0: 1.0, 1: 1.0})
 
 
-def test_the_share_guard_holds_from_an_ejection_until_the_shares_are_even() -> None:
-    """Off in a steady fleet: 7 of 11 recent requests on one engine is noise there. From an ejection it holds while
-    the engine that came back has taken nothing, and disarms once every engine has and none is over the factor."""
-    both = {0: 1.0, 1: 1.0}
-    recent = Recent([0.0, 0.0])
-    for t in range(7):
-        recent.sent(float(t), 0)
-    assert not recent.over(0, both)
-    recent.restart()
-    for t in range(4):
-        recent.sent(10.0 + t, 0)
-    assert not recent.over(0, {0: 1.0})  # while 1 is out, 0 is the whole fleet
-    assert recent.over(0, both)
-    for t in range(3):
-        recent.sent(20.0 + t, 1)
-    assert not recent.over(0, both) and not recent.armed  # 4 and 3: even, both served: off
-    for t in range(5):
-        recent.sent(30.0 + t, 0)
-    assert not recent.over(0, both)  # off again until the next ejection
-
-
 async def test_the_prefill_rate_comes_from_the_engines_own_counters(session: aiohttp.ClientSession) -> None:
     totals = [(100.0, 1.0)]
 
@@ -412,47 +360,3 @@ async def test_the_prefill_rate_comes_from_the_engines_own_counters(session: aio
         assert backend.pace.reported and 1 / backend.pace.s_per_token < 150  # 500 tokens/s since, averaged in
     finally:
         await server.close()
-
-
-async def test_the_pile_up_price_is_the_spent_share_of_the_budget(
-    session: aiohttp.ClientSession, engines: list[Engine]
-) -> None:
-    """A wait beside an idle engine costs only itself while the fleet has not piled up lately, and is charged
-    PILE_UP_WEIGHT more per second at the budget and past it (`cost`)."""
-    pool = make_pool(session, engines, queue_beside_idle_share=0.2)
-    assert pool._pile_up_price() == 0.0
-    pool.pile_up = PileUp(busy_s=10.0, piled_s=1.0, since=time.monotonic())  # share 0.1: half the budget
-    assert pool._pile_up_price() == pytest.approx(0.5 * PILE_UP_WEIGHT)
-    pool.pile_up = PileUp(busy_s=10.0, piled_s=5.0, since=time.monotonic())
-    assert pool._pile_up_price() == pytest.approx(PILE_UP_WEIGHT)
-
-
-def _books(pool: UpstreamPool) -> tuple[Any, ...]:
-    """What the cost policy reads of the fleet, but the pile-up share (which moves with the clock)."""
-    return (
-        list(pool.recent.counts),
-        [(b.outstanding, b.load, b.service_s, b.pace.fixed_s, len(b.pace.flying)) for b in pool.backends],
-    )
-
-
-@pytest.mark.parametrize("light", [True, False])
-async def test_tokenizer_calls_take_no_slot_in_the_cost_policys_books(
-    session: aiohttp.ClientSession, engines: list[Engine], monkeypatch: pytest.MonkeyPatch, light: bool
-) -> None:
-    """The `tokens` key asks an engine for ids before each miss (`/tokenize`, `/apply-template`), which engines
-    answer without a slot: they go to the least loaded engine and change nothing the cost policy reads. The
-    mutation routes them as requests (LIGHT_PATHS empty): each counts in the engine's share of recent requests and
-    teaches its service time, as two calls per miss did in front of one-slot llama-servers."""
-    if not light:
-        monkeypatch.setattr(facts, "LIGHT_PATHS", frozenset())
-    a, b = engines
-    pool = make_pool(session, engines)
-    held = await _busy_with(pool, a, PREFIX + "q1")
-    before = _books(pool)
-    for _ in range(3):
-        answer = await pool.request("POST", "/tokenize", {}, orjson.dumps({"content": "x"}))
-        assert answer.status == 200
-    assert (b.tokenized, a.tokenized) == (3, 0)  # a holds a request: b is the least loaded
-    assert (_books(pool) == before) is light
-    a.gate.set()
-    assert (await held).headers[BACKEND_HEADER] == "a"

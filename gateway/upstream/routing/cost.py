@@ -76,6 +76,13 @@ def estimate(e: EngineView, prompt_tokens: int) -> Estimate:
     return Estimate(e, e.wait_s / e.weight, prefill_s)
 
 
+def pile_up_price(share: float, budget: float) -> float:
+    """The charge per second queued beside an idle engine, on top of the wait itself: the budget's spent share of
+    PILE_UP_WEIGHT (none while the fleet has not piled up lately, all of it at the budget and past it)."""
+    spent = share / budget if budget > 0 else 1.0
+    return PILE_UP_WEIGHT * min(spent, 1.0)
+
+
 def cheapest(
     engines: Sequence[EngineView], prompt_tokens: int, pile_up_price: float = PILE_UP_WEIGHT
 ) -> tuple[Estimate, Reason]:

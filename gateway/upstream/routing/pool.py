@@ -36,7 +36,7 @@ from gateway.upstream.routing.affinity import NO_MATCH, AffinityTable
 from gateway.upstream.routing.attempt import Ejected, FirstByteTimeout, Routed, bounded, route_headers
 from gateway.upstream.routing.backend import Backend
 from gateway.upstream.routing.book import RevisionBook, merge, only, served_models
-from gateway.upstream.routing.cost import PILE_UP_WEIGHT, EngineView
+from gateway.upstream.routing.cost import EngineView, pile_up_price
 from gateway.upstream.routing.facts import Facts, facts_of
 from gateway.upstream.routing.pace import PileUp, Recent, Ticket
 from gateway.upstream.routing.policy import Decision, Policy, decide
@@ -154,13 +154,6 @@ class UpstreamPool:
             for b in candidates
         ]
 
-    def _pile_up_price(self) -> float:
-        """The cost policy's charge per second queued beside an idle engine: the budget's spent share of
-        PILE_UP_WEIGHT (none while the fleet has not piled up lately, all of it at the budget)."""
-        budget = self.config.queue_beside_idle_share
-        spent = self.pile_up.share(time.monotonic()) / budget if budget > 0 else 1.0
-        return PILE_UP_WEIGHT * min(spent, 1.0)
-
     def pick(self, facts: Facts, exclude: set[int], *, admit: bool = False) -> Route | Saturated | None:
         """The backend for an attempt and why; Saturated when `admit` and every candidate is at its cap."""
         candidates = self.candidates(facts.model, exclude)
@@ -182,7 +175,9 @@ class UpstreamPool:
             load_factor=self.config.affinity_load_factor,
             turn=self._turn,
             rng=self.rng,
-            pile_up_price=self._pile_up_price(),
+            pile_up_price=pile_up_price(
+                self.pile_up.share(time.monotonic()), self.config.queue_beside_idle_share
+            ),
         )
         self._turn += 1
         # Smooth weighted round-robin: every candidate earns its weight, the chosen one pays the total.
