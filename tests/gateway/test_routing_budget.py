@@ -29,12 +29,6 @@ async def engines() -> AsyncIterator[list[Engine]]:
         yield made
 
 
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
-
-
 @pytest.mark.parametrize(
     ("ahead", "cheap", "expected"),
     [(300, True, "b"), (0, True, "a"), (0, False, "b")],

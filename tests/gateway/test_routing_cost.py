@@ -94,7 +94,7 @@ def _waits_only_where_waiting_is_cheaper(engines: list[EngineView], prompt: int)
     best, _ = cost.cheapest(engines, prompt)
     idle = any(e.load == 0 for e in engines)
     free = [e for e in engines if e.load < e.slots]
-    allowed = free + [e for e in engines if e.load >= e.slots and (not idle or e.may_queue)]
+    allowed = list(engines)
     if idle:
         allowed = free + [
             e

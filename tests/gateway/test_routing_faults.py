@@ -81,12 +81,6 @@ async def engines() -> AsyncIterator[list[Engine]]:
         await server.close()
 
 
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
-
-
 def make_pool(
     session: aiohttp.ClientSession, engines: list[Engine], **extra: Any
 ) -> tuple[UpstreamPool, CollectorRegistry]:

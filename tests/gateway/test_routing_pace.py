@@ -156,12 +156,6 @@ async def engines() -> AsyncIterator[list[Engine]]:
         yield made
 
 
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
-
-
 def make_pool(session: aiohttp.ClientSession, engines: list[Engine], **extra: Any) -> UpstreamPool:
     backends = tuple(BackendConfig(e.url, name=e.name, prefill_tokens_per_s=1000.0) for e in engines)
     config = UpstreamConfig(url=tuple(e.url for e in engines), backends=backends, health_path="", **extra)

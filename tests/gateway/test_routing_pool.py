@@ -79,12 +79,6 @@ async def servers() -> AsyncIterator[list[Backend]]:
         await server.close()
 
 
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
-
-
 def make_pool(session: aiohttp.ClientSession, urls: list[str], **extra: Any) -> UpstreamPool:
     config = UpstreamConfig(url=tuple(urls), connect_timeout_s=0.5, **extra)
     pool = build_upstream(config, session, RoutingMetrics(CollectorRegistry()))

@@ -188,12 +188,6 @@ def _common(a: str, b: str) -> str:
     return a[:n]
 
 
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
-
-
 Fleet = tuple[UpstreamPool, list[Fake], RoutingMetrics]
 
 

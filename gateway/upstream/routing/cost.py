@@ -96,7 +96,8 @@ def cheapest(
     what they save still spill)."""
     assert engines, "cheapest needs at least one engine"
     pool = list(engines)
-    if any(e.load == 0 for e in engines):
+    idle = any(e.load == 0 for e in engines)
+    if idle:
         free = [e for e in engines if e.load < e.slots]
         free_s = min(estimate(e, prompt_tokens).ttft_s for e in free)
         free_tokens = max(e.expected_tokens for e in free)
@@ -110,7 +111,7 @@ def cheapest(
         pool = [e for e in engines if e.load < e.slots or may_wait(e)]
 
     def charged(x: Estimate) -> float:
-        queues = x.engine.load >= x.engine.slots and any(e.load == 0 for e in engines)
+        queues = idle and x.engine.load >= x.engine.slots
         return x.ttft_s + (pile_up_price * x.wait_s if queues else 0.0)
 
     estimates = [estimate(e, prompt_tokens) for e in pool]
