@@ -73,6 +73,9 @@ class UpstreamConfig:
         "cost"  # cost: the least expected time to first token (queue wait + unmatched prefill); others for A/B
     )
     queue_beside_idle_share: float = 0.15  # cost: queue beside an idle engine at most this share of busy time
+    # cost: a batch of two or more on an engine that batches, beside an idle engine, spends that share as a queue
+    # does (false: a free slot is free; more prefix reuse, more idle time: docs/deployment.md has both measured)
+    pile_up_batches: bool = False
     share_placement: bool = True  # with a Redis L2: prefix placements shared by every worker and replica
     placement_ttl_s: float = 300.0  # a shared placement is forgotten this long after it was last published
     placement_wait_s: float = (

@@ -15,7 +15,9 @@ import aiohttp
 import orjson
 import pytest
 
-from gateway.upstream.routing import facts
+from backend.engine.outputs import EngineStats
+from backend.metrics import BackendMetrics
+from gateway.upstream.routing import facts, health
 from gateway.upstream.routing.attempt import BACKEND_HEADER
 from gateway.upstream.routing.cost import PILE_UP_WEIGHT, pile_up_price
 from gateway.upstream.routing.pace import Recent
@@ -64,6 +66,43 @@ async def test_waiting_beside_an_idle_engine_stops_once_the_pile_up_budget_is_sp
     a.gate.set()
     answers = await asyncio.gather(held, queued, third)
     assert [r.headers[BACKEND_HEADER] for r in answers] == ["a", "a", expected]
+
+
+@pytest.mark.parametrize("counted", [True, False], ids=["batch", "mutation"])
+async def test_a_batch_beside_an_idle_engine_spends_the_pile_up_budget(
+    session: aiohttp.ClientSession, engines: list[Engine], monkeypatch: pytest.MonkeyPatch, counted: bool
+) -> None:
+    """With `pile_up_batches`, a batching engine (8 slots, its /metrics says so) holding two requests of one prefix
+    while the other engine sits idle piles up as a queue does: the budget (0.1) fills, and the next request of that prefix takes the idle
+    engine (its prefix gets a second home) rather than run 2 s beside a's long request to save 1 s of prefill. The
+    mutation counts only queues (more requests than slots) as pile-up, the setting ignored: a batch never spends
+    the budget, and every request of the prefix joins a while b idles (on two of our backends, 22% of the busy
+    time)."""
+    if not counted:
+
+        def queues_only(self: UpstreamPool) -> None:
+            up = [b for b in self.backends if b.breaker.available()]
+            piled = any(b.load > b.slots for b in up) and any(b.load == 0 for b in up)
+            self.pile_up.observe(time.monotonic(), busy=any(b.load > 0 for b in up), piled=piled)
+
+        monkeypatch.setattr(UpstreamPool, "_observe", queues_only)
+    a, b = engines
+    stats = EngineStats(1, 0, 64, 64, 0, 0, 0, 0, max_running=8)
+    a.metrics = BackendMetrics(lambda: stats).render()
+    pool = make_pool(session, engines, queue_beside_idle_share=0.1, pile_up_batches=True)
+    held = await _busy_with(pool, a, PREFIX + " new" * 2000)  # expected to run 2 s: no cheap overlap
+    await health.read_state(pool, pool.backends[0], {})
+    assert pool.backends[0].slots == 8
+    joined = ask(pool, PREFIX + "q2")  # the budget is untouched: it joins a's batch
+    await until(lambda: a.calls == 3)
+    assert pool.pile_up.state == (True, counted)
+    if counted:
+        await until(lambda: pool.pile_up.share(time.monotonic()) >= 0.1)
+    third = ask(pool, PREFIX + "q3")
+    await until(lambda: a.calls + b.calls == 6)
+    a.gate.set()
+    answers = await asyncio.gather(held, joined, third)
+    assert [r.headers[BACKEND_HEADER] for r in answers] == ["a", "a", "b" if counted else "a"]
 
 
 def test_the_share_guard_holds_from_an_ejection_until_the_shares_are_even() -> None:

@@ -68,6 +68,8 @@ engines_st = st.lists(
         prefill_tokens_per_s=st.floats(10.0, 10_000.0),
         matched_tokens=st.integers(0, 5000),
         retention=st.floats(0.0, 1.0),  # the share of its matched prefix an engine keeps (`retention`)
+        batch_s=st.floats(0.0, 10.0),
+        batches_pile=st.booleans(),  # `upstream.pile_up_batches`
     ),
     min_size=1,
     max_size=5,
@@ -75,38 +77,39 @@ engines_st = st.lists(
 
 
 def _renumber(e: EngineView, i: int) -> EngineView:
-    return EngineView(
-        i, e.load, e.slots, e.wait_s, e.prefill_tokens_per_s, e.matched_tokens, retention=e.retention
-    )
+    return dataclasses.replace(e, index=i)
 
 
 def _charged(e: EngineView, prompt: int, idle: bool) -> float:
-    """What the choice weighs: the expected TTFT, and once more the wait of a queue beside an idle engine."""
+    """What the choice weighs: the expected TTFT, and once more the time a request piles up beside an idle engine
+    (a queue's wait, or the overlap of a batch it joins)."""
     x = estimate(e, prompt)
-    queues = idle and e.load >= e.slots
-    return x.ttft_s + (cost.PILE_UP_WEIGHT * x.wait_s if queues else 0.0)
+    piles = x.wait_s if e.load >= e.slots else (e.batch_s if e.load and e.batches_pile else 0.0)
+    return x.ttft_s + (cost.PILE_UP_WEIGHT * piles if idle else 0.0)
 
 
 def _waits_only_where_waiting_is_cheaper(engines: list[EngineView], prompt: int) -> None:
-    """The chosen engine's charged TTFT is the least of all; so an engine with a queue is chosen over an idle one
-    only for a prefix (it reuses more than every engine with a free slot), and only when its wait, charged
-    (1 + PILE_UP_WEIGHT) x, is less than the prefill that prefix saves."""
+    """The chosen engine's charged TTFT is the least of all; so while an engine is idle, a busy one (a second
+    request piles up on it, queued or batched) is chosen only for a prefix (it reuses more than every idle engine),
+    and only when its wait plus the pile-up charged at PILE_UP_WEIGHT (a queue's wait once more, a batch's overlap)
+    is less than the prefill that prefix saves."""
     best, _ = cost.cheapest(engines, prompt)
     idle = any(e.load == 0 for e in engines)
-    free = [e for e in engines if e.load < e.slots]
+
+    def piling(e: EngineView) -> bool:
+        return e.load >= e.slots or bool(e.load and e.batches_pile)
+
+    free = [e for e in engines if not piling(e)]
     allowed = list(engines)
     if idle:
-        allowed = free + [
-            e
-            for e in engines
-            if e.load >= e.slots and e.may_queue and e.expected_tokens > max(f.expected_tokens for f in free)
-        ]
+        deepest = max(f.expected_tokens for f in free)
+        allowed = free + [e for e in engines if piling(e) and e.may_queue and e.expected_tokens > deepest]
     assert _charged(best.engine, prompt, idle) <= min(_charged(e, prompt, idle) for e in allowed) + 1e-6
-    if idle and best.engine.load >= best.engine.slots:
+    if idle and piling(best.engine):
         assert all(best.engine.expected_tokens > f.expected_tokens for f in free)
+        charged_s = _charged(best.engine, prompt, idle) - best.prefill_s
         for f in free:
-            saved_s = estimate(f, prompt).ttft_s - best.prefill_s
-            assert (1 + cost.PILE_UP_WEIGHT) * best.wait_s <= saved_s + 1e-6
+            assert charged_s <= estimate(f, prompt).ttft_s - best.prefill_s + 1e-6
 
 
 @settings(max_examples=200, deadline=None)
@@ -147,6 +150,26 @@ def test_mutation_a_queue_for_a_faster_rate_alone_fails_the_property(monkeypatch
         return dataclasses.replace(best, engine=es[best.engine.index]), why
 
     monkeypatch.setattr(cost, "cheapest", any_may_queue)
+    with pytest.raises(AssertionError):
+        _waits_only_where_waiting_is_cheaper(engines, 2000)
+
+
+def test_mutation_a_batch_that_never_piles_up_fails_the_property(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two batching engines (8 slots) whose batches count as pile-up (`upstream.pile_up_batches`), neither holding
+    the prompt: the busy one's rate is 20% better and it has a free slot, so it waits for nothing. Joining its batch
+    beside the idle engine for that alone is the bug (the second request piles up on it, the fleet's budget pays,
+    and nothing is reused); the mutation plays a batching engine with a free slot as idle, as without the setting."""
+    batching = EngineView(0, 1, 8, 0.0, 1000.0, 0, batches_pile=True)
+    engines = [batching, dataclasses.replace(batching, index=1, load=0, prefill_tokens_per_s=800.0)]
+    assert cheapest(engines, 2000)[0].engine.index == 1
+    real = cost.cheapest
+
+    def batches_are_free(es: list[EngineView], prompt: int) -> tuple[cost.Estimate, cost.Reason]:
+        said = [dataclasses.replace(e, load=0) if e.load < e.slots else e for e in es]
+        best, why = real(said, prompt)
+        return dataclasses.replace(best, engine=es[best.engine.index]), why
+
+    monkeypatch.setattr(cost, "cheapest", batches_are_free)
     with pytest.raises(AssertionError):
         _waits_only_where_waiting_is_cheaper(engines, 2000)
 

@@ -10,8 +10,9 @@ worth waiting for; a long queue is not), and an idle engine wins otherwise. The 
 the engine was seen to keep (`retention`: 1.0 for an engine that keeps its prefixes, lower for one that keeps only
 its last prompt, whose reuse the router's record overstates; learnt from its answers). Pure: no I/O, no clock.
 
-Queueing beside an idle engine is charged more than its length in the choice (not in the estimate it reports):
-once as this request's wait, and again at the price of the pile-up it adds, which the fleet keeps under a budget
+Piling up beside an idle engine (a second request on an engine, queued or batched, while another engine has none)
+is charged in the choice (not in the estimate it reports): a queue once as this request's wait, and a queue or a
+batch at the price of the pile-up it adds (`piles_s`), which the fleet keeps under a budget
 (`pace.PileUp`): `pile_up_price`, from 0 while the fleet has not queued beside an idle engine lately up to
 PILE_UP_WEIGHT at the budget (the caller's: the share spent over the budget). So near the budget a request waits
 for the engine holding its prefix when the wait is short against the prefill it saves, and not when the two are
@@ -51,6 +52,15 @@ class EngineView:
     # with `may_queue` False for the pile-up budget (not the share guard): a wait of at most this share of the
     # prefill it saves is still taken (`cheapest`)
     cheap_wait_share: float = 0.0
+    # running requests with a free slot: seconds until the last of them is expected to end (`pace.Pace.drain_s`), so
+    # how long one more would batch beside them while another engine sits idle
+    batch_s: float = 0.0
+    batches_pile: bool = False  # a batch of two beside an idle engine is pile-up (`upstream.pile_up_batches`)
+
+    @property
+    def piling(self) -> bool:
+        """Whether one more request here piles up beside an idle engine: it queues, or joins a counted batch."""
+        return self.load >= self.slots or (self.load > 0 and self.batches_pile)
 
     @property
     def expected_tokens(self) -> float:
@@ -67,6 +77,13 @@ class Estimate:
     @property
     def ttft_s(self) -> float:
         return self.wait_s + self.prefill_s
+
+
+def piles_s(x: Estimate) -> float:
+    """How long sending `x`'s request piles it up on `x`'s engine (two or more requests there) beside an idle one:
+    its wait where it queues, else while the engine's current requests run beside it (none on an idle engine)."""
+    e = x.engine
+    return x.wait_s if e.load >= e.slots else (e.batch_s / e.weight if e.piling else 0.0)
 
 
 def estimate(e: EngineView, prompt_tokens: int) -> Estimate:
@@ -86,33 +103,35 @@ def pile_up_price(share: float, budget: float) -> float:
 def cheapest(
     engines: Sequence[EngineView], prompt_tokens: int, pile_up_price: float = PILE_UP_WEIGHT
 ) -> tuple[Estimate, Reason]:
-    """The engine with the least expected TTFT, a wait beside an idle engine charged (1 + pile_up_price) x; ties
-    go to the lower load per weight, then the most credit. While an engine is idle, one without a free slot is
-    considered only if it is expected to reuse more of the prompt than every engine with a free slot (a prefix is
-    the one reason to queue beside an idle engine: two engines' learnt prefill rates differ by their noise, 20% on
-    one box, and on that alone a new prompt queued 0.2 s beside an idle engine) and it `may_queue`, or its wait is
-    a cheap one: at most `cheap_wait_share` of the prefill it saves against the best engine with a free slot (a
-    spent budget then spills a wait of 0.2 s beside a 7 s prefill no more, while the waits that are long against
-    what they save still spill)."""
+    """The engine with the least expected TTFT, piling up beside an idle engine charged once more at
+    `pile_up_price` per second it piles (`piles_s`: a queue's wait, or a batch's overlap with the requests it joins);
+    ties go to the lower load per weight, then the most credit. While an engine is idle, one where the request
+    would pile up (`EngineView.piling`) is considered only if it is expected to reuse more of the prompt than every
+    engine where it would not (a prefix is the one reason to pile up: two engines' learnt prefill
+    rates differ by their noise, 20% on one box, and on that alone a new prompt queued 0.2 s beside an idle engine)
+    and it `may_queue`, or the pile-up is a cheap one: at most `cheap_wait_share` of the prefill it saves against
+    the best of those engines (a spent budget then spills a wait of 0.2 s beside a 7 s prefill no more, while the
+    waits that are long against what they save still spill). A batch of two counts as a queue does where
+    `batches_pile` (on two of our backends the requests of one prompt group held both of the bench's requests on one
+    engine for 22% of the busy time while the other sat idle); where not, an engine with a free slot is free."""
     assert engines, "cheapest needs at least one engine"
     pool = list(engines)
     idle = any(e.load == 0 for e in engines)
     if idle:
-        free = [e for e in engines if e.load < e.slots]
+        free = [e for e in engines if not e.piling]
         free_s = min(estimate(e, prompt_tokens).ttft_s for e in free)
         free_tokens = max(e.expected_tokens for e in free)
 
-        def may_wait(e: EngineView) -> bool:
+        def may_pile(e: EngineView) -> bool:
             if e.expected_tokens <= free_tokens:
                 return False
             x = estimate(e, prompt_tokens)
-            return e.may_queue or x.wait_s <= e.cheap_wait_share * (free_s - x.prefill_s)
+            return e.may_queue or piles_s(x) <= e.cheap_wait_share * (free_s - x.prefill_s)
 
-        pool = [e for e in engines if e.load < e.slots or may_wait(e)]
+        pool = [e for e in engines if not e.piling or may_pile(e)]
 
     def charged(x: Estimate) -> float:
-        queues = idle and x.engine.load >= x.engine.slots
-        return x.ttft_s + (pile_up_price * x.wait_s if queues else 0.0)
+        return x.ttft_s + (pile_up_price * piles_s(x) if idle else 0.0)
 
     estimates = [estimate(e, prompt_tokens) for e in pool]
     best = min(

@@ -134,6 +134,13 @@ class Pace:
             heapq.heappush(free, max(now, heapq.heappop(free)) + foreign_s / 2)
         return max(0.0, free[0] - now)
 
+    def drain_s(self, now: float, foreign: int, foreign_s: float) -> float:
+        """Seconds until every request in flight is expected to have ended, each in a slot of its own from when it
+        was sent (an engine that batches them): how long one more would run beside them."""
+        ends = [max(t.sent + t.expect_s, now + OVERRUN_SHARE * t.expect_s) for t in self.flying]
+        ends += [now + foreign_s / 2] * foreign
+        return max([0.0, *(end - now for end in ends)])
+
 
 def _bounded(s_per_token: float) -> float:
     low, high = S_PER_TOKEN_BOUNDS
@@ -142,11 +149,12 @@ def _bounded(s_per_token: float) -> float:
 
 @dataclass(slots=True)
 class PileUp:
-    """The share of the fleet's recent busy time in which some engine held a queue (more requests than slots)
-    while another sat idle, over a decaying horizon: the cost policy prices a wait beside an idle engine (waiting
-    for the one holding the prefix) by this share's part of its budget (`upstream.queue_beside_idle_share`), and past
-    the budget takes only cheap waits (`cost.cheapest`): any other miss takes an engine with a free slot, pays a
-    prefill, and its group then has a second home, so a fleet whose prefixes all sit on one engine spreads again."""
+    """The share of the fleet's recent busy time in which some engine held two or more requests (a queue on a
+    one-slot engine, a batch on one that batches) while another sat idle, over a decaying horizon: the cost policy
+    prices a wait beside an idle engine (waiting for the one holding the prefix) by this share's part of its budget
+    (`upstream.queue_beside_idle_share`), and past the budget takes only cheap waits (`cost.cheapest`): any other
+    miss takes the idle engine, pays a prefill, and its group then has a second home, so a fleet whose prefixes
+    all sit on one engine spreads again."""
 
     horizon_s: float = 30.0
     busy_s: float = 0.0

@@ -129,9 +129,8 @@ class UpstreamPool:
         return up or sorted(pool, key=lambda b: b.breaker.open_until)[:1]
 
     def _views(self, facts: Facts, candidates: list[Backend]) -> list[EngineView]:
-        """What the policies see of each candidate. It may be waited for beside an idle engine while the pile-up
-        budget is unspent and its share of recent requests is not far above its fair share (`pace`); with the
-        budget spent, for a wait that is at most the budget's share of the prefill it saves (`cost.cheapest`)."""
+        """What the policies see of each candidate: it may pile up beside an idle engine while the budget is unspent
+        and its share of recent requests not far above fair (`pace`); past the budget, cheaply (`cost.cheapest`)."""
         indices, now = [b.index for b in candidates], time.monotonic()
         depths = self.affinity.depths(facts.chain, indices) if facts.chain else dict.fromkeys(indices, 0)
         budget = self.pile_up.share(now) < self.config.queue_beside_idle_share
@@ -150,6 +149,8 @@ class UpstreamPool:
                 budget and not guarded[b.index],
                 b.retention.value,
                 0.0 if guarded[b.index] else self.config.queue_beside_idle_share,
+                b.pace.drain_s(now, b.foreign_busy, b.service_s) if 0 < b.load < b.slots else 0.0,
+                self.config.pile_up_batches,
             )
             for b in candidates
         ]
@@ -223,12 +224,12 @@ class UpstreamPool:
         return ticket
 
     def _observe(self) -> None:
-        """The fleet's pile-up state after a request began or ended: some engine queueing beside an idle one."""
-        up = [b for b in self.backends if b.breaker.available()]
+        """Pile-up after a request began or ended: an engine queues (`pile_up_batches`: holds 2) beside an idle one."""
+        up, batches = [b for b in self.backends if b.breaker.available()], self.config.pile_up_batches
         self.pile_up.observe(
             time.monotonic(),
             busy=any(b.load > 0 for b in up),
-            piled=any(b.load > b.slots for b in up) and any(b.load == 0 for b in up),
+            piled=any(b.load >= (2 if batches else b.slots + 1) for b in up) and any(b.load == 0 for b in up),
         )
 
     def _release(self, backend: Backend, ticket: Ticket) -> None:
