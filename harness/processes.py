@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
@@ -48,19 +49,28 @@ def wait_http(
 def server(
     argv: Sequence[str], ready_url: str, env: Mapping[str, str] | None = None, ready_timeout_s: float = 30.0
 ) -> Iterator[subprocess.Popen]:
-    proc = subprocess.Popen(
-        list(argv),
-        env={**os.environ, **(env or {})},
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    try:
-        wait_http(ready_url, ready_timeout_s)
-        yield proc
-    finally:
-        stop(proc, grace_s=10)
+    """`argv` serving until the context ends, once `ready_url` answers. Its stderr goes to a file, never a pipe:
+    a pipe nobody reads fills (64 KiB) and blocks the server's next log line, so a backend logging each request
+    stalled mid-benchmark after about 600 requests (`bench gateway_miss --pairs 100`: "upstream timed out"). A
+    server that exits or never answers is an error carrying its stderr's tail."""
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            list(argv),
+            env={**os.environ, **(env or {})},
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,
+        )
+        try:
+            try:
+                wait_http(ready_url, ready_timeout_s, proc=proc)
+            except RuntimeError as exc:
+                log.seek(0)
+                raise RuntimeError(f"{exc}\n{log.read()[-3000:].decode(errors='replace')}") from None
+            yield proc
+        finally:
+            stop(proc, grace_s=10)
 
 
 def stop(proc: subprocess.Popen, *, grace_s: float) -> None:
