@@ -71,6 +71,33 @@ def test_fixed_time_and_the_prefill_rate_are_learnt_from_requests_sent_idle() ->
     assert p.s_per_token == pytest.approx(0.001, rel=0.01) and p.fixed_s < 0.1
 
 
+@pytest.mark.parametrize("recounted", [True, False], ids=["recounted", "mutation"])
+def test_the_fixed_time_is_recounted_at_a_rate_learnt_later(
+    monkeypatch: pytest.MonkeyPatch, recounted: bool
+) -> None:
+    """Two misses sent idle (500 tokens at 10 ms a token and 20 ms more: 5.02 s each) while the rate is still the
+    configured 2000 tokens/s, then the engine's counters say 100 tokens/s: the fixed part is what the misses leave
+    at that rate, a few tens of ms. The mutation keeps it as learnt at the configured rate (1.75 s: the misses'
+    prefill taken as fixed time), so a cached request's expected wait was 3-4x its real one on llama-server."""
+    if not recounted:
+        real = Pace.engine_counters
+
+        def kept(self: Pace, tokens: float, seconds: float) -> None:
+            fixed = self.fixed_s
+            real(self, tokens, seconds)
+            self.fixed_s = fixed
+
+        monkeypatch.setattr(Pace, "engine_counters", kept)
+    p = Pace(s_per_token=1 / 2000)
+    for i in range(2):
+        miss = p.begin(10.0 * i, 500, idle=True)
+        miss.ok = True
+        p.end(miss, 10.0 * i + 5.02)
+    p.engine_counters(1000.0, 10.0)  # 1000 prompt tokens computed in 10 s
+    assert p.s_per_token == pytest.approx(0.01)
+    assert (p.fixed_s < 0.1) is recounted
+
+
 def test_the_engines_own_counters_set_the_rate_and_a_restart_starts_over() -> None:
     p = Pace(s_per_token=0.0005)
     p.engine_counters(10, 1.0)  # too few tokens to say

@@ -4,7 +4,10 @@ reports them (llama-server's `/metrics`). Pure: the caller passes the clock's re
 
 A request's expected service time is `fixed_s + unmatched prompt tokens x s_per_token`: `fixed_s` (the rest: the
 hop, the first decode step, the answer's decode) is a moving average over requests sent while the engine was idle,
-less their expected prefill; `s_per_token` is, in order, the engine's own prompt rate (`reported`), a fit of the
+less their prefill at the rate known now (the averages of their times and of their unmatched tokens are kept, so a
+rate learnt later corrects it at once: taken at the configured rate, two 5 s misses on a one-slot llama-server left
+1 s of prefill in `fixed_s`, and cached requests were expected to wait 1.0-1.2 s where they waited 0.25-0.45);
+`s_per_token` is, in order, the engine's own prompt rate (`reported`), a fit of the
 first-byte times of streams sent to it idle against their unmatched tokens (`Fit`, once those spread enough to say
 anything), or the configured `prefill_tokens_per_s`.
 
@@ -86,6 +89,9 @@ class Pace:
     fit: Fit = field(default_factory=Fit)
     flying: list[Ticket] = field(default_factory=list)  # this process's requests in flight, in send order
     _counters: tuple[float, float] | None = None  # the engine's last (prompt tokens, prompt seconds) totals
+    _idle: tuple[float, float] | None = (
+        None  # moving averages of (seconds, unmatched tokens) of requests sent idle
+    )
 
     def expect_s(self, unmatched: int) -> float:
         return self.fixed_s + unmatched * self.s_per_token
@@ -101,13 +107,20 @@ class Pace:
             self.flying.remove(ticket)
         if not ticket.ok or not ticket.idle:
             return
-        prefill_s = ticket.unmatched * self.s_per_token
-        self.fixed_s += ALPHA * (max(now - ticket.sent - prefill_s, 0.0) - self.fixed_s)
+        took, (avg_s, avg_tokens) = now - ticket.sent, self._idle or (self.fixed_s, 0.0)
+        self._idle = (avg_s + ALPHA * (took - avg_s), avg_tokens + ALPHA * (ticket.unmatched - avg_tokens))
         if ticket.first_byte is not None:
             self.fit.add(ticket.unmatched, ticket.first_byte - ticket.sent)
             slope = self.fit.slope()
             if slope is not None and not self.reported:
                 self.s_per_token = _bounded(slope)
+        self._refix()
+
+    def _refix(self) -> None:
+        """`fixed_s` at the rate known now: the idle requests' mean time less their mean prefill."""
+        if self._idle is not None:
+            avg_s, avg_tokens = self._idle
+            self.fixed_s = max(avg_s - avg_tokens * self.s_per_token, 0.0)
 
     def engine_counters(self, tokens: float, seconds: float) -> None:
         """The engine's cumulative prompt tokens computed and seconds spent computing them: the rate over the
@@ -123,6 +136,7 @@ class Pace:
             sample if not self.reported else self.s_per_token + ALPHA * (sample - self.s_per_token)
         )
         self.reported = True
+        self._refix()
 
     def wait_s(self, now: float, slots: int, foreign: int, foreign_s: float) -> float:
         """Seconds until a request sent now would start (see the module doc)."""
