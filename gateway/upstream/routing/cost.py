@@ -107,9 +107,9 @@ def cheapest(
     `pile_up_price` per second it piles (`piles_s`: a queue's wait, or a batch's overlap with the requests it joins);
     ties go to the lower load per weight, then the most credit. While an engine is idle, one where the request
     would pile up (`EngineView.piling`) is considered only if it is expected to reuse more of the prompt than every
-    engine where it would not (a prefix is the one reason to pile up: two engines' learnt prefill
-    rates differ by their noise, 20% on one box, and on that alone a new prompt queued 0.2 s beside an idle engine)
-    and it `may_queue`, or the pile-up is a cheap one: at most `cheap_wait_share` of the prefill it saves against
+    engine where it would not (a prefix is the one reason to pile up: two engines' learnt prefill rates differ by
+    their noise, 20% on one box, and on that alone a new prompt queued 0.2 s beside an idle engine) and it
+    `may_queue`, or the pile-up is a cheap one: at most `cheap_wait_share` of the prefill it saves against
     the best of those engines (a spent budget then spills a wait of 0.2 s beside a 7 s prefill no more, while the
     waits that are long against what they save still spill). A batch of two counts as a queue does where
     `batches_pile` (on two of our backends the requests of one prompt group held both of the bench's requests on one

@@ -89,9 +89,8 @@ class Pace:
     fit: Fit = field(default_factory=Fit)
     flying: list[Ticket] = field(default_factory=list)  # this process's requests in flight, in send order
     _counters: tuple[float, float] | None = None  # the engine's last (prompt tokens, prompt seconds) totals
-    _idle: tuple[float, float] | None = (
-        None  # moving averages of (seconds, unmatched tokens) of requests sent idle
-    )
+    # moving averages of (seconds, unmatched tokens) of the requests sent idle (`fixed_s` is recounted from them)
+    _idle: tuple[float, float] | None = None
 
     def expect_s(self, unmatched: int) -> float:
         return self.fixed_s + unmatched * self.s_per_token
