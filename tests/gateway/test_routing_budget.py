@@ -73,11 +73,11 @@ async def test_a_batch_beside_an_idle_engine_spends_the_pile_up_budget(
     session: aiohttp.ClientSession, engines: list[Engine], monkeypatch: pytest.MonkeyPatch, counted: bool
 ) -> None:
     """With `pile_up_batches`, a batching engine (8 slots, its /metrics says so) holding two requests of one prefix
-    while the other engine sits idle piles up as a queue does: the budget (0.1) fills, and the next request of that prefix takes the idle
-    engine (its prefix gets a second home) rather than run 2 s beside a's long request to save 1 s of prefill. The
-    mutation counts only queues (more requests than slots) as pile-up, the setting ignored: a batch never spends
-    the budget, and every request of the prefix joins a while b idles (on two of our backends, 22% of the busy
-    time)."""
+    while the other engine sits idle piles up as a queue does: the budget (0.1) fills, and the next request of that
+    prefix takes the idle engine (its prefix gets a second home) rather than run 2 s beside a's long request to save
+    1 s of prefill. The mutation counts only queues (more requests than slots) as pile-up, the setting ignored: a
+    batch never spends the budget, and every request of the prefix joins a while b idles (on two of our backends,
+    22% of the busy time)."""
     if not counted:
 
         def queues_only(self: UpstreamPool) -> None:
