@@ -134,6 +134,7 @@ class UpstreamPool:
         indices, now = [b.index for b in candidates], time.monotonic()
         depths = self.affinity.depths(facts.chain, indices) if facts.chain else dict.fromkeys(indices, 0)
         budget = self.pile_up.share(now) < self.config.queue_beside_idle_share
+        batches = self.config.pile_up_batches  # only then is a batch's overlap (`batch_s`) read
         weights = {b.index: b.target.weight for b in candidates}
         guarded = {b.index: self.recent.over(b.index, weights) for b in candidates}
         return [
@@ -149,8 +150,8 @@ class UpstreamPool:
                 budget and not guarded[b.index],
                 b.retention.value,
                 0.0 if guarded[b.index] else self.config.queue_beside_idle_share,
-                b.pace.drain_s(now, b.foreign_busy, b.service_s) if 0 < b.load < b.slots else 0.0,
-                self.config.pile_up_batches,
+                b.pace.drain_s(now, b.foreign_busy, b.service_s) if batches and 0 < b.load < b.slots else 0.0,
+                batches,
             )
             for b in candidates
         ]
