@@ -131,10 +131,9 @@ class UpstreamPool:
     def _views(self, facts: Facts, candidates: list[Backend]) -> list[EngineView]:
         """What the policies see of each candidate: it may pile up beside an idle engine while the budget is unspent
         and its share of recent requests not far above fair (`pace`); past the budget, cheaply (`cost.cheapest`)."""
-        indices, now = [b.index for b in candidates], time.monotonic()
+        indices, now, batches = [b.index for b in candidates], time.monotonic(), self.config.pile_up_batches
         depths = self.affinity.depths(facts.chain, indices) if facts.chain else dict.fromkeys(indices, 0)
         budget = self.pile_up.share(now) < self.config.queue_beside_idle_share
-        batches = self.config.pile_up_batches  # only then is a batch's overlap (`batch_s`) read
         weights = {b.index: b.target.weight for b in candidates}
         guarded = {b.index: self.recent.over(b.index, weights) for b in candidates}
         return [
