@@ -77,7 +77,10 @@ struct Int4Weight {
 };
 
 Int4Weight weight_of(const at::Tensor& codes, const at::Tensor& factors) {
-  return {{codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(factors.data_ptr()), codes.size(1)},
+  TORCH_CHECK(factors.dim() == 4 && (factors.size(2) == 1 || factors.size(2) == 2) &&
+                  factors.size(1) == codes.size(1), "factors: [N / 16, K / 32, 1 or 2, 16] fp16");
+  return {{codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(factors.data_ptr()), codes.size(1),
+           factors.size(2)},
           codes.size(0) * kLanes};
 }
 
@@ -108,7 +111,7 @@ void project(const Exec& ex, const uint16_t* x, int64_t m, int64_t k, const Int4
                    sc.s.data() + r * groups * 2, xs + r * groups);
   });
   const Quantized q{sc.a.data(), sc.s.data(), xs, k, groups};
-  ex.run(w.n / kLanes, std::max<int64_t>(1, kRunBytes / (groups * (kGroupBytes + 4 * kLanes))),
+  ex.run(w.n / kLanes, std::max<int64_t>(1, kRunBytes / (groups * (kGroupBytes + 2 * w.panel.planes * kLanes))),
          [&](int64_t begin, int64_t end) {
     vnni_blocks(w.panel, q, m, begin, end, y, w.n);
     if (sum != nullptr) residual(sum, y, m, w.n, begin * kLanes, end * kLanes);

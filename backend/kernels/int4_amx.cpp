@@ -117,7 +117,7 @@ inline void unpack_b(const Panel& p, int64_t b, int64_t g, uint8_t* dst) {
 
 // up to 8 rows (one A tile of both passes) against block b, B streamed or unpacked whole in bt; the groups'
 // products alternate between two tile sets, each folded while the next one runs
-template <bool stream>
+template <bool stream, int kPlanes>
 void amx_rows(const Panel& p, int64_t b, const Quantized& x, int64_t r0, int rows, uint8_t* bt, uint16_t* y,
               int64_t ldy) {
   alignas(64) int32_t c[2][kTileRows * kLanes];
@@ -143,8 +143,9 @@ void amx_rows(const Panel& p, int64_t b, const Quantized& x, int64_t r0, int row
     }
     for (int r = 0; r < rows; ++r) {
       const int64_t row = r0 + r;
-      out[r] = fold(out[r], _mm512_load_si512(c[t] + 2 * r * kLanes), _mm512_load_si512(c[t] + (2 * r + 1) * kLanes),
-                    x.s + (row * p.groups + g) * 2, x.xs[row * p.groups + g], p.scales(b, g));
+      out[r] = fold<kPlanes>(out[r], _mm512_load_si512(c[t] + 2 * r * kLanes),
+                             _mm512_load_si512(c[t] + (2 * r + 1) * kLanes), x.s + (row * p.groups + g) * 2,
+                             x.xs[row * p.groups + g], p.scales(b, g));
     }
   }
   for (int r = 0; r < rows; ++r) store_row(out[r], y + (r0 + r) * ldy + b * kLanes);
@@ -159,10 +160,11 @@ void amx_block(const Panel& p, int64_t b, const Quantized& x, int64_t m, std::ve
   for (int64_t r0 = 0; r0 < m; r0 += kAmxRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kAmxRows, m - r0));
     if (rows != configured) configure(2 * (configured = rows), kGroup, kQuads);
+    const bool one = p.planes == 1;
     if (m > kAmxRows) {
-      amx_rows<false>(p, b, x, r0, rows, bt.data(), y, ldy);
+      (one ? amx_rows<false, 1> : amx_rows<false, 2>)(p, b, x, r0, rows, bt.data(), y, ldy);
     } else {
-      amx_rows<true>(p, b, x, r0, rows, bt.data(), y, ldy);
+      (one ? amx_rows<true, 1> : amx_rows<true, 2>)(p, b, x, r0, rows, bt.data(), y, ldy);
     }
   }
 }
@@ -185,10 +187,12 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x: [M, K] bf16, contiguous");
   TORCH_CHECK(codes.dim() == 4 && codes.scalar_type() == at::kByte && codes.is_contiguous() &&
                   codes.size(2) == kQuads && codes.size(3) == kQuadBytes, "codes: [N / 16, K / 32, 8, 32] uint8");
-  TORCH_CHECK(factors.scalar_type() == at::kHalf && factors.is_contiguous(), "factors: [N / 16, K / 32, 2, 16] fp16");
   const int64_t m = x.size(0), k = x.size(1), blocks = codes.size(0), groups = codes.size(1);
+  TORCH_CHECK(factors.scalar_type() == at::kHalf && factors.is_contiguous() && factors.dim() == 4 &&
+                  factors.size(0) == blocks && factors.size(1) == groups && factors.size(3) == kLanes &&
+                  (factors.size(2) == 1 || factors.size(2) == 2),
+              "factors: [N / 16, K / 32, 2, 16] fp16 (scales, zero points), or [N / 16, K / 32, 1, 16] (scales)");
   TORCH_CHECK(k == groups * kGroup, "x has ", k, " columns, the weight ", groups * kGroup);
-  TORCH_CHECK(factors.numel() == blocks * groups * 2 * kLanes, "factors: [N / 16, K / 32, 2, 16] fp16");
   // AMX where the build and the CPU have it and the OS grants its tiles, else VNNI (or AVX2) for every row
   // count: the same sums
   const bool amx = m >= kAmxFrom && amx_permitted();
@@ -203,7 +207,8 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
   for (int64_t r = 0; r < m; ++r)
     quantize_row(xp + r * k, groups, ap + r * 2 * k, ap + (r * 2 + 1) * k, sp + r * groups * 2, xsp + r * groups);
   const Quantized q{ap, sp, xsp, k, groups};
-  const Panel p{codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(factors.data_ptr()), groups};
+  const Panel p{codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(factors.data_ptr()), groups,
+                factors.size(2)};
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     if (!amx) {

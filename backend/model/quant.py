@@ -79,7 +79,7 @@ class Int4Linear(QuantizedLinear):
             require_amx()
             codes, factors = pack_int4(blocks.codes, blocks.scales, blocks.zeros)
             self.register_buffer("packed", codes)  # [N/16, K/32, 8, 32] uint8 nibbles
-            self.register_buffer("factors", factors)  # [N/16, K/32, 2, 16] fp16 scales and zero points
+            self.register_buffer("factors", factors)  # [N/16, K/32, 2 or 1, 16] fp16 scales (and zero points)
             return
         # packed: torch's CPU layout of the [N, K] codes; factors: [K / 32, N, 2] bf16 scales and zeros
         self.register_buffer(

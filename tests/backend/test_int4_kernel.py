@@ -45,6 +45,14 @@ def blocks(n: int, k: int, seed: int = 0) -> Int4Blocks:
     )
 
 
+def q4_0_blocks(n: int, k: int, seed: int = 0) -> Int4Blocks:
+    """Random Q4_0 blocks: fp16 d and no zero (w = d * (q - 8))."""
+    gen = torch.Generator().manual_seed(seed)
+    d = (torch.rand(n, k // 32, generator=gen) * 0.02).half().float()
+    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    return Int4Blocks(codes=codes, scales=d, zeros=torch.zeros_like(d))
+
+
 def activations(m: int, k: int, seed: int = 1) -> torch.Tensor:
     return torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
 
@@ -165,6 +173,29 @@ def test_a_row_never_depends_on_its_batch(n: int, k: int) -> None:
 
 
 @needs_amx
+def test_a_q4_0_weight_streams_its_scales_alone_for_the_same_bits() -> None:
+    """Q4_0 (every zero 0) packs one factor plane, the scales: the fold computes each zero point as -8 * scale,
+    the value a second plane would hold, so every row count (VNNI; AMX from 4 rows where the CPU has it) gives
+    the two-plane packing's bits, from 10% fewer bytes. Q4_1 keeps both planes."""
+    b = q4_0_blocks(96, 576)
+    codes, one = pack_int4(b.codes, b.scales, b.zeros)
+    q4_1 = blocks(96, 576)
+    assert one.shape == (6, 18, 1, 16)
+    assert pack_int4(q4_1.codes, q4_1.scales, q4_1.zeros)[1].shape == (6, 18, 2, 16)
+    two = torch.stack([one[:, :, 0], (one[:, :, 0].float() * -8).half()], dim=2).contiguous()
+    assert (codes.numel() + 2 * one.numel()) * 10 == (codes.numel() + 2 * two.numel()) * 9
+    x = activations(20, 576)
+    exact = x.double() @ b.dequantize().double().t()
+    for m in (1, 2, 3, 4, 8, 9, 20):
+        got = int4_mm(x[:m], codes, one)
+        assert torch.equal(got, int4_mm(x[:m], codes, two)), m
+        torch.testing.assert_close(got.double(), exact[:m], rtol=2**-7, atol=1e-3)
+    # the mutation: a zero point one scale off (-7 * scale) changes the bits this test compares
+    off = torch.stack([one[:, :, 0], (one[:, :, 0].float() * -7).half()], dim=2).contiguous()
+    assert not torch.equal(int4_mm(x, codes, one), int4_mm(x, codes, off))
+
+
+@needs_amx
 def test_int4_linear_on_either_kernel_computes_the_same_weight() -> None:
     b = blocks(64, 96)
     x = activations(7, 96).float()
@@ -188,6 +219,8 @@ def test_bad_inputs_are_refused_with_a_reason() -> None:
         torch.ops.tokenedge.int4_mm(activations(2, 64).float(), codes, factors)
     with pytest.raises(RuntimeError, match="factors"):
         torch.ops.tokenedge.int4_mm(activations(2, 64), codes, factors.float())
+    with pytest.raises(RuntimeError, match="factors"):  # three planes
+        torch.ops.tokenedge.int4_mm(activations(2, 64), codes, torch.cat([factors, factors[:, :, :1]], 2))
     assert int4_mm(activations(0, 64), codes, factors).shape == (0, 32)
 
 
